@@ -1,0 +1,193 @@
+"""aioelastic's one exception hierarchy.
+
+Every error aioelastic raises on purpose derives from :class:`AioelasticError`. Errors of the
+libraries underneath (aiohttp, grpc, OS sockets) are translated at the backend boundary; they never
+escape to the caller. Argument errors are plain :class:`ValueError` / :class:`TypeError` naming the
+argument, as Python users expect::
+
+    AioelasticError
+    ├── ConfigError (also ValueError)              a bad config value: names the key and the form
+    ├── StoreError
+    │   ├── StoreConnectionError (also ConnectionError)   the store could not be reached
+    │   │   └── WriteOutcomeUnknownError           a write was sent but its outcome is unknown
+    │   ├── StoreTimeoutError (also TimeoutError)  a store call ran past its deadline
+    │   ├── StoreClosedError                       the store client was closed
+    │   ├── StoreAuthError                         authentication failed or permission denied
+    │   ├── CompactedError                         a watch started below the compacted revision
+    │   ├── ValueTooLargeError (also ValueError)   the backend refuses a key or value this big
+    │   └── LeaseError
+    │       ├── LeaseNotFoundError                 the lease does not exist (never or no longer)
+    │       └── LeaseExpiredError                  a lease someone relied on was lost
+    ├── RendezvousError
+    │   ├── RendezvousClosedError (also RuntimeError)
+    │   ├── RendezvousTimeoutError (also TimeoutError)
+    │   ├── RendezvousConnectionError
+    │   ├── RendezvousStateError
+    │   └── RendezvousGracefulExitError
+    └── TimerError
+        └── TimerExpiredError (also TimeoutError; alias TimeoutException)
+
+``WriteOutcomeUnknownError`` matters for compare-and-swap: when it is raised the write may or may
+not have been applied, so a caller must read back before deciding. aioelastic never retries a
+write silently.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AioelasticError",
+    "CompactedError",
+    "ConfigError",
+    "LeaseError",
+    "LeaseExpiredError",
+    "LeaseNotFoundError",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousGracefulExitError",
+    "RendezvousStateError",
+    "RendezvousTimeoutError",
+    "StoreAuthError",
+    "StoreClosedError",
+    "StoreConnectionError",
+    "StoreError",
+    "StoreTimeoutError",
+    "TimeoutException",
+    "TimerError",
+    "TimerExpiredError",
+    "ValueTooLargeError",
+    "WriteOutcomeUnknownError",
+]
+
+
+class AioelasticError(Exception):
+    """Base class of every error aioelastic raises on purpose."""
+
+
+class ConfigError(AioelasticError, ValueError):
+    """A configuration value is malformed; the message names the key and the expected form."""
+
+    def __init__(self, key: str, value: object, expected: str) -> None:
+        self.key = key
+        self.value = value
+        self.expected = expected
+        super().__init__(f"bad value for {key!r}: {value!r} (expected {expected})")
+
+
+# -- store ---------------------------------------------------------------------------------------
+
+
+class StoreError(AioelasticError):
+    """Base class of errors raised by a store backend."""
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The store could not be reached, or the connection was lost.
+
+    Reads that fail this way had no effect. A write that fails this way *before it was sent* had
+    no effect either; a write whose outcome is unknown raises :class:`WriteOutcomeUnknownError`.
+    """
+
+
+class WriteOutcomeUnknownError(StoreConnectionError):
+    """A write was sent but the connection was lost before its outcome was known.
+
+    The write may or may not have been applied. Read the key back before deciding what to do;
+    aioelastic never retries a write silently.
+    """
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A store operation did not finish before its deadline."""
+
+
+class StoreClosedError(StoreError):
+    """The store (client) was closed; no further operations are possible on it."""
+
+
+class StoreAuthError(StoreError):
+    """The store refused the credentials, or the user lacks permission for the operation."""
+
+
+class ValueTooLargeError(StoreError, ValueError):
+    """The backend refuses a key or value of this size."""
+
+
+class CompactedError(StoreError):
+    """A watch asked for history that the store has already compacted away.
+
+    ``compact_revision`` is the oldest revision the store still has history for; restart the
+    watch at it (after re-reading the state) or later.
+    """
+
+    def __init__(self, requested_revision: int, compact_revision: int) -> None:
+        self.requested_revision = requested_revision
+        self.compact_revision = compact_revision
+        super().__init__(
+            f"revision {requested_revision} has been compacted; the oldest revision still "
+            f"available is {compact_revision}"
+        )
+
+
+class LeaseError(StoreError):
+    """Base class of lease errors."""
+
+
+class LeaseNotFoundError(LeaseError):
+    """The lease does not exist: it was never granted, was revoked, or has expired."""
+
+    def __init__(self, lease_id: int) -> None:
+        self.lease_id = lease_id
+        super().__init__(f"lease {lease_id:#x} not found (never granted, revoked or expired)")
+
+
+class LeaseExpiredError(LeaseError):
+    """A lease that a scope of work depended on was lost (expired or revoked)."""
+
+    def __init__(self, lease_id: int, reason: str = "expired") -> None:
+        self.lease_id = lease_id
+        self.reason = reason
+        super().__init__(f"lease {lease_id:#x} lost: {reason}")
+
+
+# -- rendezvous ----------------------------------------------------------------------------------
+
+
+class RendezvousError(AioelasticError):
+    """Base class of rendezvous errors (the set torch.distributed.elastic users know)."""
+
+
+class RendezvousClosedError(RendezvousError, RuntimeError):
+    """The rendezvous is closed. Also a :class:`RuntimeError`, so code written for torch keeps
+    working."""
+
+
+class RendezvousTimeoutError(RendezvousError, TimeoutError):
+    """The rendezvous did not complete before its deadline."""
+
+
+class RendezvousConnectionError(RendezvousError):
+    """The rendezvous lost its store."""
+
+
+class RendezvousStateError(RendezvousError):
+    """The rendezvous state in the store is corrupt or foreign."""
+
+
+class RendezvousGracefulExitError(RendezvousError):
+    """A surplus (standby) node should exit cleanly because the run closed."""
+
+
+# -- timers --------------------------------------------------------------------------------------
+
+
+class TimerError(AioelasticError):
+    """Base class of watchdog-timer errors."""
+
+
+class TimerExpiredError(TimerError, TimeoutError):
+    """A scope guarded by a watchdog timer ran past its deadline."""
+
+
+TimeoutException = TimerExpiredError
+"""Alias for readers of older torch tutorials."""

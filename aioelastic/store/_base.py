@@ -1,0 +1,481 @@
+"""The abstract store protocol: a small required core per backend, conveniences written once.
+
+A backend subclasses :class:`Store` and implements the underscore-prefixed core
+(``_get``, ``_range``, ``_put``, ``_delete``, ``_compare_and_swap``, ``_compare_and_delete``,
+``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``, ``_aclose``). The public
+methods validate arguments and the closed state once, here, and the conveniences (``add``,
+``wait_for``, ``lease``, ``namespace``) are built on the core.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import anyio
+
+from ..errors import StoreClosedError, StoreTimeoutError
+from ._types import (
+    CasResult,
+    EventType,
+    KeyValue,
+    LeaseGrant,
+    LeaseStatus,
+    RangeResult,
+    WatchEvent,
+)
+
+if TYPE_CHECKING:
+    from ._keeper import LeaseKeeper
+
+__all__ = ["Store", "Watch"]
+
+#: Features a backend can declare. The conformance suite skips (never silently passes) the tests
+#: of a feature a backend does not declare.
+ALL_FEATURES: frozenset[str] = frozenset({"compaction", "fractional_ttl"})
+
+
+# -- argument validation (once, for every backend) ------------------------------------------------
+
+
+def check_key(key: object, name: str = "key") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError(f"{name} must not be empty")
+    return key
+
+
+def check_prefix(prefix: object, name: str = "prefix") -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"{name} must be a str, got {type(prefix).__name__}")
+    return prefix
+
+
+def check_value(value: object, name: str = "value") -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    hint = "; encode it first (e.g. value.encode())" if isinstance(value, str) else ""
+    raise TypeError(f"{name} must be bytes, got {type(value).__name__}{hint}")
+
+
+def check_int(value: object, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_ttl(ttl: object, name: str = "ttl") -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(ttl).__name__}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
+    return float(ttl)
+
+
+def check_timeout(timeout: object, name: str = "timeout") -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"{name} must be >= 0 seconds or None, got {timeout!r}")
+    return float(timeout)
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest key greater than every key that starts with ``prefix`` (None: no bound).
+
+    Works on code points, which order like etcd's UTF-8 bytes.
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars[-1])
+        if last < 0x10FFFF:
+            nxt = last + 1
+            if 0xD800 <= nxt <= 0xDFFF:  # surrogates are not valid in UTF-8; skip the block
+                nxt = 0xE000
+            chars[-1] = chr(nxt)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+# -- the watch handle ---------------------------------------------------------------------------
+
+
+class Watch(abc.ABC):
+    """An ordered stream of :class:`WatchEvent` for every key under a prefix.
+
+    Use it as ``async with store.watch(prefix) as events: async for event in events: ...``.
+    Entering waits until the watch is established on the store, so a change made after
+    ``__aenter__`` returns is always seen. Iterating without ``async with`` starts it lazily;
+    then call :meth:`aclose` when done. Events come in revision order, each exactly once; the
+    iterator raises :class:`~aioelastic.errors.CompactedError` if the start revision (or a lagging
+    position) has been compacted, and :class:`~aioelastic.errors.StoreClosedError` when the store
+    is closed.
+    """
+
+    def __init__(self, prefix: str, start_revision: int | None) -> None:
+        self.prefix = prefix
+        self.requested_revision = start_revision
+        self._started = False
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        if not self._started:
+            await self.start()
+        return await self._next()
+
+    async def start(self) -> None:
+        """Establish the watch (idempotent)."""
+        if self._started:
+            return
+        if self._closed:
+            raise StoreClosedError("watch is closed")
+        await self._start()
+        self._started = True
+
+    async def aclose(self) -> None:
+        """Stop the watch and release its resources on the store (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._aclose()
+
+    @property
+    @abc.abstractmethod
+    def start_revision(self) -> int:
+        """The first revision this watch reports (known once started)."""
+
+    @abc.abstractmethod
+    async def _start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _next(self) -> WatchEvent: ...
+
+    @abc.abstractmethod
+    async def _aclose(self) -> None: ...
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class Store(abc.ABC):
+    """The async key-value store protocol, modelled on etcd v3.
+
+    Every key-value carries ``create_revision``, ``mod_revision``, ``version`` and ``lease``; the
+    store has one global revision that every write increases by one. Keys are non-empty ``str``;
+    values are ``bytes``. A store is an async resource: ``async with`` it or call :meth:`aclose`.
+    """
+
+    #: Optional features this backend supports (see ``ALL_FEATURES``).
+    features: frozenset[str] = ALL_FEATURES
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    # -- lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client: pending watches end with ``StoreClosedError``; later calls raise it.
+
+        Leases granted through this client are not revoked: they expire at their TTL, exactly as
+        if the process had died (revoke them first for a clean exit).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await self._aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{type(self).__name__} is closed")
+
+    # -- reads
+
+    async def get(self, key: str) -> KeyValue | None:
+        """The key-value at ``key``, or ``None`` if absent."""
+        check_key(key)
+        self._check_open()
+        return await self._get(key)
+
+    async def range(self, prefix: str, *, limit: int | None = None) -> RangeResult:
+        """Every key-value whose key starts with ``prefix``, in key order (``""``: all keys).
+
+        ``limit`` caps how many are returned (``result.more`` then says there were more).
+        The result's ``revision`` is the store revision the read saw.
+        """
+        check_prefix(prefix)
+        if limit is not None:
+            check_int(limit, "limit", minimum=1)
+        self._check_open()
+        return await self._range(prefix, limit)
+
+    async def current_revision(self) -> int:
+        """The store's current revision (0 before the first write)."""
+        self._check_open()
+        return await self._current_revision()
+
+    # -- writes
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        """Write ``value`` at ``key`` (attached to ``lease`` if non-zero); return the revision."""
+        check_key(key)
+        value = check_value(value)
+        check_int(lease, "lease", minimum=0)
+        self._check_open()
+        return await self._put(key, value, lease)
+
+    async def delete(self, key: str) -> int:
+        """Delete ``key``; return how many keys were deleted (0 or 1)."""
+        check_key(key)
+        self._check_open()
+        return await self._delete(key, False)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix`` in one revision; return the count."""
+        check_prefix(prefix)
+        self._check_open()
+        return await self._delete(prefix, True)
+
+    async def compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, *, lease: int = 0
+    ) -> CasResult:
+        """Write ``value`` only if ``key``'s ``mod_revision`` is ``expected_mod_revision``.
+
+        ``expected_mod_revision=0`` means "only if the key is absent". On failure the result
+        carries the key's current key-value (``None`` if absent) so the caller need not re-read.
+        """
+        check_key(key)
+        check_int(expected_mod_revision, "expected_mod_revision", minimum=0)
+        value = check_value(value)
+        check_int(lease, "lease", minimum=0)
+        self._check_open()
+        return await self._compare_and_swap(key, expected_mod_revision, value, lease)
+
+    async def compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
+        """Delete ``key`` only if its ``mod_revision`` is ``expected_mod_revision``."""
+        check_key(key)
+        check_int(expected_mod_revision, "expected_mod_revision", minimum=1)
+        self._check_open()
+        return await self._compare_and_delete(key, expected_mod_revision)
+
+    async def add(self, key: str, delta: int = 1) -> int:
+        """Atomically add ``delta`` to the decimal integer at ``key`` (absent = 0); return it."""
+        check_key(key)
+        if isinstance(delta, bool) or not isinstance(delta, int):
+            raise TypeError(f"delta must be an int, got {type(delta).__name__}")
+        self._check_open()
+        return await self._add(key, delta)
+
+    # -- watches
+
+    def watch(self, prefix: str, *, start_revision: int | None = None) -> Watch:
+        """Watch every key under ``prefix`` from ``start_revision`` (default: changes from now on).
+
+        See :class:`Watch`. Resume an interrupted watch from the last event's revision + 1.
+        """
+        check_prefix(prefix)
+        if start_revision is not None:
+            check_int(start_revision, "start_revision", minimum=1)
+        self._check_open()
+        return self._watch(prefix, start_revision)
+
+    async def compact(self, revision: int) -> None:
+        """Discard history before ``revision``: watches can no longer start below it."""
+        check_int(revision, "revision", minimum=1)
+        self._check_open()
+        await self._compact(revision)
+
+    # -- leases
+
+    async def lease_grant(self, ttl: float) -> LeaseGrant:
+        """Grant a lease that expires ``ttl`` seconds from now unless kept alive.
+
+        Keys put with ``lease=grant.id`` are deleted when it expires or is revoked. The granted TTL
+        may be longer than asked (etcd grants whole seconds).
+        """
+        ttl = check_ttl(ttl)
+        self._check_open()
+        return await self._lease_grant(ttl)
+
+    async def lease_keep_alive(self, lease_id: int) -> float:
+        """Restart the lease's TTL; return it. Raises ``LeaseNotFoundError`` if it is gone."""
+        check_int(lease_id, "lease_id", minimum=1)
+        self._check_open()
+        return await self._lease_keep_alive(lease_id)
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        """Revoke the lease now, deleting its keys. Raises ``LeaseNotFoundError`` if it is gone."""
+        check_int(lease_id, "lease_id", minimum=1)
+        self._check_open()
+        await self._lease_revoke(lease_id)
+
+    async def lease_time_to_live(self, lease_id: int) -> LeaseStatus:
+        """The lease's granted TTL, time left and keys. Raises ``LeaseNotFoundError`` if gone."""
+        check_int(lease_id, "lease_id", minimum=1)
+        self._check_open()
+        return await self._lease_time_to_live(lease_id)
+
+    # -- conveniences built on the core
+
+    def lease(self, ttl: float, *, keep_alive_interval: float | None = None) -> LeaseKeeper:
+        """A lease kept alive in the background while the ``async with`` block runs.
+
+        Its loss (expiry, revocation, an unreachable store past the TTL) is reported, never
+        swallowed: see :class:`~aioelastic.store.LeaseKeeper`.
+        """
+        from ._keeper import LeaseKeeper
+
+        return LeaseKeeper(self, ttl, keep_alive_interval=keep_alive_interval)
+
+    def namespace(self, prefix: str) -> Store:
+        """A view of this store in which every key lives under ``prefix`` (e.g. one run id).
+
+        Keys, ranges, watches and events of the view are relative to ``prefix``. Closing the view
+        does not close this store.
+        """
+        from ._prefixed import PrefixedStore
+
+        return PrefixedStore(self, prefix)
+
+    async def wait_for(
+        self, keys: Iterable[str], *, timeout: float | None = None
+    ) -> dict[str, KeyValue]:
+        """Wait until every key in ``keys`` exists; return their key-values.
+
+        Waits on a watch, not by polling. Raises ``StoreTimeoutError`` naming the missing keys
+        if ``timeout`` seconds pass first.
+        """
+        wanted = [check_key(k, "keys[]") for k in keys]
+        timeout = check_timeout(timeout)
+        self._check_open()
+        found: dict[str, KeyValue] = {}
+        if not wanted:
+            return found
+        missing = set(wanted)
+        common = os.path.commonprefix(wanted)  # noqa: RUF071 - a key prefix, not a path
+        with anyio.move_on_after(timeout) as scope:
+            async with self._watch(common, None) as events:
+                for key in wanted:
+                    kv = await self._get(key)
+                    if kv is not None:
+                        found[key] = kv
+                        missing.discard(key)
+                while missing:
+                    event = await events.__anext__()
+                    if event.type is EventType.PUT and event.kv.key in missing:
+                        found[event.kv.key] = event.kv
+                        missing.discard(event.kv.key)
+        if scope.cancelled_caught and missing:
+            raise StoreTimeoutError(
+                f"timed out after {timeout}s waiting for keys {sorted(missing)}"
+            )
+        return found
+
+    # -- the required core
+
+    async def _add(self, key: str, delta: int) -> int:
+        """``add`` on compare-and-swap; a backend with an atomic increment overrides this."""
+        current = await self._get(key)
+        while True:
+            base = 0 if current is None else _parse_counter(key, current.value)
+            expected = 0 if current is None else current.mod_revision
+            result = await self._compare_and_swap(key, expected, str(base + delta).encode(), 0)
+            if result.succeeded:
+                return base + delta
+            current = result.kv
+
+    @abc.abstractmethod
+    async def _get(self, key: str) -> KeyValue | None: ...
+
+    @abc.abstractmethod
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult: ...
+
+    @abc.abstractmethod
+    async def _current_revision(self) -> int: ...
+
+    @abc.abstractmethod
+    async def _put(self, key: str, value: bytes, lease: int) -> int: ...
+
+    @abc.abstractmethod
+    async def _delete(self, key: str, prefix: bool) -> int: ...
+
+    @abc.abstractmethod
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult: ...
+
+    @abc.abstractmethod
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch: ...
+
+    @abc.abstractmethod
+    async def _compact(self, revision: int) -> None: ...
+
+    @abc.abstractmethod
+    async def _lease_grant(self, ttl: float) -> LeaseGrant: ...
+
+    @abc.abstractmethod
+    async def _lease_keep_alive(self, lease_id: int) -> float: ...
+
+    @abc.abstractmethod
+    async def _lease_revoke(self, lease_id: int) -> None: ...
+
+    @abc.abstractmethod
+    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus: ...
+
+    @abc.abstractmethod
+    async def _aclose(self) -> None: ...
+
+
+def _parse_counter(key: str, value: bytes) -> int:
+    try:
+        return int(value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(
+            f"add: the value at {key!r} is not a decimal integer: {value[:40]!r}"
+        ) from None

@@ -1,0 +1,547 @@
+"""The in-process memory backend: the embedded default and the reference model of the protocol.
+
+:class:`MemoryEngine` holds the whole state and applies every operation synchronously (so each is
+atomic on the event loop); :class:`MemoryStore` is the async :class:`~aioelastic.store.Store` over
+it. The HTTP server serves the same engine, so both backends share one implementation of the
+semantics.
+
+Time comes from the running event loop (``loop.time()``): lease expiries are ``loop.call_at``
+deadlines, so under :func:`aioelastic.testing.virtual_time_loop` leases expire without waiting in
+real time. Watches wake on the write that concerns them; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import SplitResult
+
+from ..errors import CompactedError, LeaseNotFoundError, StoreClosedError
+from ._base import Store, Watch, check_int, prefix_end
+from ._types import (
+    CasResult,
+    EventType,
+    KeyValue,
+    LeaseGrant,
+    LeaseStatus,
+    RangeResult,
+    WatchEvent,
+)
+
+__all__ = ["MemoryEngine", "MemoryStore"]
+
+#: Default number of events of history kept for watches before the oldest are compacted.
+DEFAULT_HISTORY_LIMIT = 100_000
+
+
+@dataclass(eq=False, slots=True)
+class _Lease:
+    id: int
+    ttl: float
+    deadline: float
+    keys: set[str] = field(default_factory=set)
+    handle: asyncio.TimerHandle | None = None
+
+
+class _Watcher:
+    """One registered watch on the engine: a cursor into the event log and a wake-up future."""
+
+    __slots__ = ("cursor", "end", "error", "min_revision", "owner", "prefix", "waiter")
+
+    def __init__(self, prefix: str, cursor: int, min_revision: int, owner: object) -> None:
+        self.prefix = prefix
+        self.end = prefix_end(prefix)
+        self.cursor = cursor  # absolute index into the event log of the next event to read
+        self.min_revision = min_revision
+        self.owner = owner
+        self.waiter: asyncio.Future[None] | None = None
+        self.error: BaseException | None = None
+
+    def matches(self, key: str) -> bool:
+        return key.startswith(self.prefix)
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.wake()
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """What one write changed: the new revision and its events (for persistence and metrics)."""
+
+    revision: int
+    events: tuple[WatchEvent, ...]
+
+
+class MemoryEngine:
+    """The store's state and semantics, synchronous and atomic.
+
+    ``history_limit`` bounds the events kept for watches; older ones are compacted (a watch that
+    starts, or falls, below the compacted revision gets :class:`CompactedError`).
+    ``on_commit`` callbacks run after every write that changed something.
+    """
+
+    def __init__(self, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
+        check_int(history_limit, "history_limit", minimum=1)
+        self.history_limit = history_limit
+        self._data: dict[str, KeyValue] = {}
+        self._keys: list[str] = []  # sorted
+        self._revision = 0
+        self._compact_revision = 0
+        self._log: list[WatchEvent] = []
+        self._log_base = 0  # absolute index of _log[0]
+        self._watchers: set[_Watcher] = set()
+        self._leases: dict[int, _Lease] = {}
+        self._last_lease_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.on_commit: list[Callable[[Commit], None]] = []
+
+    # -- introspection
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    @property
+    def compact_revision(self) -> int:
+        return self._compact_revision
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def lease_count(self) -> int:
+        return len(self._leases)
+
+    @property
+    def watcher_count(self) -> int:
+        return len(self._watchers)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the memory store engine is closed")
+
+    def _time(self) -> float:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.time()
+
+    # -- reads
+
+    def get(self, key: str) -> KeyValue | None:
+        self._check_open()
+        return self._data.get(key)
+
+    def range(self, prefix: str, limit: int | None = None) -> RangeResult:
+        self._check_open()
+        lo = bisect.bisect_left(self._keys, prefix)
+        end = prefix_end(prefix)
+        hi = len(self._keys) if end is None else bisect.bisect_left(self._keys, end, lo)
+        count = hi - lo
+        take = count if limit is None else min(count, limit)
+        kvs = tuple(self._data[k] for k in self._keys[lo : lo + take])
+        return RangeResult(kvs=kvs, revision=self._revision, count=count, more=take < count)
+
+    # -- writes
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        self._check_open()
+        if lease and lease not in self._leases:
+            raise LeaseNotFoundError(lease)
+        self._revision += 1
+        kv = self._write(key, value, lease)
+        self._commit((WatchEvent(EventType.PUT, kv),))
+        return self._revision
+
+    def delete(self, key: str, prefix: bool = False) -> int:
+        self._check_open()
+        if prefix:
+            keys = [kv.key for kv in self.range(key).kvs]
+        else:
+            keys = [key] if key in self._data else []
+        if keys:
+            self._revision += 1
+            self._commit(tuple(self._remove(k) for k in keys))
+        return len(keys)
+
+    def compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int = 0
+    ) -> CasResult:
+        self._check_open()
+        current = self._data.get(key)
+        if (0 if current is None else current.mod_revision) != expected_mod_revision:
+            return CasResult(False, self._revision, current)
+        if lease and lease not in self._leases:
+            raise LeaseNotFoundError(lease)
+        self._revision += 1
+        kv = self._write(key, value, lease)
+        self._commit((WatchEvent(EventType.PUT, kv),))
+        return CasResult(True, self._revision, kv)
+
+    def compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
+        self._check_open()
+        current = self._data.get(key)
+        if current is None or current.mod_revision != expected_mod_revision:
+            return CasResult(False, self._revision, current)
+        self._revision += 1
+        self._commit((self._remove(key),))
+        return CasResult(True, self._revision, None)
+
+    def add(self, key: str, delta: int) -> int:
+        self._check_open()
+        current = self._data.get(key)
+        if current is None:
+            total = delta
+        else:
+            try:
+                total = int(current.value.decode("ascii")) + delta
+            except (UnicodeDecodeError, ValueError):
+                raise ValueError(
+                    f"add: the value at {key!r} is not a decimal integer: {current.value[:40]!r}"
+                ) from None
+        self.put(key, str(total).encode(), current.lease if current is not None else 0)
+        return total
+
+    def _write(self, key: str, value: bytes, lease: int) -> KeyValue:
+        old = self._data.get(key)
+        if old is None:
+            bisect.insort(self._keys, key)
+            kv = KeyValue(key, value, self._revision, self._revision, 1, lease)
+        else:
+            if old.lease and old.lease != lease and (held := self._leases.get(old.lease)):
+                held.keys.discard(key)
+            kv = KeyValue(key, value, old.create_revision, self._revision, old.version + 1, lease)
+        if lease:
+            self._leases[lease].keys.add(key)
+        self._data[key] = kv
+        return kv
+
+    def _remove(self, key: str) -> WatchEvent:
+        old = self._data.pop(key)
+        del self._keys[bisect.bisect_left(self._keys, key)]
+        if old.lease and (held := self._leases.get(old.lease)):
+            held.keys.discard(key)
+        return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, self._revision, 0, 0))
+
+    def _commit(self, events: tuple[WatchEvent, ...]) -> None:
+        self._log.extend(events)
+        if len(self._log) > self.history_limit:
+            self._auto_compact()
+        for watcher in self._watchers:
+            if watcher.waiter is not None:
+                for event in events:
+                    if event.kv.key.startswith(watcher.prefix):
+                        watcher.wake()
+                        break
+        if self.on_commit:
+            commit = Commit(self._revision, events)
+            for callback in self.on_commit:
+                callback(commit)
+
+    # -- history
+
+    def compact(self, revision: int) -> None:
+        """Discard history before ``revision``; watches can start at ``revision`` or later."""
+        self._check_open()
+        if revision > self._revision:
+            raise ValueError(
+                f"revision {revision} is in the future (current revision {self._revision})"
+            )
+        if revision <= self._compact_revision:
+            raise CompactedError(revision, self._compact_revision)
+        self._drop_history_before(revision)
+
+    def _auto_compact(self) -> None:
+        excess = len(self._log) - self.history_limit
+        # Never split one revision's events: drop whole revisions.
+        cut_revision = self._log[excess - 1].kv.mod_revision + 1 if excess > 0 else 0
+        self._drop_history_before(cut_revision)
+
+    def _drop_history_before(self, revision: int) -> None:
+        drop = bisect.bisect_left(self._log, revision, key=_event_revision)
+        for watcher in self._watchers:
+            offset = watcher.cursor - self._log_base
+            if offset < drop:  # it has not read these yet: it can no longer see them
+                unread = self._log[offset].kv.mod_revision
+                watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
+        if drop:
+            del self._log[:drop]
+            self._log_base += drop
+        self._compact_revision = revision
+
+    # -- watches
+
+    def add_watcher(self, prefix: str, start_revision: int | None, owner: object) -> _Watcher:
+        """Register a watcher; events from ``start_revision`` (default: the next one) on."""
+        self._check_open()
+        if start_revision is None:
+            start_revision = self._revision + 1
+        if start_revision < self._compact_revision:
+            raise CompactedError(start_revision, self._compact_revision)
+        offset = bisect.bisect_left(self._log, start_revision, key=_event_revision)
+        watcher = _Watcher(prefix, self._log_base + offset, start_revision, owner)
+        self._watchers.add(watcher)
+        return watcher
+
+    def remove_watcher(self, watcher: _Watcher) -> None:
+        self._watchers.discard(watcher)
+        watcher.wake()
+
+    def read_events(self, watcher: _Watcher) -> list[WatchEvent]:
+        """Every event for ``watcher`` not yet read (advances its cursor)."""
+        if watcher.error is not None:
+            raise watcher.error
+        start = watcher.cursor - self._log_base
+        if start < 0:  # pragma: no cover - _drop_history_before fails such watchers first
+            raise CompactedError(watcher.min_revision, self._compact_revision)
+        watcher.cursor = self._log_base + len(self._log)
+        prefix = watcher.prefix
+        minimum = watcher.min_revision
+        return [
+            e for e in self._log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum
+        ]
+
+    # -- leases
+
+    def lease_grant(self, ttl: float, lease_id: int | None = None) -> LeaseGrant:
+        self._check_open()
+        if lease_id is None:
+            self._last_lease_id += 1
+            lease_id = self._last_lease_id
+        elif lease_id in self._leases:
+            raise ValueError(f"lease {lease_id:#x} already exists")
+        else:
+            self._last_lease_id = max(self._last_lease_id, lease_id)
+        lease = _Lease(lease_id, ttl, self._time() + ttl)
+        self._leases[lease_id] = lease
+        self._schedule(lease)
+        return LeaseGrant(lease_id, ttl)
+
+    def lease_keep_alive(self, lease_id: int) -> float:
+        self._check_open()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseNotFoundError(lease_id)
+        lease.deadline = self._time() + lease.ttl
+        return lease.ttl
+
+    def lease_revoke(self, lease_id: int) -> None:
+        self._check_open()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseNotFoundError(lease_id)
+        self._end_lease(lease)
+
+    def lease_time_to_live(self, lease_id: int) -> LeaseStatus:
+        self._check_open()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseNotFoundError(lease_id)
+        remaining = max(0.0, lease.deadline - self._time())
+        return LeaseStatus(lease.id, lease.ttl, remaining, tuple(sorted(lease.keys)))
+
+    def leases(self) -> list[LeaseStatus]:
+        """A snapshot of every live lease."""
+        return [self.lease_time_to_live(lease_id) for lease_id in list(self._leases)]
+
+    def _schedule(self, lease: _Lease) -> None:
+        assert self._loop is not None
+        lease.handle = self._loop.call_at(lease.deadline, self._on_lease_timer, lease)
+
+    def _on_lease_timer(self, lease: _Lease) -> None:
+        if self._leases.get(lease.id) is not lease:
+            return
+        if self._time() < lease.deadline:  # kept alive since: sleep until the new deadline
+            self._schedule(lease)
+            return
+        self._end_lease(lease)
+
+    def _end_lease(self, lease: _Lease) -> None:
+        del self._leases[lease.id]
+        if lease.handle is not None:
+            lease.handle.cancel()
+        if lease.keys:
+            self._revision += 1
+            self._commit(tuple(self._remove(k) for k in sorted(lease.keys)))
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        """Stop every lease timer and end every watch with :class:`StoreClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        for lease in self._leases.values():
+            if lease.handle is not None:
+                lease.handle.cancel()
+        for watcher in self._watchers:
+            watcher.fail(StoreClosedError("the store was closed"))
+
+    def fail_watchers_of(self, owner: object, error: BaseException) -> None:
+        for watcher in [w for w in self._watchers if w.owner is owner]:
+            watcher.fail(error)
+
+
+def _event_revision(event: WatchEvent) -> int:
+    return event.kv.mod_revision
+
+
+class _MemoryWatch(Watch):
+    def __init__(self, store: MemoryStore, prefix: str, start_revision: int | None) -> None:
+        super().__init__(prefix, start_revision)
+        self._store = store
+        self._watcher: _Watcher | None = None
+        self._pending: deque[WatchEvent] = deque()
+
+    @property
+    def start_revision(self) -> int:
+        if self._watcher is None:
+            raise RuntimeError("the watch has not started")
+        return self._watcher.min_revision
+
+    async def _start(self) -> None:
+        self._store._check_open()
+        engine = self._store.engine
+        self._watcher = engine.add_watcher(self.prefix, self.requested_revision, self._store)
+
+    async def _next(self) -> WatchEvent:
+        watcher = self._watcher
+        assert watcher is not None
+        engine = self._store.engine
+        while not self._pending:
+            if self._closed:
+                raise StopAsyncIteration
+            events = engine.read_events(watcher)
+            if events:
+                self._pending.extend(events)
+                break
+            loop = asyncio.get_running_loop()
+            watcher.waiter = loop.create_future()
+            try:
+                await watcher.waiter
+            finally:
+                watcher.waiter = None
+        return self._pending.popleft()
+
+    async def _aclose(self) -> None:
+        if self._watcher is not None:
+            self._store.engine.remove_watcher(self._watcher)
+
+
+_shared_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, MemoryEngine]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_engine(name: str) -> MemoryEngine:
+    """The engine named ``name`` in the running event loop (``memory://name`` URLs share it)."""
+    loop = asyncio.get_running_loop()
+    engines = _shared_engines.setdefault(loop, {})
+    engine = engines.get(name)
+    if engine is None or engine.closed:
+        engine = engines[name] = MemoryEngine()
+    return engine
+
+
+class MemoryStore(Store):
+    """An in-process store. ``MemoryStore()`` owns a private engine; pass ``engine=`` to share one.
+
+    Operations complete without suspending, so each is atomic; watches and lease expiry are driven
+    by the event loop. Closing the store ends its own watches; a private engine is closed too.
+    """
+
+    def __init__(
+        self, engine: MemoryEngine | None = None, *, history_limit: int = DEFAULT_HISTORY_LIMIT
+    ) -> None:
+        super().__init__()
+        self._owns_engine = engine is None
+        self.engine = engine if engine is not None else MemoryEngine(history_limit=history_limit)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"revision={self.engine.revision}"
+        return f"<MemoryStore {state} keys={len(self.engine)}>"
+
+    async def _get(self, key: str) -> KeyValue | None:
+        return self.engine.get(key)
+
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        return self.engine.range(prefix, limit)
+
+    async def _current_revision(self) -> int:
+        return self.engine.revision
+
+    async def _put(self, key: str, value: bytes, lease: int) -> int:
+        return self.engine.put(key, value, lease)
+
+    async def _delete(self, key: str, prefix: bool) -> int:
+        return self.engine.delete(key, prefix)
+
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> CasResult:
+        return self.engine.compare_and_swap(key, expected_mod_revision, value, lease)
+
+    async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
+        return self.engine.compare_and_delete(key, expected_mod_revision)
+
+    async def _add(self, key: str, delta: int) -> int:
+        return self.engine.add(key, delta)
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        return _MemoryWatch(self, prefix, start_revision)
+
+    async def _compact(self, revision: int) -> None:
+        self.engine.compact(revision)
+
+    async def _lease_grant(self, ttl: float) -> LeaseGrant:
+        return self.engine.lease_grant(ttl)
+
+    async def _lease_keep_alive(self, lease_id: int) -> float:
+        return self.engine.lease_keep_alive(lease_id)
+
+    async def _lease_revoke(self, lease_id: int) -> None:
+        self.engine.lease_revoke(lease_id)
+
+    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus:
+        return self.engine.lease_time_to_live(lease_id)
+
+    async def _aclose(self) -> None:
+        if self._owns_engine:
+            self.engine.close()
+        else:
+            self.engine.fail_watchers_of(self, StoreClosedError("the store was closed"))
+
+
+async def open_memory_store(parts: SplitResult, options: dict[str, Any]) -> MemoryStore:
+    """``memory://`` (private store) or ``memory://NAME`` (shared in this event loop)."""
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.port is not None:
+        raise ValueError(
+            f"memory store URL must be memory:// or memory://NAME, got {parts.geturl()!r}"
+        )
+    name = parts.netloc
+    if name:
+        if options:
+            raise ValueError(
+                f"options {sorted(options)} cannot be given for the shared store {name!r}"
+            )
+        return MemoryStore(shared_engine(name))
+    unknown = set(options) - {"history_limit"}
+    if unknown:
+        raise TypeError(f"unknown option(s) for the memory store: {sorted(unknown)}")
+    return MemoryStore(**options)
