@@ -1,0 +1,231 @@
+"""Property tests of the primitives under random schedules, crashes and partitions (virtual time).
+
+Each example runs a few "processes" (clients of one memory engine, each behind a fault injector)
+that acquire and release, hold for random times, crash (cut off and killed, their lease revoked or
+left to expire) or get partitioned while running. A shared log, appended synchronously, records
+who entered and left the critical section; the properties are checked on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import anyio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aioelastic.errors import LeaseExpiredError, StoreError, SyncTimeoutError
+from aioelastic.store import MemoryEngine, MemoryStore, Store
+from aioelastic.store.memory import Commit
+from aioelastic.sync import Barrier, Election, LeaseConfig, Lock
+from aioelastic.testing import FaultInjectingStore, run_virtual
+
+CONFIG = LeaseConfig(ttl=3.0, renew_deadline=2.0, retry_period=0.5)
+FATES = ("release", "crash_expire", "crash_revoke", "partition")
+
+
+@dataclass(frozen=True)
+class Op:
+    delay: float
+    mode: str  # "acquire" | "try" | "timeout"
+    hold: float
+    fate: str
+    fate_after: float
+
+
+ops_strategy = st.lists(
+    st.builds(
+        Op,
+        delay=st.integers(0, 40).map(lambda n: n / 10),
+        mode=st.sampled_from(["acquire", "acquire", "try", "timeout"]),
+        hold=st.integers(0, 30).map(lambda n: n / 10),
+        fate=st.sampled_from(FATES),
+        fate_after=st.integers(0, 40).map(lambda n: n / 10),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+async def _apply_fate(
+    op: Op, store: FaultInjectingStore, admin: Store, scope: anyio.CancelScope, lease: list[int]
+) -> None:
+    await anyio.sleep(op.fate_after)
+    if op.fate == "release":
+        return
+    store.partition()  # cut off: nothing it does reaches the store any more
+    if op.fate == "partition":
+        return  # still running: it must notice and stop on its own
+    scope.cancel()  # the process dies
+    if op.fate == "crash_revoke" and lease:
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await admin.lease_revoke(lease[0])  # (unless it was already gone)
+
+
+def _run_contenders(ops: list[Op], kind: str) -> list[tuple[str, int, int]]:
+    """Run ``ops`` against a lock or an election; return the enter/exit log."""
+    log: list[tuple[str, int, int]] = []
+
+    async def main() -> None:
+        engine = MemoryEngine()
+        admin = MemoryStore(engine)
+
+        async def process(index: int, op: Op) -> None:
+            await anyio.sleep(op.delay)
+            store = FaultInjectingStore(MemoryStore(engine))
+            lease: list[int] = []
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_apply_fate, op, store, admin, scope, lease)
+                    with contextlib.suppress(LeaseExpiredError, SyncTimeoutError, StoreError):
+                        await contend(index, op, store, lease)
+                    tg.cancel_scope.cancel()
+
+        async def contend(index: int, op: Op, store: Store, lease: list[int]) -> None:
+            if kind == "lock":
+                lock = Lock(store, "L", config=CONFIG)
+                if op.mode == "try":
+                    if not await lock.try_acquire():
+                        return
+                else:
+                    await lock.acquire(timeout=1.0 if op.mode == "timeout" else None)
+                lease.append(lock.lease.id)
+                try:
+                    with lock.guard():
+                        log.append(("enter", index, lock.fencing_token))
+                        try:
+                            await anyio.sleep(op.hold)
+                        finally:
+                            log.append(("exit", index, lock.fencing_token))
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await lock.release()
+            else:
+                election = Election(store, "E", config=CONFIG)
+                timeout = 1.0 if op.mode == "timeout" else None
+                async with election.leadership(f"p{index}", timeout=timeout) as me:
+                    lease.append(election.lease.id)
+                    log.append(("enter", index, me.term))
+                    try:
+                        await anyio.sleep(op.hold)
+                    finally:
+                        log.append(("exit", index, me.term))
+
+        with anyio.fail_after(3600):
+            async with anyio.create_task_group() as tg:
+                for index, op in enumerate(ops):
+                    tg.start_soon(process, index, op)
+            await anyio.sleep(CONFIG.ttl * 2)  # every abandoned lease has expired by now
+            assert len(engine) == 0, f"keys left behind: {engine.range('').kvs}"
+
+    run_virtual(main)
+    return log
+
+
+def _check_exclusion(log: list[tuple[str, int, int]]) -> None:
+    holder: int | None = None
+    tokens: list[int] = []
+    for what, index, token in log:
+        if what == "enter":
+            assert holder is None, f"{index} entered while {holder} held it: {log}"
+            holder = index
+            tokens.append(token)
+        else:
+            assert holder == index, log
+            holder = None
+    assert tokens == sorted(tokens), f"tokens not increasing: {tokens}"
+    assert len(set(tokens)) == len(tokens), f"a token was reused: {tokens}"
+
+
+@SETTINGS
+@given(ops=ops_strategy)
+def test_lock_never_has_two_holders(ops: list[Op]) -> None:
+    log = _run_contenders(ops, "lock")
+    _check_exclusion(log)
+    # liveness: a plain acquire of a process that never failed got the lock
+    for index, op in enumerate(ops):
+        if op.mode == "acquire" and op.fate == "release":
+            assert ("enter", index) in {(w, i) for w, i, _ in log}, (index, log)
+
+
+@SETTINGS
+@given(ops=ops_strategy)
+def test_election_has_at_most_one_leader_per_term(ops: list[Op]) -> None:
+    log = _run_contenders(ops, "election")
+    _check_exclusion(log)
+    for index, op in enumerate(ops):
+        if op.mode == "acquire" and op.fate == "release":
+            assert ("enter", index) in {(w, i) for w, i, _ in log}, (index, log)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    parties=st.integers(1, 4),
+    arrivals=st.lists(
+        st.tuples(st.integers(0, 50).map(lambda n: n / 10), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_nobody_passes_a_barrier_before_n_entered(
+    parties: int, arrivals: list[tuple[float, bool]]
+) -> None:
+    """``arrivals``: (when, dies) per party; a dying party is cut off and killed 0.5 s in."""
+    log: list[tuple[str, int]] = []
+    present: set[str] = set()
+
+    def on_commit(commit: Commit) -> None:
+        for event in commit.events:
+            if "/parties/" not in event.kv.key:
+                continue
+            if event.type.value == "PUT":
+                present.add(event.kv.key)
+            else:
+                present.discard(event.kv.key)
+        log.append(("present", len(present)))
+
+    async def main() -> None:
+        engine = MemoryEngine()
+        engine.on_commit.append(on_commit)
+
+        async def party(index: int, when: float, dies: bool) -> None:
+            await anyio.sleep(when)
+            store = FaultInjectingStore(MemoryStore(engine))
+            with anyio.CancelScope() as scope:
+                if dies:
+
+                    async def die() -> None:
+                        await anyio.sleep(0.5)
+                        store.partition()
+                        scope.cancel()
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(die)
+                        try:
+                            await Barrier(store, "B", parties, config=CONFIG).wait(timeout=30)
+                            log.append(("pass", index))
+                        except StoreError:
+                            pass  # cut off while waiting
+                        tg.cancel_scope.cancel()
+                else:
+                    try:
+                        await Barrier(store, "B", parties, config=CONFIG).wait(timeout=30)
+                        log.append(("pass", index))
+                    except SyncTimeoutError:
+                        log.append(("timeout", index))
+
+        async with anyio.create_task_group() as tg:
+            for index, (when, dies) in enumerate(arrivals):
+                tg.start_soon(party, index, when, dies)
+
+    run_virtual(main)
+    passes = [i for i, (what, _) in enumerate(log) if what == "pass"]
+    if passes:
+        opened = next(i for i, (what, n) in enumerate(log) if what == "present" and n >= parties)
+        assert opened < passes[0], log
+    survivors = [index for index, (_, dies) in enumerate(arrivals) if not dies]
+    if len(survivors) >= parties:  # enough live parties: every survivor passes
+        assert {i for what, i in log if what == "pass"} >= set(survivors), log
