@@ -50,19 +50,13 @@ ops_strategy = st.lists(
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-async def _apply_fate(
-    op: Op, store: FaultInjectingStore, admin: Store, scope: anyio.CancelScope, lease: list[int]
-) -> None:
+async def _apply_fate(op: Op, store: FaultInjectingStore, scope: anyio.CancelScope) -> None:
     await anyio.sleep(op.fate_after)
     if op.fate == "release":
         return
     store.partition()  # cut off: nothing it does reaches the store any more
-    if op.fate == "partition":
-        return  # still running: it must notice and stop on its own
-    scope.cancel()  # the process dies
-    if op.fate == "crash_revoke" and lease:
-        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-            await admin.lease_revoke(lease[0])  # (unless it was already gone)
+    if op.fate != "partition":  # (a partitioned process runs on: it must stop on its own)
+        scope.cancel()  # the process dies
 
 
 def _run_contenders(ops: list[Op], kind: str) -> list[tuple[str, int, int]]:
@@ -79,10 +73,14 @@ def _run_contenders(ops: list[Op], kind: str) -> list[tuple[str, int, int]]:
             lease: list[int] = []
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_apply_fate, op, store, admin, scope, lease)
+                    tg.start_soon(_apply_fate, op, store, scope)
                     with contextlib.suppress(LeaseExpiredError, SyncTimeoutError, StoreError):
                         await contend(index, op, store, lease)
                     tg.cancel_scope.cancel()
+            if scope.cancelled_caught and op.fate == "crash_revoke" and lease:
+                # once the process is dead, an operator (or a supervisor) revokes its lease
+                with contextlib.suppress(StoreError):
+                    await admin.lease_revoke(lease[0])  # (unless it expired already)
 
         async def contend(index: int, op: Op, store: Store, lease: list[int]) -> None:
             if kind == "lock":
