@@ -1,0 +1,108 @@
+"""Crash tests with real processes: the process holding a lock (or leading an election) is
+SIGKILLed, and a waiter in this process takes over within the lease TTL + 200 ms.
+
+They need a store shared between processes: set ``AIOELASTIC_SYNC_STORE_URL`` (for example
+``http://127.0.0.1:2379`` for ``aioelastic serve``, or ``etcd://127.0.0.1:2379``); without it
+they are skipped. ``AIOELASTIC_SYNC_CRASH_SLACK`` (seconds, default 0.2) widens the bound on a
+loaded machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aioelastic.store import open_store
+from aioelastic.sync import Election, LeaseConfig, store_lock
+
+URL = os.environ.get("AIOELASTIC_SYNC_STORE_URL", "")
+SLACK = float(os.environ.get("AIOELASTIC_SYNC_CRASH_SLACK", "0.2"))
+CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not URL, reason="set AIOELASTIC_SYNC_STORE_URL to a shared store"),
+]
+
+CHILD = """
+import asyncio, sys
+from aioelastic.store import open_store
+from aioelastic.sync import Election, LeaseConfig, store_lock
+
+async def main(url, kind, name):
+    config = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
+    async with open_store(url) as store:
+        if kind == "lock":
+            async with store_lock(store, name, config=config) as lock:
+                print("HOLDING", lock.fencing_token, flush=True)
+                await asyncio.Event().wait()
+        else:
+            async with Election(store, name, config=config).leadership("child") as me:
+                print("HOLDING", me.term, flush=True)
+                await asyncio.Event().wait()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def _crash_and_take_over(kind: str) -> None:
+    name = f"crash-test/{uuid.uuid4().hex}"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        URL,
+        kind,
+        name,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        with anyio.fail_after(30):
+            line = (await child.stdout.readline()).decode().split()
+        assert line[:1] == ["HOLDING"], line
+        child_token = int(line[1])
+        async with open_store(URL) as store:
+            acquired = asyncio.get_running_loop().create_future()
+
+            async def wait_for_it() -> None:
+                if kind == "lock":
+                    async with store_lock(store, name, config=CONFIG) as lock:
+                        acquired.set_result((time.monotonic(), lock.fencing_token))
+                else:
+                    async with Election(store, name, config=CONFIG).leadership("parent") as me:
+                        acquired.set_result((time.monotonic(), me.term))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_for_it)
+                await anyio.sleep(0.5)  # queued behind the child
+                assert not acquired.done()
+                killed = time.monotonic()
+                child.send_signal(signal.SIGKILL)
+                with anyio.fail_after(CONFIG.ttl + 10):
+                    took_at, token = await acquired
+        took = took_at - killed
+        assert token > child_token
+        assert took <= CONFIG.ttl + SLACK, f"took over {took:.3f}s after the SIGKILL"
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
+
+
+def test_sigkilled_lock_holder_is_replaced_within_the_ttl() -> None:
+    asyncio.run(_crash_and_take_over("lock"))
+
+
+def test_sigkilled_leader_is_replaced_within_the_ttl() -> None:
+    asyncio.run(_crash_and_take_over("election"))
