@@ -11,8 +11,6 @@ import os
 import socket
 from typing import Any
 
-import anyio
-
 from ..errors import CompactedError, LeaseExpiredError, StoreError, WriteOutcomeUnknownError
 from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Store
 from ._config import LeaseConfig
@@ -107,13 +105,14 @@ class HeldLease:
         return keeper
 
     async def close(self) -> None:
-        """Revoke a private lease (deleting its keys); a shared one is left alone."""
+        """Revoke a private lease (deleting its keys); a shared one is left alone.
+
+        Callers shield this from cancellation."""
         keeper, private = self.keeper, self._shared is None
         if private:
             self.keeper = None
         if private and keeper is not None:
-            with anyio.CancelScope(shield=True):
-                await keeper.aclose()
+            await keeper.aclose()
 
 
 class QueueEntry:
@@ -168,25 +167,30 @@ class QueueEntry:
             raise LeaseExpiredError(self.lease_id, f"the queue key {self.key!r} was deleted")
         return before
 
-    async def at_head(self) -> bool:
-        return self._position(await self.store.range(self.prefix)) is None
-
-    async def wait_head(self) -> None:
-        """Wait until every entry created before ours has gone (etcd's ``waitDeletes``)."""
-        while True:
+    async def position(self) -> tuple[KeyValue | None, int]:
+        """The entry just before ours (None: we are at the head) and the read's revision."""
+        # Fast path: alone in the queue, one small read settles it.
+        snapshot = await self.store.range(self.prefix, limit=1)
+        if snapshot.count == 1 and snapshot.kvs[0].key == self.key:
+            return None, snapshot.revision
+        if snapshot.count > 1:
             snapshot = await self.store.range(self.prefix)
-            before = self._position(snapshot)
-            if before is None:
-                return
+        return self._position(snapshot), snapshot.revision
+
+    async def wait_head(self, before: KeyValue | None, revision: int) -> None:
+        """Wait until every entry created before ours has gone (etcd's ``waitDeletes``).
+
+        ``before`` and ``revision`` come from :meth:`position`.
+        """
+        while before is not None:
             try:
-                async with self.store.watch(
-                    before.key, start_revision=snapshot.revision + 1
-                ) as events:
+                async with self.store.watch(before.key, start_revision=revision + 1) as events:
                     async for event in events:
                         if event.type is EventType.DELETE and event.kv.key == before.key:
                             break
             except CompactedError:
-                continue  # history moved on between the read and the watch: read again
+                pass  # history moved on between the read and the watch: read again
+            before, revision = await self.position()
 
     async def update(self, value: bytes) -> bool:
         """Rewrite our value in place (create revision unchanged); False if the key is gone."""
@@ -199,12 +203,12 @@ class QueueEntry:
         return result.succeeded
 
     async def remove(self) -> None:
-        """Delete our key if it is still ours (shielded: it runs during cancellation too)."""
+        """Delete our key if it is still ours (callers shield this from cancellation)."""
         kv, self.kv = self.kv, None
         if kv is None or self.store.closed:
             return
         # If this fails, the lease removes the key at the latest when it ends.
-        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+        with contextlib.suppress(StoreError):
             await self.store.compare_and_delete(self.key, kv.mod_revision)
 
 

@@ -153,9 +153,10 @@ class Barrier:
         entry, self._entry = self._entry, None
         if entry is not None and self._lease.private:
             entry.kv = None  # revoking the private lease deletes the key in the same write
-        if entry is not None:
-            await entry.remove()
-        await self._lease.close()
+        with anyio.CancelScope(shield=True):
+            if entry is not None:
+                await entry.remove()
+            await self._lease.close()
 
     async def wait(self, *, timeout: float | None = None) -> None:
         """Enter and wait until ``parties`` have entered; then leave the party list."""

@@ -117,12 +117,14 @@ class Election:
         self._entry = entry
         try:
             await entry.create(data)
-            with anyio.move_on_after(timeout) as scope, keeper.guard():
-                await entry.wait_head()
-            if scope.cancelled_caught:
-                raise SyncTimeoutError(
-                    f"timed out after {timeout}s campaigning in the election {self.name!r}"
-                )
+            before, revision = await entry.position()
+            if before is not None:
+                with anyio.move_on_after(timeout) as scope, keeper.guard():
+                    await entry.wait_head(before, revision)
+                if scope.cancelled_caught:
+                    raise SyncTimeoutError(
+                        f"timed out after {timeout}s campaigning in the election {self.name!r}"
+                    )
         except BaseException:
             await self._withdraw()
             raise
@@ -151,9 +153,10 @@ class Election:
         self._leading = False
         if entry is not None and self._lease.private:
             entry.kv = None  # revoking the private lease deletes the key in the same write
-        if entry is not None:
-            await entry.remove()
-        await self._lease.close()
+        with anyio.CancelScope(shield=True):
+            if entry is not None:
+                await entry.remove()
+            await self._lease.close()
 
     async def leader(self) -> Leader | None:
         """The current leader, or None if nobody leads."""

@@ -63,10 +63,13 @@ class Lock:
         if identity is not None and not isinstance(identity, str):
             raise TypeError(f"identity must be a str or None, got {type(identity).__name__}")
         self.identity = default_identity() if identity is None else identity
+        self._identity = self.identity.encode()
         self._lease = HeldLease(store, lease, check_config(config))
         self._entry: QueueEntry | None = None
         self._held = False
-        self._guards: list[contextlib.AbstractContextManager[anyio.CancelScope]] = []
+        self._guards: list[
+            tuple[contextlib.AbstractContextManager[anyio.CancelScope], anyio.CancelScope]
+        ] = []
 
     def __repr__(self) -> str:
         state = f"held token={self.fencing_token}" if self._held else "not held"
@@ -122,12 +125,14 @@ class Lock:
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         entry = await self._enter()
         try:
-            with anyio.move_on_after(timeout) as scope, self.lease.guard():
-                await entry.wait_head()
-            if scope.cancelled_caught:
-                raise SyncTimeoutError(
-                    f"timed out after {timeout}s waiting for the lock {self.name!r}"
-                )
+            before, revision = await entry.position()
+            if before is not None:  # queued behind someone: wait (the uncontended path skips it)
+                with anyio.move_on_after(timeout) as scope, self.lease.guard():
+                    await entry.wait_head(before, revision)
+                if scope.cancelled_caught:
+                    raise SyncTimeoutError(
+                        f"timed out after {timeout}s waiting for the lock {self.name!r}"
+                    )
         except BaseException:
             await self._leave()
             raise
@@ -138,7 +143,8 @@ class Lock:
         """Take the lock if nobody holds or waits for it; never waits for another holder."""
         entry = await self._enter()
         try:
-            if await entry.at_head():
+            before, _ = await entry.position()
+            if before is None:
                 self._held = True
                 return True
         except BaseException:
@@ -148,10 +154,12 @@ class Lock:
         return False
 
     async def release(self) -> None:
-        """Release the lock (a no-op if it is not held); the next waiter takes it."""
+        """Release the lock (a no-op if it is not held); the next waiter takes it.
+
+        The release runs to completion even if the calling task is being cancelled.
+        """
         if self._entry is None:
             return
-        self._held = False
         await self._leave()
 
     async def _enter(self) -> QueueEntry:
@@ -161,21 +169,28 @@ class Lock:
         entry = QueueEntry(self.store, self.prefix, keeper.id)
         self._entry = entry
         try:
-            await entry.create(self.identity.encode())
+            await entry.create(self._identity)
         except BaseException:
             self._entry = None
-            await self._lease.close()
+            with anyio.CancelScope(shield=True):
+                await self._lease.close()
             raise
         return entry
 
-    async def _leave(self) -> None:
+    async def _leave(self, *, shield: bool = True) -> None:
         entry, self._entry = self._entry, None
         self._held = False
-        if entry is not None and self._lease.keeper is not None and self._lease.private:
-            entry.kv = None  # revoking the private lease deletes the key in the same write
-        if entry is not None:
+        if shield:
+            with anyio.CancelScope(shield=True):
+                await self._clean_up(entry)
+        else:
+            await self._clean_up(entry)
+
+    async def _clean_up(self, entry: QueueEntry | None) -> None:
+        if self._lease.private:
+            await self._lease.close()  # revoking the lease deletes the key in the same write
+        elif entry is not None:
             await entry.remove()
-        await self._lease.close()
 
     # -- scopes
 
@@ -186,8 +201,8 @@ class Lock:
     async def __aenter__(self) -> Self:
         await self.acquire()
         guard = self.guard()
-        guard.__enter__()
-        self._guards.append(guard)
+        scope = guard.__enter__()
+        self._guards.append((guard, scope))
         return self
 
     async def __aexit__(
@@ -196,12 +211,24 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            if self._guards:
-                self._guards.pop().__exit__(exc_type, exc, tb)
-        finally:
-            with anyio.CancelScope(shield=True):
+        if not self._guards:  # pragma: no cover - only if __aenter__ was bypassed
+            await self.release()
+            return
+        guard, scope = self._guards.pop()
+        if scope.cancel_called:  # the lease was lost: leave the guard (it raises), then clean up
+            try:
+                guard.__exit__(exc_type, exc, tb)
+            finally:
                 await self.release()
+            return
+        # The usual path: release inside the guard's own scope, shielded from outer cancellation
+        # (one cancel scope per acquire+release rather than two).
+        scope.shield = True
+        try:
+            if self._entry is not None:
+                await self._leave(shield=False)
+        finally:
+            guard.__exit__(exc_type, exc, tb)
 
 
 def store_lock(
