@@ -88,15 +88,13 @@ class Barrier:
         self._entry = entry
         try:
             await entry.create(self.identity.encode())
-            present = 0
             with anyio.move_on_after(timeout) as scope, keeper.guard():
-                present = await self._wait_ready(entry)
+                await self._wait_ready(entry)
             if scope.cancelled_caught:
                 raise SyncTimeoutError(
                     f"timed out after {timeout}s at the barrier {self.name!r}: "
                     f"{await self._safe_count()} of {self.parties} parties entered"
                 )
-            del present
         except BaseException:
             await self._exit_entry()
             raise
@@ -109,7 +107,7 @@ class Barrier:
                 pass
         return "an unknown number"
 
-    async def _wait_ready(self, entry: QueueEntry) -> int:
+    async def _wait_ready(self, entry: QueueEntry) -> None:
         snapshot = await self.store.range(self.prefix)
         present: set[str] = set()
         for kv in snapshot:
@@ -117,17 +115,15 @@ class Barrier:
                 self._ready = kv
             elif kv.key.startswith(self.parties_prefix):
                 present.add(kv.key)
-        if self._ready is not None:
-            return len(present)
-        if await self._maybe_open(present):
-            return len(present)
+        if self._ready is not None or await self._maybe_open(present):
+            return
         async with self.store.watch(self.prefix, start_revision=snapshot.revision + 1) as events:
             async for event in events:
                 key = event.kv.key
                 if key == self.ready_key:
                     if event.type is EventType.PUT:
                         self._ready = event.kv
-                        return len(present)
+                        return
                 elif key.startswith(self.parties_prefix):
                     if event.type is EventType.PUT:
                         present.add(key)
@@ -138,7 +134,7 @@ class Barrier:
                                 entry.lease_id, f"the barrier key {key!r} was deleted"
                             )
                     if await self._maybe_open(present):
-                        return len(present)
+                        return
         raise AssertionError("unreachable: a watch ends only by an error")  # pragma: no cover
 
     async def _maybe_open(self, present: set[str]) -> bool:

@@ -1,7 +1,8 @@
 """The public test kit: virtual time, the store conformance suite, and (soon) fault injection,
 hypothesis strategies and pytest fixtures.
 
-``aioelastic.testing.conformance`` needs pytest; import it from test code only.
+``aioelastic.testing.conformance`` (the store suite) and ``aioelastic.testing.sync_conformance``
+(the coordination-primitives suite) need pytest; import them from test code only.
 """
 
 from __future__ import annotations
