@@ -1,0 +1,336 @@
+"""Timers across processes on one host: JSON lines over a Unix-domain socket.
+
+Each line a client sends is a :class:`~aioelastic.timer.TimerRequest` JSON object plus an
+``"id"``; the server answers every line with ``{"id": n, "ok": true}`` or
+``{"id": n, "error": "..."}``, so ``acquire`` returns only once the timer is armed and a malformed
+request gets a clear error (the server logs it and keeps serving). The worker id is the client's
+process id, taken from the kernel (``SO_PEERCRED``) rather than trusted from the request: a
+client can only arm timers against itself, so a stray writer cannot make the server kill an
+arbitrary process (torch's FileTimerServer trusts the pid in the message). The socket file is
+created with mode 0600.
+
+A worker process that exits has its timers dropped: the server watches each worker with a
+``pidfd`` (Linux >= 5.3) registered on the event loop, or, where pidfds are missing, checks the
+process when its connection closes. Wire expirations are wall-clock, converted to loop deadlines
+on receipt (see :mod:`aioelastic.timer.api`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import TimerError
+from .api import (
+    Reaper,
+    TimerClient,
+    TimerRequest,
+    TimerServer,
+    check_signal,
+    wall_clock,
+)
+from .reapers import SignalReaper
+
+__all__ = ["UnixTimerClient", "UnixTimerServer"]
+
+log = logging.getLogger("aioelastic.timer")
+
+#: Longest accepted request line, in bytes.
+MAX_LINE = 16 * 1024
+
+_HAVE_PEERCRED = hasattr(socket, "SO_PEERCRED")
+_HAVE_PIDFD = hasattr(os, "pidfd_open")
+
+
+def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None or not _HAVE_PEERCRED:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return pid if pid > 0 else None
+
+
+class UnixTimerServer(TimerServer):
+    """Serves timers to worker processes on this host over the Unix socket at ``path``.
+
+    ``reaper`` defaults to :class:`~aioelastic.timer.SignalReaper` (SIGKILL). ``wall`` is the
+    wall clock wire expirations are read against (``time.time``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        reaper: Reaper | None = None,
+        *,
+        history: int = 1000,
+        wall: Callable[[], float] = wall_clock,
+    ) -> None:
+        super().__init__(reaper if reaper is not None else SignalReaper(), history=history)
+        self.path = os.fspath(path)
+        if not self.path:
+            raise ValueError("path must not be empty")
+        self._wall = wall
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._pidfds: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<UnixTimerServer {self.path!r} armed={self.armed}>"
+
+    async def _run(self, ready: Callable[[], None]) -> None:
+        await self._claim_path()
+        server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        try:
+            os.chmod(self.path, 0o600)
+            ready()
+            await server.serve_forever()
+        finally:
+            server.close()
+            for writer in list(self._writers):
+                writer.close()
+            for task in list(self._handlers):
+                task.cancel()
+            if self._handlers:
+                await asyncio.wait(list(self._handlers))
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    async def _claim_path(self) -> None:
+        """Remove a stale socket file left by a dead server; refuse to steal a live one."""
+        try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise TimerError(f"{self.path!r} exists and is not a socket")
+        try:
+            _reader, writer = await asyncio.open_unix_connection(self.path)
+        except OSError:
+            os.unlink(self.path)
+            return
+        writer.close()
+        raise TimerError(f"another timer server is already listening on {self.path!r}")
+
+    async def _aclose(self) -> None:
+        loop = self._loop
+        for fd in self._pidfds.values():
+            if loop is not None:
+                loop.remove_reader(fd)
+            os.close(fd)
+        self._pidfds.clear()
+
+    # -- one connection
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._writers.add(writer)
+        peer = _peer_pid(writer)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than MAX_LINE; the buffer was discarded
+                    self._reject("line", f"longer than {MAX_LINE} bytes")
+                    await self._reply(writer, None, f"request line longer than {MAX_LINE} bytes")
+                    continue
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                request_id, error = self._handle_line(line, peer)
+                await self._reply(writer, request_id, error)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            self._handlers.discard(task)
+            writer.close()
+            if peer is not None and not _HAVE_PIDFD:
+                self._check_exited(peer)
+
+    async def _reply(
+        self, writer: asyncio.StreamWriter, request_id: object, error: str | None
+    ) -> None:
+        reply: dict[str, object] = {"id": request_id}
+        if error is None:
+            reply["ok"] = True
+        else:
+            reply["error"] = error
+        writer.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
+        await writer.drain()
+
+    def _handle_line(self, line: bytes, peer: int | None) -> tuple[object, str | None]:
+        """Apply one request; return its id and an error message (None: ok)."""
+        request_id: object = None
+        try:
+            data = json.loads(line)
+            if isinstance(data, dict):
+                request_id = data.get("id")
+                if request_id is not None and (
+                    isinstance(request_id, bool) or not isinstance(request_id, int)
+                ):
+                    request_id = None
+                    raise ValueError("'id' must be an int")
+            request = TimerRequest.from_dict(data)
+            worker = request.worker_id
+            if isinstance(worker, str) or (request.pid is not None and request.pid != worker):
+                raise ValueError(f"worker must be the client's process id, got {worker!r}")
+            if peer is not None and worker != peer:
+                raise ValueError(
+                    f"worker {worker} is not the connecting process (pid {peer}); a client can "
+                    f"only arm timers for itself"
+                )
+            if request.expiration_time is None:
+                self._disarm(worker, request.scope_id)
+            else:
+                self._watch_process(worker)
+                if self._closed:
+                    raise ValueError("the server is closing")
+                deadline = self._deadline_from_wall(request.expiration_time, self._wall)
+                self._arm(
+                    worker,
+                    request.scope_id,
+                    deadline,
+                    expiration_time=request.expiration_time,
+                    pid=worker,
+                    signal=request.signal,
+                )
+        except (ValueError, ProcessLookupError) as exc:
+            message = str(exc) if isinstance(exc, ValueError) else "the worker process has exited"
+            self._reject(line[:200].decode(errors="replace").strip(), message)
+            return request_id, message
+        return request_id, None
+
+    # -- worker processes
+
+    def _watch_process(self, pid: int) -> None:
+        """Drop the worker's timers when its process exits (pidfd readable on the loop)."""
+        if not _HAVE_PIDFD or pid in self._pidfds:
+            return
+        loop = self._loop
+        assert loop is not None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            raise
+        except OSError as exc:  # e.g. an old kernel: fall back to checking at disconnect
+            log.debug("pidfd_open(%d) failed: %s", pid, exc)
+            return
+        self._pidfds[pid] = fd
+        loop.add_reader(fd, self._process_exited, pid)
+
+    def _process_exited(self, pid: int) -> None:
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(fd)
+            os.close(fd)
+        self._drop_worker(pid, "its process exited")
+
+    def _check_exited(self, pid: int) -> None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            self._drop_worker(pid, "its process exited")
+        except PermissionError:
+            pass
+
+
+class UnixTimerClient(TimerClient):
+    """Acquires and releases this process's timers on a :class:`UnixTimerServer` at ``path``.
+
+    ``signal`` asks the server to reap with that signal instead of its reaper's default.
+    Connects on first use (or on ``async with``); every call waits for the server's answer and
+    raises :class:`~aioelastic.errors.TimerError` if it refused the request or is unreachable.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        signal: int | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.signal = check_signal(signal) if signal is not None else None
+        self.connect_timeout = connect_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self.pid = os.getpid()
+
+    async def __aenter__(self) -> UnixTimerClient:
+        await self.connect()
+        return self
+
+    async def connect(self) -> None:
+        """Open the connection (idempotent)."""
+        if self._writer is not None:
+            return
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                self._reader, self._writer = await asyncio.open_unix_connection(
+                    self.path, limit=MAX_LINE
+                )
+        except (OSError, TimeoutError) as exc:
+            raise TimerError(f"cannot reach the timer server at {self.path!r}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def _drop_connection(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+
+    async def _request(self, request: TimerRequest) -> None:
+        async with self._lock:
+            await self.connect()
+            reader, writer = self._reader, self._writer
+            assert reader is not None
+            assert writer is not None
+            self._next_id += 1
+            data = request.to_dict()
+            data["id"] = self._next_id
+            try:
+                writer.write(json.dumps(data, separators=(",", ":")).encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+                reply = json.loads(line) if line else None
+            except (OSError, ValueError) as exc:
+                self._drop_connection()
+                raise TimerError(f"lost the timer server at {self.path!r}: {exc}") from exc
+            except BaseException:
+                self._drop_connection()  # cancelled mid-request: its reply would be out of step
+                raise
+            if reply is None:
+                self._drop_connection()
+                raise TimerError(f"the timer server at {self.path!r} closed the connection")
+            if not isinstance(reply, dict) or reply.get("id") != self._next_id:
+                self._drop_connection()
+                raise TimerError(f"unexpected reply from the timer server: {reply!r}")
+            if "error" in reply:
+                raise TimerError(f"the timer server refused the request: {reply['error']}")
+
+    async def _acquire(self, scope_id: str, after: float) -> None:
+        expiration = wall_clock() + after
+        await self._request(TimerRequest(self.pid, scope_id, expiration, signal=self.signal))
+
+    async def _release(self, scope_id: str) -> None:
+        await self._request(TimerRequest(self.pid, scope_id, None))
