@@ -25,13 +25,12 @@ import signal as _signal
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
-import anyio.abc
 
 from ..errors import TimerError, TimerExpiredError
 
@@ -358,7 +357,8 @@ class TimerServer(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
+        self._accepting = False
+        self._children: set[asyncio.Task[None]] = set()
         self._reap_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._acquired = self._released = self._reaped = 0
@@ -385,10 +385,10 @@ class TimerServer(abc.ABC):
 
     async def start(self) -> None:
         """Start the background task; return once the server accepts requests."""
-        if self._task is not None:
-            raise RuntimeError(f"{type(self).__name__} has already been started")
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
+        if self._task is not None:
+            raise RuntimeError(f"{type(self).__name__} has already been started")
         loop = self._loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._task = loop.create_task(self._main(), name=f"aioelastic-{type(self).__name__}")
@@ -418,24 +418,40 @@ class TimerServer(abc.ABC):
         await self._aclose()
 
     async def _main(self) -> None:
-        async with anyio.create_task_group() as tg:
-            self._task_group = tg
-            try:
-                await self._run(self._set_ready)
-            finally:
-                self._task_group = None
-                tg.cancel_scope.cancel()
+        try:
+            await self._run(self._set_ready)
+        finally:
+            self._accepting = False
+            children = list(self._children)
+            for child in children:
+                child.cancel()
+            if children:
+                await asyncio.wait(children)
 
     def _set_ready(self) -> None:
+        self._accepting = True
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``coro`` in a task owned by the server (cancelled when it stops)."""
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(coro, name=f"aioelastic-timer-{what}")
+        self._children.add(task)
+        task.add_done_callback(self._child_done)
+
+    def _child_done(self, task: asyncio.Task[None]) -> None:
+        self._children.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("timer server task %s failed", task.get_name(), exc_info=task.exception())
 
     @abc.abstractmethod
     async def _run(self, ready: Callable[[], None]) -> None:
         """The transport's background work; call ``ready()`` once requests are accepted.
 
-        Runs in the server's task, inside its task group (where async reapers run too), until
-        cancelled by :meth:`aclose`.
+        Runs in the server's task until cancelled by :meth:`aclose`; the tasks of async
+        reapers (see :meth:`_spawn`) are cancelled when it ends.
         """
 
     async def _aclose(self) -> None:  # noqa: B027 - an optional hook
@@ -482,7 +498,7 @@ class TimerServer(abc.ABC):
     def _require_running(self) -> asyncio.AbstractEventLoop:
         if self._closed:
             raise TimerError(f"{type(self).__name__} is closed")
-        if self._loop is None or self._task_group is None:
+        if self._loop is None or not self._accepting:
             raise TimerError(f"{type(self).__name__} is not running (use `async with server:`)")
         return self._loop
 
@@ -596,9 +612,7 @@ class TimerServer(abc.ABC):
             )
         else:
             if inspect.isawaitable(result):
-                tg = self._task_group
-                assert tg is not None
-                tg.start_soon(self._await_reaper, timer, result)
+                self._spawn(self._await_reaper(timer, result), "reaper")
         self.reaps.append(ReapEvent(timer, now, lateness, error))
         waiters, self._reap_waiters = self._reap_waiters, []
         for waiter in waiters:

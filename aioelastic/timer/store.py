@@ -238,9 +238,7 @@ class StoreTimerServer(TimerServer):
         key, _revision = _token(armed)
         if self._keys.get(key) == (armed.worker_id, armed.scope_id):
             del self._keys[key]
-        tg = self._task_group
-        assert tg is not None
-        tg.start_soon(self._claim_and_reap, armed)
+        self._spawn(self._claim_and_reap(armed), "claim")
 
     async def _claim_and_reap(self, armed: _Armed) -> None:
         key, revision = _token(armed)
