@@ -357,7 +357,6 @@ class TimerServer(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._accepting = False
         self._children: set[asyncio.Task[None]] = set()
         self._reap_waiters: list[asyncio.Future[None]] = []
         self._closed = False
@@ -421,7 +420,6 @@ class TimerServer(abc.ABC):
         try:
             await self._run(self._set_ready)
         finally:
-            self._accepting = False
             children = list(self._children)
             for child in children:
                 child.cancel()
@@ -429,7 +427,6 @@ class TimerServer(abc.ABC):
                 await asyncio.wait(children)
 
     def _set_ready(self) -> None:
-        self._accepting = True
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
 
@@ -498,7 +495,7 @@ class TimerServer(abc.ABC):
     def _require_running(self) -> asyncio.AbstractEventLoop:
         if self._closed:
             raise TimerError(f"{type(self).__name__} is closed")
-        if self._loop is None or not self._accepting:
+        if self._loop is None or self._task is None or self._task.done():
             raise TimerError(f"{type(self).__name__} is not running (use `async with server:`)")
         return self._loop
 

@@ -97,10 +97,12 @@ class UnixTimerServer(TimerServer):
             server.close()
             for writer in list(self._writers):
                 writer.close()
-            for task in list(self._handlers):
-                task.cancel()
-            if self._handlers:
-                await asyncio.wait(list(self._handlers))
+            if self._handlers:  # closed connections end their handlers; cancel stragglers
+                _done, pending = await asyncio.wait(list(self._handlers), timeout=1.0)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
 
@@ -152,6 +154,10 @@ class UnixTimerServer(TimerServer):
                 await self._reply(writer, request_id, error)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # the server is closing; end quietly (asyncio's stream callback would log a
+            # cancelled handler as an error)
+            pass
         finally:
             self._writers.discard(writer)
             self._handlers.discard(task)
@@ -174,7 +180,10 @@ class UnixTimerServer(TimerServer):
         """Apply one request; return its id and an error message (None: ok)."""
         request_id: object = None
         try:
-            data = json.loads(line)
+            try:
+                data = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"a timer request must be JSON: {exc}") from None
             if isinstance(data, dict):
                 request_id = data.get("id")
                 if request_id is not None and (

@@ -1,0 +1,243 @@
+"""Timers through the store protocol: keys with deadlines, a server watching the prefix.
+
+The checks are a class, :class:`StoreTimerChecks`, run here on the memory store in virtual time.
+They use only the ``Store`` protocol, so any backend can run them: subclass with an
+``open_store`` for it (and ``virtual_time = False``), or set ``AIOELASTIC_TIMER_STORE_URL``
+(e.g. ``http://127.0.0.1:2380`` or ``etcd://127.0.0.1:2379``) to run them against a live server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from aioelastic.errors import TimerExpiredError
+from aioelastic.store import MemoryStore, Store, open_store
+from aioelastic.testing import virtual_time_loop
+from aioelastic.timer import (
+    ExpiredTimer,
+    StoreTimerClient,
+    StoreTimerServer,
+    TimerRequest,
+    expires,
+    timer_key,
+)
+
+_Body = Callable[[Any, Store, str], Awaitable[None]]
+
+
+def store_test(body: _Body) -> Callable[[Any], None]:
+    """Turn ``async def test_x(self, store, prefix)`` into a test run by :meth:`run`."""
+
+    def test(self: StoreTimerChecks) -> None:
+        self.run(body)
+
+    test.__name__ = body.__name__
+    test.__doc__ = body.__doc__
+    return test
+
+
+class Reaps:
+    def __init__(self) -> None:
+        self.timers: list[ExpiredTimer] = []
+
+    def __call__(self, timer: ExpiredTimer) -> None:
+        self.timers.append(timer)
+
+    @property
+    def scopes(self) -> list[str]:
+        return [t.scope_id for t in self.timers]
+
+
+class StoreTimerChecks:
+    """Store-transport checks; subclasses provide :meth:`open_store`."""
+
+    virtual_time = True
+    #: a timer duration short enough for real-time runs, long enough for a store round trip
+    short = 0.3
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def run(self, body: _Body) -> None:
+        async def main() -> None:
+            async with asyncio.timeout(60), self.open_store() as store:
+                await body(self, store, f"test-timers/{uuid.uuid4().hex}/")
+
+        if self.virtual_time:
+            with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+                runner.run(main())
+        else:
+            asyncio.run(main())
+
+    @store_test
+    async def test_expired_timer_is_reaped_and_its_key_claimed(
+        self, store: Store, prefix: str
+    ) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            client = StoreTimerClient(store, "host-a:17", prefix=prefix, pid=17)
+            await client.acquire("train/step", self.short)
+            assert (await store.get(client.key("train/step"))) is not None
+            (event,) = await server.wait_reaped(1)
+            assert event.timer.worker_id == "host-a:17"
+            assert event.timer.pid == 17
+            assert 0 <= event.lateness < 1.0
+            assert (await store.get(client.key("train/step"))) is None
+            assert server.armed == 0
+        assert reaps.scopes == ["train/step"]
+
+    @store_test
+    async def test_released_timer_is_not_reaped(self, store: Store, prefix: str) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            client = StoreTimerClient(store, "w", prefix=prefix)
+            await client.acquire("s", self.short)
+            await client.release("s")
+            await asyncio.sleep(self.short * 3)
+            assert server.armed == 0
+            await client.release("s")  # releasing again is fine
+        assert reaps.timers == []
+
+    @store_test
+    async def test_reacquire_replaces_the_deadline(self, store: Store, prefix: str) -> None:
+        reaps = Reaps()
+        loop = asyncio.get_running_loop()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            client = StoreTimerClient(store, "w", prefix=prefix)
+            start = loop.time()
+            await client.acquire("s", self.short)
+            await client.acquire("s", self.short * 3)
+            await server.wait_reaped(1)
+            assert loop.time() - start >= self.short * 3 - 0.05
+            await asyncio.sleep(self.short)
+        assert reaps.scopes == ["s"]
+
+    @store_test
+    async def test_timers_written_before_the_server_started(
+        self, store: Store, prefix: str
+    ) -> None:
+        client = StoreTimerClient(store, "early", prefix=prefix)
+        await client.acquire("overdue", 0)
+        await client.acquire("later", self.short)
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            await server.wait_reaped(2)
+            assert server.armed == 0
+        assert reaps.scopes == ["overdue", "later"]
+
+    @store_test
+    async def test_two_servers_reap_each_timer_once(self, store: Store, prefix: str) -> None:
+        reaps = Reaps()
+        async with (
+            StoreTimerServer(store, reaps, prefix=prefix),
+            StoreTimerServer(store, reaps, prefix=prefix),
+        ):
+            clients = [StoreTimerClient(store, f"w{i}", prefix=prefix) for i in range(5)]
+            for i, client in enumerate(clients):
+                await client.acquire("s", self.short + i * 0.01)
+            await asyncio.sleep(self.short * 4)
+        assert sorted(str(t.worker_id) for t in reaps.timers) == [f"w{i}" for i in range(5)]
+
+    @store_test
+    async def test_malformed_timers_are_rejected_and_server_keeps_running(
+        self, store: Store, prefix: str
+    ) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            await store.put(prefix + "junk", b"not json at all")
+            forged = TimerRequest("w", "s", 1.0)  # valid JSON, but not at its own key
+            await store.put(prefix + "elsewhere", forged.to_json())
+            await store.put(
+                timer_key(prefix, "w", "s"), b'{"v":1,"worker":"w","scope":"s","expiration":1e999}'
+            )
+            client = StoreTimerClient(store, "w2", prefix=prefix)
+            await client.acquire("fine", self.short)
+            await server.wait_reaped(1)
+            assert server.statistics().rejected == 3
+            assert server.running
+        assert reaps.scopes == ["fine"]
+
+    @store_test
+    async def test_timers_bound_to_a_lost_lease_are_dropped(
+        self, store: Store, prefix: str
+    ) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            grant = await store.lease_grant(30)
+            client = StoreTimerClient(store, "w", prefix=prefix, lease=grant.id)
+            await client.acquire("a", self.short)
+            await client.acquire("b", self.short)
+            await store.lease_revoke(grant.id)  # the worker died: its lease went with it
+            await asyncio.sleep(self.short * 3)
+            assert server.armed == 0
+        assert reaps.timers == []
+
+    @store_test
+    async def test_guard_through_the_store(self, store: Store, prefix: str) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            client = StoreTimerClient(store, "w", prefix=prefix)
+            async with expires(after=30, scope="quick", client=client):
+                pass
+            with pytest.raises(TimerExpiredError):
+                async with expires(after=self.short, scope="slow", client=client):
+                    await asyncio.sleep(30)
+            await server.wait_reaped(1)
+            assert (await store.range(prefix)).kvs == ()
+        assert reaps.scopes == ["slow"]
+
+    @store_test
+    async def test_many_timers_half_released(self, store: Store, prefix: str) -> None:
+        reaps = Reaps()
+        async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+            client = StoreTimerClient(store, "w", prefix=prefix)
+            for i in range(100):
+                await client.acquire(f"s{i}", self.short + (i % 10) * 0.01)
+            for i in range(0, 100, 2):
+                await client.release(f"s{i}")
+            await server.wait_reaped(50)
+            await asyncio.sleep(self.short)
+            assert server.armed == 0
+        assert sorted(reaps.scopes) == sorted(f"s{i}" for i in range(1, 100, 2))
+
+    def test_bad_arguments(self) -> None:
+        store = MemoryStore()
+        with pytest.raises(ValueError, match="prefix"):
+            StoreTimerServer(store, Reaps(), prefix="")
+        with pytest.raises(TypeError, match="store"):
+            StoreTimerClient("memory://", "w")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="worker_id"):
+            StoreTimerClient(store, "")
+        with pytest.raises(TypeError, match="worker_id"):
+            StoreTimerClient(store, 5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="pid"):
+            StoreTimerClient(store, "w", pid=0)
+
+
+class TestMemoryStoreTimers(StoreTimerChecks):
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        async with MemoryStore() as store:
+            yield store
+
+
+@pytest.mark.skipif(
+    not os.environ.get("AIOELASTIC_TIMER_STORE_URL"),
+    reason="set AIOELASTIC_TIMER_STORE_URL to run the store timer checks on a live store",
+)
+class TestUrlStoreTimers(StoreTimerChecks):
+    virtual_time = False
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        async with open_store(os.environ["AIOELASTIC_TIMER_STORE_URL"]) as store:
+            yield store
