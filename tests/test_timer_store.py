@@ -241,3 +241,50 @@ class TestUrlStoreTimers(StoreTimerChecks):
     async def open_store(self) -> AsyncIterator[Store]:
         async with open_store(os.environ["AIOELASTIC_TIMER_STORE_URL"]) as store:
             yield store
+
+
+def test_server_rereads_the_store_after_losing_its_watch() -> None:
+    """A watch lost to a connection error: changes made meanwhile are not missed."""
+    from aioelastic.errors import StoreConnectionError
+
+    async def body() -> None:
+        reaps = Reaps()
+        async with MemoryStore() as store:
+            prefix = "t/"
+            async with StoreTimerServer(store, reaps, prefix=prefix, retry_interval=0.5) as server:
+                client = StoreTimerClient(store, "w", prefix=prefix)
+                await client.acquire("released-during-outage", 2)
+                await client.acquire("kept", 2)
+                store.engine.fail_watchers_of(store, StoreConnectionError("injected"))
+                await asyncio.sleep(0)  # the server sees the error and backs off 0.5 s
+                await client.release("released-during-outage")
+                await client.acquire("acquired-during-outage", 1)
+                await asyncio.sleep(0.1)
+                assert server.deadline_of("w", "acquired-during-outage") is None
+                await asyncio.sleep(5)
+                assert server.running
+        assert sorted(reaps.scopes) == ["acquired-during-outage", "kept"]
+
+    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+        runner.run(body())
+
+
+def test_server_resyncs_after_its_watch_is_compacted() -> None:
+    from aioelastic.errors import CompactedError
+
+    async def body() -> None:
+        reaps = Reaps()
+        async with MemoryStore() as store:
+            prefix = "t/"
+            async with StoreTimerServer(store, reaps, prefix=prefix) as server:
+                client = StoreTimerClient(store, "w", prefix=prefix)
+                await client.acquire("a", 1)
+                store.engine.fail_watchers_of(store, CompactedError(1, 2))
+                await client.acquire("b", 1)
+                await client.release("a")
+                await asyncio.sleep(3)
+                assert server.running
+        assert reaps.scopes == ["b"]
+
+    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+        runner.run(body())

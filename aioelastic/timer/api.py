@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import inspect
 import json
 import logging
@@ -358,6 +359,9 @@ class TimerServer(abc.ABC):
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._children: set[asyncio.Task[None]] = set()
+        # deadlines run in the server's context, not the acquiring worker's (and sharing one
+        # context saves a copy per armed timer)
+        self._context = contextvars.copy_context()
         self._reap_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._acquired = self._released = self._reaped = 0
@@ -517,7 +521,7 @@ class TimerServer(abc.ABC):
         if old is not None and old.handle is not None:
             old.handle.cancel()
         armed = _Armed(worker_id, scope_id, deadline, expiration_time, pid, signal, token)
-        armed.handle = loop.call_at(deadline, self._fire, armed)
+        armed.handle = loop.call_at(deadline, self._fire, armed, context=self._context)
         self._timers[key] = armed
         if old is None:
             self._by_worker.setdefault(worker_id, set()).add(scope_id)
@@ -751,6 +755,10 @@ class TimerGuard:
 
     async def _send_release(self) -> None:
         if self.client is None:
+            return
+        if self.client.in_process:
+            # an in-process release completes without suspending, so it cannot be interrupted
+            await self.client.release(self.scope_id)
             return
         with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
             await self.client.release(self.scope_id)

@@ -167,6 +167,9 @@ class StoreTimerServer(TimerServer):
                     delay = self._retry_interval
                     async for event in events:
                         self._on_event(event)
+                log.warning("timer watch on %r ended; re-reading in %.2fs", self.prefix, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_INTERVAL)
             except CompactedError as exc:
                 log.warning("timer watch fell behind (%s); re-reading %r", exc, self.prefix)
             except (StoreConnectionError, StoreTimeoutError) as exc:
