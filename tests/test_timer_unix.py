@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from aioelastic.errors import TimerError
 from aioelastic.timer import (
+    BlockingUnixTimerClient,
     ExpiredTimer,
     SignalReaper,
     UnixTimerClient,
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import asyncio, signal, sys, time
-from aioelastic.timer import UnixTimerClient
+from aioelastic.timer import BlockingUnixTimerClient, UnixTimerClient
 
 async def main(path: str, mode: str) -> None:
     sig = signal.SIGTERM if mode == "hang-term" else None
@@ -47,7 +49,12 @@ async def main(path: str, mode: str) -> None:
         await client.acquire("gone", 0.5)
         print("armed", flush=True)  # and exit without releasing
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+if sys.argv[2] == "hang-blocking":  # a synchronous worker: no event loop at all
+    with BlockingUnixTimerClient(sys.argv[1]) as client, client.expires(after=0.3):
+        print("armed", flush=True)
+        time.sleep(60)
+else:
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
@@ -75,9 +82,10 @@ async def read_line(proc: asyncio.subprocess.Process) -> str:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
-async def test_hung_child_is_sigkilled(socket_path: str) -> None:
+@pytest.mark.parametrize("mode", ["hang", "hang-blocking"])
+async def test_hung_child_is_sigkilled(socket_path: str, mode: str) -> None:
     async with UnixTimerServer(socket_path) as server:
-        proc = await spawn(socket_path, "hang")
+        proc = await spawn(socket_path, mode)
         assert await read_line(proc) == "armed"
         assert server.armed == 1
         async with asyncio.timeout(20):
@@ -85,7 +93,10 @@ async def test_hung_child_is_sigkilled(socket_path: str) -> None:
         assert code == -signal.SIGKILL
         (event,) = server.reaps
         assert event.timer.worker_id == proc.pid
-        assert event.timer.scope_id == "hang"
+        if mode == "hang":
+            assert event.timer.scope_id == "hang"
+        else:  # the default scope: the caller's file#line
+            assert event.timer.scope_id.startswith("<string>#")
         assert event.error is None
         assert 0 <= event.lateness < 1.0  # generous: 2 busy cores
         assert server.armed == 0
@@ -237,3 +248,30 @@ async def test_stale_socket_is_replaced_and_live_one_is_not(socket_path: str) ->
     with pytest.raises(TimerError, match="not a socket"):
         async with UnixTimerServer(socket_path):
             pass
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_blocking_client(socket_path: str) -> None:
+    reaped: list[ExpiredTimer] = []
+    async with UnixTimerServer(socket_path, reaped.append) as server:
+
+        def work() -> list[str]:
+            scopes: list[str] = []
+            with BlockingUnixTimerClient(socket_path) as client:
+                scopes.append(f"{__file__}#{sys._getframe().f_lineno + 1}")
+                with client.expires(after=30):
+                    scopes.append(next(iter(server._by_worker[os.getpid()])))
+                with pytest.raises(ValueError, match="after"):
+                    client.acquire("s", -1)
+                client.acquire("overrun", 0.05)
+                time.sleep(0.3)
+                client.release("overrun")  # too late: already reaped
+            return scopes
+
+        scopes = await asyncio.to_thread(work)
+        assert scopes[0] == scopes[1]  # the default scope is the caller's file#line
+        assert server.armed == 0
+    assert [t.scope_id for t in reaped] == ["overrun"]
+    with pytest.raises(TimerError, match="cannot reach"):
+        BlockingUnixTimerClient(socket_path).acquire("s", 1)

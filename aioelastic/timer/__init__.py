@@ -24,9 +24,10 @@ from .api import (
 from .local import LocalTimerClient, LocalTimerServer
 from .reapers import CallbackReaper, CancelTaskReaper, SignalReaper
 from .store import StoreTimerClient, StoreTimerServer, timer_key
-from .unix import UnixTimerClient, UnixTimerServer
+from .unix import BlockingUnixTimerClient, UnixTimerClient, UnixTimerServer
 
 __all__ = [
+    "BlockingUnixTimerClient",
     "CallbackReaper",
     "CancelTaskReaper",
     "ExpiredTimer",

@@ -25,7 +25,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import TimerError
@@ -34,12 +34,15 @@ from .api import (
     TimerClient,
     TimerRequest,
     TimerServer,
+    _caller_scope,
+    check_duration,
+    check_scope_id,
     check_signal,
     wall_clock,
 )
 from .reapers import SignalReaper
 
-__all__ = ["UnixTimerClient", "UnixTimerServer"]
+__all__ = ["BlockingUnixTimerClient", "UnixTimerClient", "UnixTimerServer"]
 
 log = logging.getLogger("aioelastic.timer")
 
@@ -343,3 +346,98 @@ class UnixTimerClient(TimerClient):
 
     async def _release(self, scope_id: str) -> None:
         await self._request(TimerRequest(self.pid, scope_id, None))
+
+
+class BlockingUnixTimerClient:
+    """The same client for code without an event loop (a synchronous training loop).
+
+    ``with client.expires(after=30): train_step()`` arms the scope's timer and releases it when
+    the block ends. A synchronous block cannot be interrupted from inside: if it overruns, the
+    server reaps the process (SIGKILL by default), as torch's ``expires`` does. Calls block for
+    at most ``timeout`` seconds and raise :class:`~aioelastic.errors.TimerError` on failure.
+    Not thread-safe: use one client per thread.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, signal: int | None = None, timeout: float = 5.0
+    ) -> None:
+        self.path = os.fspath(path)
+        self.signal = check_signal(signal) if signal is not None else None
+        self.timeout = check_duration(timeout, "timeout")
+        self.pid = os.getpid()
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        self._next_id = 0
+
+    def __enter__(self) -> BlockingUnixTimerClient:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Open the connection (idempotent)."""
+        if self._sock is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError as exc:
+            sock.close()
+            raise TimerError(f"cannot reach the timer server at {self.path!r}: {exc}") from exc
+        self._sock = sock
+        self._buffer = b""
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def acquire(self, scope_id: str, after: float) -> None:
+        """Arm the timer of ``scope_id`` to expire ``after`` seconds from now."""
+        check_scope_id(scope_id)
+        after = check_duration(after)
+        self._request(TimerRequest(self.pid, scope_id, wall_clock() + after, signal=self.signal))
+
+    def release(self, scope_id: str) -> None:
+        """Disarm the timer of ``scope_id`` (no-op if it is not armed)."""
+        check_scope_id(scope_id)
+        self._request(TimerRequest(self.pid, scope_id, None))
+
+    @contextlib.contextmanager
+    def expires(self, after: float, scope: str | None = None) -> Iterator[None]:
+        """Arm ``scope`` (default: the caller's ``file#line``) around a block; release after."""
+        scope_id = scope if scope is not None else _caller_scope(2)
+        self.acquire(scope_id, after)
+        try:
+            yield
+        finally:
+            self.release(scope_id)
+
+    def _request(self, request: TimerRequest) -> None:
+        self.connect()
+        sock = self._sock
+        assert sock is not None
+        self._next_id += 1
+        data = request.to_dict()
+        data["id"] = self._next_id
+        try:
+            sock.sendall(json.dumps(data, separators=(",", ":")).encode() + b"\n")
+            while b"\n" not in self._buffer:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    self.close()
+                    raise TimerError(f"the timer server at {self.path!r} closed the connection")
+                self._buffer += chunk
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            reply = json.loads(line)
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise TimerError(f"lost the timer server at {self.path!r}: {exc}") from exc
+        if not isinstance(reply, dict) or reply.get("id") != self._next_id:
+            self.close()
+            raise TimerError(f"unexpected reply from the timer server: {reply!r}")
+        if "error" in reply:
+            raise TimerError(f"the timer server refused the request: {reply['error']}")
