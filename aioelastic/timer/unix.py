@@ -207,8 +207,6 @@ class UnixTimerServer(TimerServer):
                 self._disarm(worker, request.scope_id)
             else:
                 self._watch_process(worker)
-                if self._closed:
-                    raise ValueError("the server is closing")
                 deadline = self._deadline_from_wall(request.expiration_time, self._wall)
                 self._arm(
                     worker,
@@ -218,8 +216,10 @@ class UnixTimerServer(TimerServer):
                     pid=worker,
                     signal=request.signal,
                 )
-        except (ValueError, ProcessLookupError) as exc:
-            message = str(exc) if isinstance(exc, ValueError) else "the worker process has exited"
+        except (ValueError, ProcessLookupError, TimerError) as exc:
+            message = (
+                "the worker process has exited" if isinstance(exc, ProcessLookupError) else str(exc)
+            )
             self._reject(line[:200].decode(errors="replace").strip(), message)
             return request_id, message
         return request_id, None
