@@ -472,3 +472,37 @@ def test_signal_reaper_tolerates_an_exited_process(caplog: pytest.LogCaptureFixt
 
 def test_cancel_task_reaper_repr() -> None:
     assert repr(CancelTaskReaper()) == "CancelTaskReaper()"
+
+
+@virtual
+async def test_wait_reaped_fails_when_the_server_closes() -> None:
+    server = LocalTimerServer(Recorder())
+    await server.start()
+    waiter = asyncio.create_task(server.wait_reaped(1))
+    await asyncio.sleep(1)
+    await server.aclose()
+    with pytest.raises(TimerError, match="closed after 0 of 1"):
+        await waiter
+
+
+@virtual
+async def test_reaps_are_logged_with_worker_scope_and_lateness() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Capture()
+    logger = logging.getLogger("aioelastic.timer")
+    logger.addHandler(handler)
+    try:
+        async with LocalTimerServer(Recorder()) as server:
+            await server.client("worker-7").acquire("epoch-3", 1)
+            await server.wait_reaped(1)
+    finally:
+        logger.removeHandler(handler)
+    (message,) = [r.getMessage() for r in records if "reaping" in r.getMessage()]
+    assert "worker-7" in message
+    assert "'epoch-3'" in message
+    assert "ms ago" in message

@@ -288,3 +288,18 @@ def test_server_resyncs_after_its_watch_is_compacted() -> None:
 
     with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
         runner.run(body())
+
+
+def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        server = StoreTimerServer(store, Reaps(), prefix="t/")
+        await server.start()
+        await store.aclose()
+        await asyncio.sleep(0.1)
+        assert not server.running
+        await server.aclose()
+
+    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+        runner.run(body())
+    assert "StoreTimerServer stopped" in caplog.text

@@ -394,11 +394,26 @@ class TimerServer(abc.ABC):
             raise RuntimeError(f"{type(self).__name__} has already been started")
         loop = self._loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        self._task = loop.create_task(self._main(), name=f"aioelastic-{type(self).__name__}")
-        await asyncio.wait([self._ready, self._task], return_when=asyncio.FIRST_COMPLETED)
+        task = self._task = loop.create_task(self._main(), name=f"aioelastic-{type(self).__name__}")
+        try:
+            await asyncio.wait([self._ready, task], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await self.aclose()
+            raise
         if not self._ready.done():
-            self._task.result()  # raises what made it fail
+            self._closed = True
+            task.result()  # raises what made it fail
             raise TimerError(f"{type(self).__name__} stopped while starting")
+        task.add_done_callback(self._main_done)
+
+    def _main_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "%s stopped: %s; armed timers still fire, but no new requests arrive",
+                type(self).__name__,
+                task.exception(),
+                exc_info=task.exception(),
+            )
 
     async def aclose(self) -> None:
         """Stop the server: disarm every timer (none is reaped after this), stop the task."""
@@ -414,10 +429,12 @@ class TimerServer(abc.ABC):
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
-            if not task.cancelled() and task.exception() is not None:
-                log.error(
-                    "%s stopped with an error", type(self).__name__, exc_info=task.exception()
-                )
+        children = list(self._children)  # spawned after the task ended, if it failed
+        for child in children:
+            child.cancel()
+        if children:
+            await asyncio.wait(children)
+        self._wake_reap_waiters()
         await self._aclose()
 
     async def _main(self) -> None:
@@ -484,6 +501,10 @@ class TimerServer(abc.ABC):
     async def wait_reaped(self, count: int = 1) -> list[ReapEvent]:
         """Wait until at least ``count`` reaps have happened in total; return the recorded ones."""
         while self._reaped < count:
+            if self._closed:
+                raise TimerError(
+                    f"{type(self).__name__} closed after {self._reaped} of {count} reaps"
+                )
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
             self._reap_waiters.append(waiter)
@@ -615,6 +636,9 @@ class TimerServer(abc.ABC):
             if inspect.isawaitable(result):
                 self._spawn(self._await_reaper(timer, result), "reaper")
         self.reaps.append(ReapEvent(timer, now, lateness, error))
+        self._wake_reap_waiters()
+
+    def _wake_reap_waiters(self) -> None:
         waiters, self._reap_waiters = self._reap_waiters, []
         for waiter in waiters:
             if not waiter.done():
