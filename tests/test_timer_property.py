@@ -186,3 +186,64 @@ def test_many_concurrent_guards(count: int) -> None:
         assert sorted(reaped) == sorted(f"s{i}" for i in range(count) if i % 2)
 
     run_virtual(body)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=6)
+    ),
+    max_leaves=12,
+)
+request_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "v": st.one_of(st.just(1), json_values),
+        "worker": st.one_of(st.integers(), st.text(max_size=8), json_values),
+        "scope": st.one_of(st.text(max_size=8), json_values),
+        "expiration": st.one_of(st.floats(), st.integers(), st.none(), json_values),
+        "pid": st.one_of(st.integers(), json_values),
+        "signal": st.one_of(st.integers(min_value=-5, max_value=80), json_values),
+        "id": json_values,
+    },
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(raw=st.one_of(st.binary(max_size=64), json_values.map(repr).map(str.encode)))
+def test_wire_parser_rejects_garbage_with_value_error(raw: bytes) -> None:
+    from aioelastic.timer import TimerRequest
+
+    message = "parsed"
+    try:
+        TimerRequest.from_json(raw)
+    except ValueError as exc:
+        message = str(exc)
+    assert message  # a rejection says what is wrong
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=request_like)
+def test_wire_parser_accepts_only_valid_requests(data: dict[str, object]) -> None:
+    """Every object either parses into a valid request that round-trips, or is a ValueError."""
+    import json
+    import math
+
+    from aioelastic.timer import TimerRequest
+
+    try:
+        raw = json.dumps(data).encode()
+    except ValueError:
+        return
+    try:
+        request = TimerRequest.from_json(raw)
+    except ValueError:
+        return
+    assert isinstance(request.worker_id, (int, str))
+    assert not isinstance(request.worker_id, bool)
+    assert isinstance(request.scope_id, str)
+    assert request.scope_id
+    if request.expiration_time is not None:
+        assert math.isfinite(request.expiration_time)
+        assert request.expiration_time >= 0
+    assert TimerRequest.from_json(request.to_json()) == request

@@ -275,3 +275,22 @@ async def test_blocking_client(socket_path: str) -> None:
     assert [t.scope_id for t in reaped] == ["overrun"]
     with pytest.raises(TimerError, match="cannot reach"):
         BlockingUnixTimerClient(socket_path).acquire("s", 1)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_exited_worker_is_dropped_without_pidfd(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where pidfds are missing, the server checks the process when its connection closes."""
+    from aioelastic.timer import unix
+
+    monkeypatch.setattr(unix, "_HAVE_PIDFD", False)
+    async with UnixTimerServer(socket_path) as server:
+        proc = await spawn(socket_path, "exit")
+        assert await read_line(proc) == "armed"
+        async with asyncio.timeout(20):
+            assert await proc.wait() == 0
+        await asyncio.sleep(0.8)  # past the 0.5 s deadline
+        assert list(server.reaps) == []
+        assert server.statistics().dropped == 1

@@ -10,9 +10,10 @@ arbitrary process (torch's FileTimerServer trusts the pid in the message). The s
 created with mode 0600.
 
 A worker process that exits has its timers dropped: the server watches each worker with a
-``pidfd`` (Linux >= 5.3) registered on the event loop, or, where pidfds are missing, checks the
-process when its connection closes. Wire expirations are wall-clock, converted to loop deadlines
-on receipt (see :mod:`aioelastic.timer.api`).
+``pidfd`` (Linux >= 5.3) registered on the event loop; where pidfds are missing it checks the
+process when its connection closes, and in any case once more when a timer fires (a zombie
+still counts as alive there, and signalling it is harmless). Wire expirations are wall-clock,
+converted to loop deadlines on receipt (see :mod:`aioelastic.timer.api`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .api import (
     TimerClient,
     TimerRequest,
     TimerServer,
+    _Armed,
     _caller_scope,
     check_duration,
     check_scope_id,
@@ -250,13 +252,24 @@ class UnixTimerServer(TimerServer):
             os.close(fd)
         self._drop_worker(pid, "its process exited")
 
-    def _check_exited(self, pid: int) -> None:
+    def _expire(self, armed: _Armed) -> None:
+        # The exit of a worker may not have been seen yet (no pidfd, or its event is due in this
+        # same loop iteration): a process that no longer exists is dropped, not reaped.
+        pid = armed.worker_id
+        assert isinstance(pid, int)
+        if not self._check_exited(pid):
+            super()._expire(armed)
+
+    def _check_exited(self, pid: int) -> bool:
+        """Drop the worker's timers if its process is gone; return whether it was."""
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             self._drop_worker(pid, "its process exited")
+            return True
         except PermissionError:
             pass
+        return False
 
 
 class UnixTimerClient(TimerClient):
