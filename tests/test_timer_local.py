@@ -7,9 +7,10 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import pytest_asyncio
 
 import aioelastic
 from aioelastic import timer as timer_pkg
@@ -506,3 +507,18 @@ async def test_reaps_are_logged_with_worker_scope_and_lateness() -> None:
     assert "worker-7" in message
     assert "'epoch-3'" in message
     assert "ms ago" in message
+
+
+@pytest_asyncio.fixture
+async def fixture_server() -> AsyncIterator[LocalTimerServer]:
+    # pytest-asyncio sets up and tears down in different tasks: the server must allow that
+    async with LocalTimerServer(Recorder()) as server:
+        yield server
+
+
+@pytest.mark.asyncio
+async def test_server_works_as_a_pytest_asyncio_fixture(fixture_server: LocalTimerServer) -> None:
+    client = fixture_server.client("w")
+    await client.acquire("s", 0.01)
+    events = await asyncio.wait_for(fixture_server.wait_reaped(1), 10)
+    assert events[0].timer.scope_id == "s"
