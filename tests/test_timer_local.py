@@ -56,6 +56,12 @@ class Recorder:
 def test_public_names_are_exported() -> None:
     for name in timer_pkg.__all__:
         assert hasattr(timer_pkg, name), name
+    public = {
+        name
+        for module in (timer_pkg.api, timer_pkg.local, timer_pkg.unix, timer_pkg.store)
+        for name in module.__all__
+    }
+    assert public - {"DEFAULT_PREFIX"} <= set(timer_pkg.__all__)
     assert TimeoutException is TimerExpiredError
     assert issubclass(TimerExpiredError, TimeoutError)
     assert issubclass(TimerExpiredError, aioelastic.TimerError)
