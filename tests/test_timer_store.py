@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -303,3 +303,74 @@ def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCapture
     with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
         runner.run(body())
     assert "StoreTimerServer stopped" in caplog.text
+
+
+def run_in_virtual_time(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+        runner.run(body())
+
+
+def test_claim_survives_store_errors() -> None:
+    """A claim that fails to reach the store is retried; the timer is still reaped once."""
+    from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
+    from aioelastic.testing import FaultInjectingStore
+
+    async def body() -> None:
+        reaps = Reaps()
+        async with MemoryStore() as inner:
+            faulty = FaultInjectingStore(inner)
+            async with StoreTimerServer(faulty, reaps, prefix="t/", retry_interval=0.2):
+                client = StoreTimerClient(inner, "w", prefix="t/")
+                faulty.fail_next("compare_and_delete", StoreConnectionError("injected"))
+                faulty.fail_next("compare_and_delete", WriteOutcomeUnknownError("injected"))
+                await client.acquire("s", 1)
+                await asyncio.sleep(5)
+                assert faulty.calls["compare_and_delete"] == 3
+                assert (await inner.range("t/")).kvs == ()
+        assert reaps.scopes == ["s"]
+
+    run_in_virtual_time(body)
+
+
+def test_server_catches_up_after_a_partition() -> None:
+    """Changes made while the server was cut off from the store are applied once it heals."""
+    from aioelastic.testing import FaultInjectingStore
+
+    async def body() -> None:
+        reaps = Reaps()
+        async with MemoryStore() as inner:
+            faulty = FaultInjectingStore(inner)
+            async with StoreTimerServer(faulty, reaps, prefix="t/", retry_interval=0.5) as server:
+                client = StoreTimerClient(inner, "w", prefix="t/")
+                await client.acquire("released-while-cut-off", 30)
+                await asyncio.sleep(0.1)
+                assert server.deadline_of("w", "released-while-cut-off") is not None
+                faulty.partition()
+                await client.release("released-while-cut-off")  # the watch fails on this event
+                await client.acquire("acquired-while-cut-off", 10)
+                await asyncio.sleep(3)
+                assert server.deadline_of("w", "released-while-cut-off") is not None  # stale
+                faulty.heal()
+                await asyncio.sleep(6)  # the backoff (at most 5 s) ends; the server re-reads
+                assert server.deadline_of("w", "released-while-cut-off") is None
+                assert server.deadline_of("w", "acquired-while-cut-off") is not None
+                await asyncio.sleep(30)
+        assert reaps.scopes == ["acquired-while-cut-off"]
+
+    run_in_virtual_time(body)
+
+
+def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
+    from aioelastic.errors import StoreConnectionError
+    from aioelastic.testing import FaultInjectingStore
+
+    async def body() -> None:
+        async with MemoryStore() as inner:
+            faulty = FaultInjectingStore(inner)
+            faulty.partition()
+            server = StoreTimerServer(faulty, Reaps(), prefix="t/")
+            with pytest.raises(StoreConnectionError):
+                await server.start()
+            assert not server.running
+
+    run_in_virtual_time(body)
