@@ -294,3 +294,46 @@ async def test_exited_worker_is_dropped_without_pidfd(
         await asyncio.sleep(0.8)  # past the 0.5 s deadline
         assert list(server.reaps) == []
         assert server.statistics().dropped == 1
+
+
+FORKER = """
+import os, sys
+from aioelastic.timer import BlockingUnixTimerClient
+
+client = BlockingUnixTimerClient(sys.argv[1])
+client.acquire("parent", 30)
+pid = os.fork()
+if pid == 0:
+    try:
+        client.acquire("child", 30)  # as itself, on a connection of its own
+    except BaseException as exc:
+        print(exc, file=sys.stderr)
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+client.release("parent")
+print(pid, os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_blocking_client_reconnects_after_fork(socket_path: str) -> None:
+    """A forked child arms timers as itself, not on the parent's connection."""
+    reaped: list[ExpiredTimer] = []
+    async with UnixTimerServer(socket_path, reaped.append) as server:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FORKER, socket_path, stdout=asyncio.subprocess.PIPE, env=env
+        )
+        child, code = map(int, (await read_line(proc)).split())
+        assert code == 0
+        async with asyncio.timeout(20):
+            assert await proc.wait() == 0
+        await asyncio.sleep(0.2)
+        assert server.statistics().acquired == 2
+        assert server.statistics().rejected == 0
+        assert server.deadline_of(child, "child") is None  # dropped when the child exited
+        assert server.deadline_of(proc.pid, "parent") is None  # released
+        assert server.statistics().dropped == 1
+    assert reaped == []

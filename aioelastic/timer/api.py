@@ -352,7 +352,7 @@ class TimerServer(abc.ABC):
         if isinstance(history, bool) or not isinstance(history, int) or history < 0:
             raise ValueError(f"history must be an int >= 0, got {history!r}")
         self.reaper = reaper
-        self.reaps: deque[ReapEvent] = deque(maxlen=history or None)
+        self.reaps: deque[ReapEvent] = deque(maxlen=history)
         self._timers: dict[tuple[WorkerId, str], _Armed] = {}
         self._by_worker: dict[WorkerId, set[str]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -326,6 +326,12 @@ class UnixTimerClient(TimerClient):
 
     async def _request(self, request: TimerRequest) -> None:
         async with self._lock:
+            if os.getpid() != self.pid:  # forked: the connection belongs to the parent
+                self._drop_connection()
+                raise TimerError(
+                    "this UnixTimerClient was created in another process (before a fork); "
+                    "create a new client in this process"
+                )
             await self.connect()
             reader, writer = self._reader, self._writer
             assert reader is not None
@@ -408,15 +414,25 @@ class BlockingUnixTimerClient:
         if sock is not None:
             sock.close()
 
+    def _after_fork(self) -> None:
+        if os.getpid() != self.pid:
+            # forked: the connection (and its timers) belong to the parent; this process
+            # connects as a worker of its own
+            self.pid = os.getpid()
+            self._sock = None
+            self._buffer = b""
+
     def acquire(self, scope_id: str, after: float) -> None:
         """Arm the timer of ``scope_id`` to expire ``after`` seconds from now."""
         check_scope_id(scope_id)
         after = check_duration(after)
+        self._after_fork()
         self._request(TimerRequest(self.pid, scope_id, wall_clock() + after, signal=self.signal))
 
     def release(self, scope_id: str) -> None:
         """Disarm the timer of ``scope_id`` (no-op if it is not armed)."""
         check_scope_id(scope_id)
+        self._after_fork()
         self._request(TimerRequest(self.pid, scope_id, None))
 
     @contextlib.contextmanager
