@@ -528,3 +528,42 @@ async def test_server_works_as_a_pytest_asyncio_fixture(fixture_server: LocalTim
     await client.acquire("s", 0.01)
     events = await asyncio.wait_for(fixture_server.wait_reaped(1), 10)
     assert events[0].timer.scope_id == "s"
+
+
+@virtual
+async def test_acquire_cancelled_in_flight_disarms_the_timer() -> None:
+    """A guard cancelled while its acquire is in flight leaves no timer armed behind it."""
+    from aioelastic.timer import TimerClient
+
+    reaps = Recorder()
+    async with LocalTimerServer(reaps) as server:
+        inner = server.client("w")
+
+        class SlowClient(TimerClient):  # the server gets the request; the answer is slow
+            async def _acquire(self, scope_id: str, after: float) -> None:
+                await inner.acquire(scope_id, after)
+                await asyncio.sleep(1)
+
+            async def _release(self, scope_id: str) -> None:
+                await inner.release(scope_id)
+
+        async def worker() -> None:
+            async with expires(after=5, scope="s", client=SlowClient()):
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(worker())
+        await asyncio.sleep(0.5)
+        assert server.armed == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert server.armed == 0
+        await asyncio.sleep(10)
+    assert reaps.timers == []
+
+
+@virtual
+async def test_remaining_after_cancel_is_infinite() -> None:
+    async with expires(after=5, scope="s") as guard:
+        await guard.cancel()
+        assert guard.remaining == math.inf

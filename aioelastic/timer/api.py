@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import json
@@ -736,11 +737,14 @@ class TimerGuard:
 
     @property
     def remaining(self) -> float:
-        """Seconds left before the deadline (``after`` before acquire, 0 once expired)."""
+        """Seconds left before the deadline (``after`` before acquire, 0 once expired, ``inf``
+        once cancelled)."""
         if self._deadline is None:
             return self.after
         if self._state == "expired":
             return 0.0
+        if self._state == "cancelled":
+            return math.inf
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     def expires(self) -> float:
@@ -758,7 +762,15 @@ class TimerGuard:
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + self.after
         if self.client is not None:
-            await self.client.acquire(self.scope_id, self.after)
+            try:
+                await self.client.acquire(self.scope_id, self.after)
+            except asyncio.CancelledError:
+                # the request may have reached the server: disarm it, or this worker would be
+                # reaped for a block it never ran
+                self._state = "released"
+                with contextlib.suppress(Exception):
+                    await self._send_release()
+                raise
         self._state = "armed"
 
     async def release(self) -> None:
