@@ -6,8 +6,9 @@ Each line a client sends is a :class:`~aioelastic.timer.TimerRequest` JSON objec
 request gets a clear error (the server logs it and keeps serving). The worker id is the client's
 process id, taken from the kernel (``SO_PEERCRED``) rather than trusted from the request: a
 client can only arm timers against itself, so a stray writer cannot make the server kill an
-arbitrary process (torch's FileTimerServer trusts the pid in the message). The socket file is
-created with mode 0600.
+arbitrary process (torch's FileTimerServer trusts the pid in the message). Where
+``SO_PEERCRED`` is missing (not Linux) the claimed pid is trusted, and the socket file's mode
+(0600) is the only guard.
 
 A worker process that exits has its timers dropped: the server watches each worker with a
 ``pidfd`` (Linux >= 5.3) registered on the event loop; where pidfds are missing it checks the
