@@ -215,6 +215,8 @@ class StoreTimerChecks:
         store = MemoryStore()
         with pytest.raises(ValueError, match="prefix"):
             StoreTimerServer(store, Reaps(), prefix="")
+        with pytest.raises(ValueError, match="retry_interval"):
+            StoreTimerServer(store, Reaps(), retry_interval=0)
         with pytest.raises(TypeError, match="store"):
             StoreTimerClient("memory://", "w")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="worker_id"):

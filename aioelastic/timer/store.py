@@ -39,6 +39,7 @@ from .api import (
     TimerRequest,
     TimerServer,
     _Armed,
+    check_duration,
     check_pid,
     check_signal,
     wall_clock,
@@ -145,7 +146,9 @@ class StoreTimerServer(TimerServer):
         self.store = store
         self.prefix = _check_prefix(prefix)
         self._wall = wall
-        self._retry_interval = retry_interval
+        self._retry_interval = check_duration(retry_interval, "retry_interval")
+        if self._retry_interval <= 0:
+            raise ValueError(f"retry_interval must be > 0 seconds, got {retry_interval!r}")
         self._keys: dict[str, tuple[str, str]] = {}  # key -> (worker, scope) armed from it
 
     def __repr__(self) -> str:
