@@ -6,14 +6,29 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import socket
 from typing import Any
 
-from ..errors import CompactedError, LeaseExpiredError, StoreError, WriteOutcomeUnknownError
+import anyio
+
+from ..errors import (
+    CompactedError,
+    LeaseExpiredError,
+    StoreConnectionError,
+    StoreError,
+    WriteOutcomeUnknownError,
+)
 from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Store
 from ._config import LeaseConfig
+
+log = logging.getLogger("aioelastic.sync")
+
+#: Backoff bounds (seconds) for re-establishing a waiter's watch after a connection error.
+_RECONNECT_MIN = 0.05
+_RECONNECT_MAX = 1.0
 
 #: The largest JSON payload (encoded, bytes) an event, parameter or job state may carry.
 MAX_JSON_BYTES = 64 * 1024
@@ -182,15 +197,25 @@ class QueueEntry:
 
         ``before`` and ``revision`` come from :meth:`position`.
         """
+        backoff = _RECONNECT_MIN
         while before is not None:
             try:
                 async with self.store.watch(before.key, start_revision=revision + 1) as events:
                     async for event in events:
                         if event.type is EventType.DELETE and event.kv.key == before.key:
                             break
+                before, revision = await self.position()
+                backoff = _RECONNECT_MIN
             except CompactedError:
-                pass  # history moved on between the read and the watch: read again
-            before, revision = await self.position()
+                before, revision = await self.position()  # history moved on: read again
+            except StoreConnectionError as exc:
+                # Reads are safe to repeat: reconnect with backoff while the lease lives (the
+                # caller's lease guard ends the wait if the outage outlasts the lease).
+                log.warning("waiting in %r: %s; reconnecting in %.2fs", self.prefix, exc, backoff)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, _RECONNECT_MAX)
+                with contextlib.suppress(StoreConnectionError):
+                    before, revision = await self.position()
 
     async def update(self, value: bytes) -> bool:
         """Rewrite our value in place (create revision unchanged); False if the key is gone."""
@@ -207,9 +232,15 @@ class QueueEntry:
         kv, self.kv = self.kv, None
         if kv is None or self.store.closed:
             return
-        # If this fails, the lease removes the key at the latest when it ends.
-        with contextlib.suppress(StoreError):
+        try:
             await self.store.compare_and_delete(self.key, kv.mod_revision)
+        except StoreError as exc:
+            log.warning(
+                "could not delete %r (%s); it stays until lease %#x ends",
+                self.key,
+                exc,
+                self.lease_id,
+            )
 
 
 async def head_of(store: Store, prefix: str) -> tuple[KeyValue | None, int]:

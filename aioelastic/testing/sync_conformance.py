@@ -258,6 +258,28 @@ class SyncConformance:
         assert took >= env.config.renew_deadline
 
     @sync_test
+    async def test_a_waiter_rides_out_a_short_outage(self, env: SyncEnv) -> None:
+        a, b = await env.clients(2)
+        holder = store_lock(a, "L", config=env.config)
+        await holder.acquire()
+        got = anyio.Event()
+
+        async def wait() -> None:
+            async with store_lock(b, "L", config=env.config):
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.1)
+            b.partition()  # shorter than the renew deadline: the waiter must not give up
+            await holder.release()
+            await anyio.sleep(env.config.renew_deadline / 4)
+            assert not got.is_set()
+            b.heal()
+            with anyio.fail_after(env.slack + 2):
+                await got.wait()
+
+    @sync_test
     async def test_losing_the_lease_cancels_the_holder(self, env: SyncEnv) -> None:
         a, admin = await env.clients(2)
         finished = False
