@@ -18,6 +18,8 @@ BackendOpener = Callable[[SplitResult, dict[str, Any]], Awaitable[Store]]
 # scheme -> "module:function" (imported on first use) or an opener registered at run time.
 _BACKENDS: dict[str, str | BackendOpener] = {
     "memory": "aioelastic.store.memory:open_memory_store",
+    "http": "aioelastic.store.http.client:open_http_store",
+    "https": "aioelastic.store.http.client:open_http_store",
 }
 
 
