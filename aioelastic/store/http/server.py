@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
@@ -115,9 +116,13 @@ class _JsonErrorRequestHandler(RequestHandler):
         if status >= 500:
             self.log_exception("Error handling request", exc_info=exc)
         text = message or (str(exc) if exc is not None else "") or "malformed request"
-        if "header" in text.lower() and "too" in text.lower():
-            text = f"request headers too large: {text}"
-        resp = _error_response(status, _STATUS_CODES.get(status, "error"), text)
+        code = _STATUS_CODES.get(status, "error")
+        if isinstance(exc, LineTooLong) or "Too many headers" in text:
+            status, code = 431, "headers_too_large"
+            text = f"request line or headers too large: {text[:200]}"
+        elif status == 400:
+            text = f"malformed HTTP request: {text[:200]}"
+        resp = _error_response(status, code, text)
         resp.force_close()
         return resp
 
