@@ -153,6 +153,11 @@ class HttpStore(Store):
             headers=self._headers,
             auto_decompress=False,
         )
+        # aiohttp silently resends a PUT or DELETE once when a kept-alive connection drops
+        # (RFC 9112 calls them idempotent). A compare-and-swap is not: a resent CAS that had
+        # applied reports failure. Writes are never retried silently, so turn that off (there is
+        # no public switch; tests/test_http_client.py checks it stays off).
+        self._session._retry_connection = False
         self._watch_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ssl=ssl_arg, force_close=True),
             headers=self._headers,
@@ -405,6 +410,7 @@ class _HttpWatch(Watch):
         self._pending: deque[WatchEvent] = deque()
         self._start_revision: int | None = None
         self._next_revision = 0  # where a resumed stream starts: last revision received + 1
+        self._lost_since: float | None = None  # loop time the stream was last known dead
         self.reconnects = 0
 
     @property
@@ -501,6 +507,8 @@ class _HttpWatch(Watch):
                 await self._resume()
                 continue
             kind = frame.get("type")
+            if kind in ("events", "progress"):
+                self._lost_since = None  # the server is alive and serving this watch
             if kind == "events":
                 revision = int(frame["revision"])
                 if revision >= self._next_revision:  # never deliver a revision twice
@@ -518,11 +526,22 @@ class _HttpWatch(Watch):
         return self._pending.popleft()
 
     async def _resume(self) -> None:
-        """Reconnect from the next unseen revision, trying for ``reconnect_timeout`` seconds."""
+        """Reconnect from the next unseen revision.
+
+        Gives up with ``StoreConnectionError`` once the stream has delivered nothing (no event, no
+        progress frame) for ``reconnect_timeout`` seconds, even if connections succeed.
+        """
         store = self._store
         self._drop()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + store.reconnect_timeout
+        if self._lost_since is None:
+            self._lost_since = loop.time()
+        deadline = self._lost_since + store.reconnect_timeout
+        if loop.time() >= deadline:
+            raise StoreConnectionError(
+                f"watch {self.prefix!r}: no progress from {store.url} for "
+                f"{store.reconnect_timeout}s (resume from revision {self._next_revision})"
+            )
         delay = 0.05
         while True:
             try:
