@@ -93,9 +93,13 @@ class ServerProcess:
         raise RuntimeError("server did not start: " + "".join(self.banner))
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
 
     def terminate(self, timeout: float = 20) -> tuple[int, str]:
         assert self.proc is not None
@@ -108,8 +112,6 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 @contextlib.contextmanager

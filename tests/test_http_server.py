@@ -19,6 +19,7 @@ from http_helpers import ServerThread, self_signed_cert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
+from yarl import URL
 
 from aioelastic.errors import (
     StoreAuthError,
@@ -40,9 +41,7 @@ async def _raw(
 ) -> tuple[int, bytes, CIMultiDict[str]]:
     async with (
         aiohttp.ClientSession() as session,
-        session.request(
-            method, aiohttp.client.URL(url, encoded=True), data=data, headers=headers
-        ) as resp,
+        session.request(method, URL(url, encoded=True), data=data, headers=headers) as resp,
     ):
         return resp.status, await resp.read(), CIMultiDict(resp.headers)
 
