@@ -234,6 +234,8 @@ async def test_open_store_options_are_checked() -> None:
         await open_store("http://127.0.0.1:1", bogus=1)
     with pytest.raises(ValueError, match="query"):
         await open_store("http://127.0.0.1:1/?token=x")
+    with pytest.raises(ValueError, match="credentials"):
+        await open_store("http://user:secret@127.0.0.1:1")
     with pytest.raises(ValueError, match="port"):
         await open_store("http://127.0.0.1:99999")
     with pytest.raises(ValueError, match="https"):

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import ssl as _ssl
 from collections import deque
 from collections.abc import Mapping
@@ -57,7 +58,12 @@ MAX_WATCH_LINE = 256 * 1024 * 1024
 _Headers = CIMultiDictProxy[str]
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
 def _quote_key(key: str) -> str:
+    if _PLAIN_KEY.fullmatch(key):
+        return key  # nothing to escape (the common case: a fast path)
     try:
         return quote(key, safe="")
     except UnicodeEncodeError:
@@ -152,6 +158,7 @@ class HttpStore(Store):
             ),
             headers=self._headers,
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         # aiohttp silently resends a PUT or DELETE once when a kept-alive connection drops
         # (RFC 9112 calls them idempotent). A compare-and-swap is not: a resent CAS that had
@@ -162,6 +169,7 @@ class HttpStore(Store):
             connector=aiohttp.TCPConnector(limit=0, ssl=ssl_arg, force_close=True),
             headers=self._headers,
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._watches: set[_HttpWatch] = set()
 
@@ -596,6 +604,10 @@ async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpSt
         raise ValueError(
             f"http store URL takes no query or fragment (pass options as keyword arguments), "
             f"got {parts.geturl()!r}"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "http store URL must not carry credentials; pass token= or token_file= instead"
         )
     if not parts.hostname:
         raise ValueError(f"http store URL must name a host, got {parts.geturl()!r}")

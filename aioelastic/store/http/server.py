@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -201,9 +202,12 @@ def _int_param(request: web.Request, name: str, *, minimum: int, default: int | 
     return _parse_int(raw, f"query parameter {name!r}", minimum)
 
 
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
+
+
 def _parse_int(raw: str, what: str, minimum: int) -> int:
     raw = raw.strip()
-    if not raw.lstrip("-").isdigit() or len(raw) > 20:
+    if not _DECIMAL.fullmatch(raw):
         raise _bad(f"{what} must be a decimal integer >= {minimum}, got {raw[:40]!r}")
     value = int(raw)
     if value < minimum or value >= 2**63:
@@ -267,6 +271,10 @@ class _App:
         self.metrics = metrics
         self.closing = False
         self.watch_streams = 0
+        # Encoded event frames of the current revision, shared by watchers of the same prefix at
+        # the same position: a write seen by 1,000 watchers is encoded once, not 1,000 times.
+        self._frames: dict[tuple[str, int, int, int], bytes] = {}
+        self._frames_revision = -1
 
     # -- plumbing
 
@@ -319,6 +327,10 @@ class _App:
         except ValueError as exc:  # the engine's argument errors (e.g. add on a non-integer)
             status = 400
             return _error_response(400, "bad_request", str(exc))
+        except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
+            status = 500
+            log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
+            return _error_response(500, "storage_error", f"the data directory failed: {exc}")
         finally:
             self.metrics.observe(op, status, time.perf_counter() - start)
 
@@ -474,8 +486,11 @@ class _App:
     async def add(self, request: web.Request) -> web.Response:
         key = self._key(request)
         raw = request.query.get("delta", "1").strip()
-        if not raw.lstrip("-").isdigit() or len(raw) > 20:
-            raise _bad(f"query parameter 'delta' must be a decimal integer, got {raw[:40]!r}")
+        if not _DECIMAL.fullmatch(raw):
+            raise _bad(
+                f"query parameter 'delta' must be a decimal integer (at most 19 digits), "
+                f"got {raw[:40]!r}"
+            )
         total = self.engine.add(key, int(raw))
         revision = self.engine.revision
         await self._durable()
@@ -614,7 +629,7 @@ class _App:
                     break
                 revision = engine.revision  # read with the events: no await in between
                 if events:
-                    await response.write(_events_lines(events))
+                    await response.write(self._encode(prefix, events, revision))
                     continue
                 if progress_due:
                     await response.write(_frame({"type": "progress", "revision": revision}))
@@ -634,6 +649,20 @@ class _App:
         finally:
             self.watch_streams -= 1
             engine.remove_watcher(watcher)
+
+    def _encode(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
+        # Two watchers of one prefix that read the same revision range got the same events
+        # (a read always ends at a revision boundary), so the frames can be shared.
+        if revision != self._frames_revision:
+            self._frames.clear()
+            self._frames_revision = revision
+        key = (prefix, events[0].revision, events[-1].revision, len(events))
+        frames = self._frames.get(key)
+        if frames is None:
+            frames = self._frames[key] = _events_lines(events)
+            if len(self._frames) > 1024:
+                self._frames.clear()
+        return frames
 
     def end_watch_streams(self) -> None:
         """Make every open watch stream send a ``closing`` frame and end (shutdown)."""
