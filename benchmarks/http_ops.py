@@ -8,7 +8,8 @@ separate cores) and prints:
 - one put seen by 1,000 watchers: latency until the last watcher has it (median and max);
 - the same operations on torch.distributed.TCPStore (C++), and the ratios.
 
-Usage: ``python benchmarks/http_ops.py [--ops N] [--watchers N] [--data-dir]``.
+Usage: ``python benchmarks/http_ops.py [--ops N] [--watchers N] [--data-dir] [--loop L]``.
+Both the server and the clients use uvloop when it is installed, unless ``--loop asyncio``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import importlib
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -57,27 +59,67 @@ def stop_server(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=30)
 
 
-def rate(count: int, seconds: float) -> str:
-    return f"{count / seconds:>10,.0f} ops/s"
+def run(coro: Any, loop: str) -> Any:
+    factory = None
+    if loop == "uvloop":
+        factory = importlib.import_module("uvloop").new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
-async def sequential(url: str, ops: int) -> tuple[float, float]:
+class CpuMeter:
+    """CPU seconds used by the server process and by this process over a span of work: a figure
+    that, unlike ops/s, does not depend on what else the machine is running."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.server = 0.0
+        self.client = 0.0
+
+    def _now(self) -> tuple[float, float]:
+        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rpartition(")")[2].split()
+        server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return server, usage.ru_utime + usage.ru_stime
+
+    def __enter__(self) -> CpuMeter:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._now()
+        self.server = end[0] - self._start[0]
+        self.client = end[1] - self._start[1]
+
+    def per_op(self, ops: int) -> str:
+        return (
+            f"CPU/op: server {self.server / ops * 1e6:.0f} us, "
+            f"client {self.client / ops * 1e6:.0f} us"
+        )
+
+
+async def sequential(url: str, ops: int, pid: int) -> list[tuple[str, float, str]]:
+    rows = []
     async with open_store(url) as store:
         value = b"x" * 64
         for i in range(200):  # warm up the connection and the server
             await store.put(f"warm/{i}", value)
-        start = time.perf_counter()
-        for i in range(ops):
-            await store.put(f"seq/{i % 1000}", value)
-        puts = ops / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for i in range(ops):
-            await store.get(f"seq/{i % 1000}")
-        gets = ops / (time.perf_counter() - start)
-    return puts, gets
+        with CpuMeter(pid) as cpu:
+            start = time.perf_counter()
+            for i in range(ops):
+                await store.put(f"seq/{i % 1000}", value)
+            elapsed = time.perf_counter() - start
+        rows.append(("put", ops / elapsed, cpu.per_op(ops)))
+        with CpuMeter(pid) as cpu:
+            start = time.perf_counter()
+            for i in range(ops):
+                await store.get(f"seq/{i % 1000}")
+            elapsed = time.perf_counter() - start
+        rows.append(("get", ops / elapsed, cpu.per_op(ops)))
+    return rows
 
 
-async def concurrent(url: str, clients: int, ops_each: int) -> float:
+async def concurrent(url: str, clients: int, ops_each: int, pid: int) -> tuple[float, str]:
     stores = [await open_store(url) for _ in range(clients)]
     try:
 
@@ -89,9 +131,11 @@ async def concurrent(url: str, clients: int, ops_each: int) -> float:
                     await store.put(f"c/{n}", b"v" * 64)
 
         await asyncio.gather(*(store.put(f"c/{n}", b"") for n, store in enumerate(stores)))
-        start = time.perf_counter()
-        await asyncio.gather(*(work(n, s) for n, s in enumerate(stores)))
-        return clients * ops_each / (time.perf_counter() - start)
+        with CpuMeter(pid) as cpu:
+            start = time.perf_counter()
+            await asyncio.gather(*(work(n, s) for n, s in enumerate(stores)))
+            elapsed = time.perf_counter() - start
+        return clients * ops_each / elapsed, cpu.per_op(clients * ops_each)
     finally:
         for store in stores:
             await store.aclose()
@@ -187,30 +231,42 @@ def main() -> None:
     parser.add_argument(
         "--data-dir", action="store_true", help="also measure with --data-dir (fsync always)"
     )
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     args = parser.parse_args()
+    loop = args.loop
+    if loop == "auto":
+        try:
+            importlib.import_module("uvloop")
+            loop = "uvloop"
+        except ImportError:
+            loop = "asyncio"
 
-    configs: list[tuple[str, tuple[str, ...]]] = [("in memory", ())]
+    configs: list[tuple[str, tuple[str, ...]]] = [("in memory", ("--loop", loop))]
     tmp = None
     if args.data_dir:
         tmp = tempfile.TemporaryDirectory()
-        configs.append(("data dir, fsync always", ("--data-dir", tmp.name)))
+        configs.append(("data dir, fsync always", ("--loop", loop, "--data-dir", tmp.name)))
     print(
         f"aioelastic HTTP store on 127.0.0.1 ({os.cpu_count()} CPUs), "
-        f"Python {sys.version.split()[0]}"
+        f"Python {sys.version.split()[0]}, {loop} event loop (server and clients)"
     )
     ours: dict[str, float] = {}
     for label, extra in configs:
         proc, url = start_server(*extra)
         try:
-            puts, gets = asyncio.run(sequential(url, args.ops))
-            agg = asyncio.run(concurrent(url, args.clients, args.ops_each))
+            rows = run(sequential(url, args.ops, proc.pid), loop)
+            agg, agg_cpu = run(concurrent(url, args.clients, args.ops_each, proc.pid), loop)
             print(f"[{label}]")
-            print(f"  1 client sequential put        {puts:>10,.0f} ops/s")
-            print(f"  1 client sequential get        {gets:>10,.0f} ops/s")
-            print(f"  {args.clients} clients concurrent (½ put) {agg:>10,.0f} ops/s aggregate")
+            for name, ops_s, cpu in rows:
+                print(f"  1 client sequential {name}        {ops_s:>10,.0f} ops/s   {cpu}")
+            print(
+                f"  {args.clients} clients concurrent (½ put) {agg:>10,.0f} ops/s   {agg_cpu} "
+                "(aggregate)"
+            )
+            puts, gets = rows[0][1], rows[1][1]
             if not ours:
                 ours = {"put": puts, "get": gets, "concurrent": agg}
-                lat = asyncio.run(fan_out(url, args.watchers, args.rounds))
+                lat = run(fan_out(url, args.watchers, args.rounds), loop)
                 print(
                     f"  1 put -> {args.watchers} watchers         median "
                     f"{statistics.median(lat) * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 HELP = "run the HTTP store server (single-host coordination, like torch's TCPStore)"
@@ -61,6 +63,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="largest key accepted, in UTF-8 bytes (default: 4096)",
     )
     parser.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: uvloop roughly halves the CPU per request (auto: uvloop when it is "
+        "installed, as with pip install uvloop)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -71,14 +80,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad flags."""
-    import asyncio
     import sys
 
     options = _options(args)
     if isinstance(options, str):
         print(f"aioelastic serve: {options}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(options))
+    loop_factory = _loop_factory(args.loop)
+    if isinstance(loop_factory, str):
+        print(f"aioelastic serve: {loop_factory}", file=sys.stderr)
+        return 2
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_serve(options))
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | str | None:
+    """The loop factory for ``--loop`` (None: asyncio's), or an error message."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            return "--loop uvloop needs the uvloop package (pip install uvloop)"
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any] | str:
@@ -122,7 +149,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
 
 
 async def _serve(options: dict[str, Any]) -> int:
-    import asyncio
     import signal
     import sys
 
@@ -144,11 +170,11 @@ async def _serve(options: dict[str, Any]) -> int:
     else:
         where = "in memory only: everything is lost when the server stops (use --data-dir)"
     auth = "token required" if options.get("token") else "no authentication"
-    print(f"aioelastic serve: listening on {server.url} ({where}; {auth})", flush=True)
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    print(f"aioelastic serve: listening on {server.url} ({where}; {auth}; {loop} loop)", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
