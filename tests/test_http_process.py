@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from http_helpers import ServerProcess
 
-from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
+from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, Store, WatchEvent, open_store
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -147,3 +147,54 @@ async def test_in_flight_requests_finish_on_graceful_stop() -> None:
             assert isinstance(result, StoreConnectionError), result
         else:
             assert server.engine.get(f"f/{i}") is None or result >= 1
+
+
+@pytest.mark.asyncio
+async def test_serve_with_token_file_and_tls(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from http_helpers import self_signed_cert
+
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    with self_signed_cert(tmp_path) as (cert, key):
+        server = await _start(
+            "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)
+        )
+        try:
+            assert server.url.startswith("https://127.0.0.1:")
+            assert "token required" in server.banner[-1]
+            async with open_store(server.url, cafile=str(cert), token_file=str(token)) as store:
+                await store.put("secure", b"yes")
+                assert (await store.get("secure")) is not None
+            async with open_store(server.url, cafile=str(cert), token="nope") as store:
+                with pytest.raises(StoreAuthError):
+                    await store.get("secure")
+        finally:
+            await asyncio.to_thread(server.terminate)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--tls-cert", "/nonexistent.pem"), "go together"),
+        (("--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"), "cannot be loaded"),
+        (("--token-file", "/nonexistent/token"), "token"),
+        (("--port", "70000"), "--port"),
+        (("--max-value-bytes", "-1"), "--max-value-bytes"),
+    ],
+)
+def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:
+    import subprocess
+    import sys
+
+    from http_helpers import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "aioelastic", "serve", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert words in done.stderr

@@ -442,3 +442,26 @@ def test_fuzzed_requests_never_get_a_5xx(
         after = (engine.revision, len(engine), engine.lease_count)
         if after[2] >= before[2]:  # (unless a fuzzed short lease expired meanwhile)
             assert after == before, (method, target, payload[:300])
+
+
+def test_the_openapi_document_describes_every_route() -> None:
+    from aioelastic.store import MemoryEngine
+    from aioelastic.store.http._openapi import openapi_document
+    from aioelastic.store.http.server import make_app
+
+    app = make_app(MemoryEngine())
+    document = openapi_document(4096, 1024)
+    described = {
+        (path, method.upper())
+        for path, item in document["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    served = set()
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("path") or info.get("formatter", "")
+        if path.startswith(("/v1/range/", "/v1/watch/")):
+            path = path.replace("{key}", "{prefix}")
+        served.add((path, route.method))
+    assert served == described
