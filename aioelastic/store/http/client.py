@@ -99,6 +99,13 @@ def _error_body(body: bytes) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"error": "unknown", "message": str(parsed)}
 
 
+class _Answer(dict[str, Any]):
+    """A JSON answer whose missing fields raise ``StoreConnectionError`` (a foreign server)."""
+
+    def __missing__(self, key: str) -> Any:
+        raise StoreConnectionError(f"malformed answer from the server: no field {key!r}")
+
+
 class HttpStore(Store):
     """A client of ``aioelastic serve``. Usually made by ``open_store("http://host:port")``.
 
@@ -235,7 +242,7 @@ class HttpStore(Store):
                 await asyncio.sleep(0.05 * 2**attempt)
         raise error
 
-    def _fail(self, status: int, body: bytes, what: str, *, write: bool = False) -> StoreError:
+    def _fail(self, status: int, body: bytes, what: str, *, write: bool = False) -> Exception:
         """The aioelastic error for an unexpected answer (raise it)."""
         info = _error_body(body)
         message = f"{what}: {info.get('message', '')} (HTTP {status})"
@@ -251,7 +258,7 @@ class HttpStore(Store):
         if status == 413:
             return ValueTooLargeError(message)
         if status == 400:
-            raise ValueError(message)
+            return ValueError(message)
         if status == 503:
             return StoreConnectionError(f"the server is unavailable: {message}")
         if write and status >= 500:
@@ -260,17 +267,17 @@ class HttpStore(Store):
 
     async def _call_json(
         self, method: str, path: str, *, write: bool, ok: tuple[int, ...] = (200,), **kwargs: Any
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> tuple[int, _Answer]:
         status, _, body = await self._request(method, path, write=write, **kwargs)
         if status not in ok:
             raise self._fail(status, body, f"{method} {path[:200]}", write=write)
         try:
             parsed = json.loads(body)
         except ValueError:
-            raise self._fail(
-                status, body, f"{method} {path[:200]}: not JSON", write=write
-            ) from None
-        return status, parsed
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise StoreConnectionError(f"{method} {path[:200]}: the answer is not a JSON object")
+        return status, _Answer(parsed)
 
     # -- the core
 

@@ -308,7 +308,13 @@ class _App:
                 message = f"no route for {request.method} {request.path[:200]!r}; see /openapi.json"
             elif status == 405:
                 message = f"method {request.method} is not allowed on {request.path[:200]!r}"
-            return _error_response(status, _STATUS_CODES.get(status, "error"), message)
+            allow = exc.headers.get("Allow")
+            return _error_response(
+                status,
+                _STATUS_CODES.get(status, "error"),
+                message,
+                {"Allow": allow} if allow else None,
+            )
         except CompactedError as exc:
             status = 410
             return _error_response(
