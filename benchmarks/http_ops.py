@@ -141,17 +141,18 @@ async def concurrent(url: str, clients: int, ops_each: int, pid: int) -> tuple[f
             await store.aclose()
 
 
-async def fan_out(url: str, watchers: int, rounds: int) -> list[float]:
+async def fan_out(url: str, watchers: int, rounds: int, pid: int) -> tuple[list[float], str]:
     async with open_store(url) as writer, open_store(url, progress_interval=30) as reader:
         watches: list[Watch] = [reader.watch("fan/") for _ in range(watchers)]
         for i in range(0, watchers, 100):
             await asyncio.gather(*(w.start() for w in watches[i : i + 100]))
         latencies = []
-        for r in range(rounds):
-            latencies.append(await _one_round(writer, watches, r))
+        with CpuMeter(pid) as cpu:
+            for r in range(rounds):
+                latencies.append(await _one_round(writer, watches, r))
         for watch in watches:
             await watch.aclose()
-    return latencies
+    return latencies, cpu.per_op(watchers * rounds).replace("CPU/op", "CPU/delivery")
 
 
 async def _one_round(writer: Store, watches: list[Watch], r: int) -> float:
@@ -266,11 +267,11 @@ def main() -> None:
             puts, gets = rows[0][1], rows[1][1]
             if not ours:
                 ours = {"put": puts, "get": gets, "concurrent": agg}
-                lat = run(fan_out(url, args.watchers, args.rounds), loop)
+                lat, fan_cpu = run(fan_out(url, args.watchers, args.rounds, proc.pid), loop)
                 print(
                     f"  1 put -> {args.watchers} watchers         median "
                     f"{statistics.median(lat) * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms "
-                    f"(last watcher has it)"
+                    f"(last watcher has it)   {fan_cpu}"
                 )
         finally:
             stop_server(proc)

@@ -613,41 +613,46 @@ class _App:
                     }
                 )
             )
-            progress_due = False
-            while True:
-                try:
-                    events = engine.read_events(watcher)
-                except CompactedError as exc:
-                    await response.write(
-                        _frame(
-                            {
-                                "type": "error",
-                                "error": "compacted",
-                                "message": str(exc),
-                                "requested_revision": exc.requested_revision,
-                                "compact_revision": exc.compact_revision,
-                            }
+            # One timer per stream, re-armed only when it fires: a stream that is written to
+            # often costs no timer work per event. It wakes the loop below when nothing has been
+            # sent for ``interval`` seconds, and a progress frame goes out.
+            progress = _ProgressTimer(loop, interval, watcher.wake)
+            try:
+                while True:
+                    try:
+                        events = engine.read_events(watcher)
+                    except CompactedError as exc:
+                        await response.write(
+                            _frame(
+                                {
+                                    "type": "error",
+                                    "error": "compacted",
+                                    "message": str(exc),
+                                    "requested_revision": exc.requested_revision,
+                                    "compact_revision": exc.compact_revision,
+                                }
+                            )
                         )
-                    )
-                    break
-                except StoreClosedError:
-                    await response.write(_frame({"type": "closing"}))
-                    break
-                revision = engine.revision  # read with the events: no await in between
-                if events:
-                    await response.write(self._encode(prefix, events, revision))
-                    continue
-                if progress_due:
-                    await response.write(_frame({"type": "progress", "revision": revision}))
-                    progress_due = False
-                watcher.waiter = loop.create_future()
-                try:
-                    async with asyncio.timeout(interval):
+                        break
+                    except StoreClosedError:
+                        await response.write(_frame({"type": "closing"}))
+                        break
+                    revision = engine.revision  # read with the events: no await in between
+                    if events:
+                        await response.write(self._encode(prefix, events, revision))
+                        progress.sent()
+                        continue
+                    if progress.due:
+                        await response.write(_frame({"type": "progress", "revision": revision}))
+                        progress.sent()
+                        continue
+                    watcher.waiter = loop.create_future()
+                    try:
                         await watcher.waiter
-                except TimeoutError:
-                    progress_due = True
-                finally:
-                    watcher.waiter = None
+                    finally:
+                        watcher.waiter = None
+            finally:
+                progress.cancel()
             await response.write_eof()
             return response
         except ConnectionError:  # the client went away: nothing more to say on this stream
@@ -674,6 +679,36 @@ class _App:
         """Make every open watch stream send a ``closing`` frame and end (shutdown)."""
         self.closing = True
         self.engine.fail_watchers_of(self, StoreClosedError("the server is shutting down"))
+
+
+class _ProgressTimer:
+    """Calls ``wake`` and sets :attr:`due` once ``interval`` seconds pass without :meth:`sent`."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, interval: float, wake: Callable[[], None]
+    ) -> None:
+        self._loop = loop
+        self._interval = interval
+        self._wake = wake
+        self._last = loop.time()
+        self.due = False
+        self._handle = loop.call_at(self._last + interval, self._fire)
+
+    def sent(self) -> None:
+        self._last = self._loop.time()
+        self.due = False
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        deadline = self._last + self._interval
+        if now >= deadline:
+            self.due = True
+            self._wake()
+            deadline = now + self._interval
+        self._handle = self._loop.call_at(deadline, self._fire)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _precondition_failed(key: str, revision: int, kv: KeyValue | None) -> web.Response:
