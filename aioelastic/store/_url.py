@@ -103,8 +103,9 @@ def open_store(url: str, **options: Any) -> StoreOpener:
     """Open a store client for ``url``.
 
     ``memory://`` (a private in-process store), ``memory://NAME`` (shared by every client in this
-    event loop that names it). ``http://``, ``https://`` and ``etcd://`` arrive with their
-    backends. ``options`` are backend-specific keyword arguments.
+    event loop that names it). ``http://host:port`` and ``https://host:port``: a client of
+    ``aioelastic serve`` (see docs/http-api.md for its options). ``etcd://`` arrives with its
+    backend. ``options`` are backend-specific keyword arguments.
 
     ``store = await open_store(url)`` or ``async with open_store(url) as store: ...``.
     A malformed URL or an unknown scheme raises ``ValueError`` at once.

@@ -480,7 +480,7 @@ class MemoryEngine:
             elif key in self._data:
                 self._remove(key)
         self._log.extend(commit.events)
-        if len(self._log) > self.history_limit:
+        if len(self._log) > self._compact_at:
             self._auto_compact()
 
     def restore_lease(self, lease_id: int, ttl: float) -> None:
