@@ -732,7 +732,13 @@ class _Metrics:
     process)."""
 
     def __init__(self, engine: MemoryEngine) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError:
+            raise ImportError(
+                "the HTTP store server needs prometheus-client for /metrics: "
+                "pip install 'aioelastic[server]'"
+            ) from None
 
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
