@@ -465,3 +465,28 @@ def test_the_openapi_document_describes_every_route() -> None:
             path = path.replace("{key}", "{prefix}")
         served.add((path, route.method))
     assert served == described
+
+
+@pytest.mark.asyncio
+async def test_watch_streams_are_limited() -> None:
+    async with (
+        HttpStoreServer(port=0, max_watch_streams=3) as srv,
+        open_store(srv.url, read_retries=0) as store,
+    ):
+        watches = [store.watch(f"w{i}/") for i in range(3)]
+        for watch in watches:
+            await watch.start()
+        status, body, _ = await _raw("GET", f"{srv.url}/v1/watch/x?progress_interval=0.1")
+        assert status == 503
+        assert json.loads(body)["error"] == "too_many_watches"
+        with pytest.raises(StoreConnectionError, match="at most 3"):
+            await store.watch("x").start()
+        await watches[0].aclose()
+        for _ in range(100):  # the server notices the closed stream at its next progress frame
+            if srv.statistics()["watch_streams"] < 3:
+                break
+            await asyncio.sleep(0.05)
+        async with store.watch("y/"):
+            pass
+        for watch in watches[1:]:
+            await watch.aclose()

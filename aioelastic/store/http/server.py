@@ -49,6 +49,7 @@ log = logging.getLogger("aioelastic.serve")
 DEFAULT_PORT = 29400
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_KEY_BYTES = 4096
+DEFAULT_MAX_WATCH_STREAMS = 10_000
 #: Bounds of the watch progress interval a client may ask for (seconds).
 MIN_PROGRESS_INTERVAL = 0.05
 MAX_PROGRESS_INTERVAL = 300.0
@@ -129,11 +130,17 @@ class _JsonErrorRequestHandler(RequestHandler):
 
 
 class _JsonErrorServer(Server):
+    """aiohttp's protocol factory, making :class:`_JsonErrorRequestHandler` connections."""
+
     def __call__(self) -> RequestHandler:
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 class _Runner(web.AppRunner):
+    """An AppRunner whose server answers unparsable requests in JSON. aiohttp has no public hook
+    for the connection handler class, so the server it builds is given our subclass (which adds
+    no state); tests/test_http_server.py checks the JSON answers."""
+
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer
@@ -244,9 +251,10 @@ def _etag_revision(raw: str, header: str) -> int:
 
 
 class _Limits:
-    def __init__(self, max_key_bytes: int, max_value_bytes: int) -> None:
+    def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
+        self.max_watch_streams = max_watch_streams
 
 
 # -- the application -----------------------------------------------------------------------------
@@ -593,6 +601,12 @@ class _App:
                 )
         if self.closing:
             raise _ApiError(503, "unavailable", "the server is shutting down")
+        if self.watch_streams >= self.limits.max_watch_streams:
+            raise _ApiError(
+                503,
+                "too_many_watches",
+                f"this server serves at most {self.limits.max_watch_streams} watch streams",
+            )
         engine = self.engine
         watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> 410
         self.watch_streams += 1
@@ -791,19 +805,23 @@ def make_app(
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     data: DataDir | None = None,
+    max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
 ) -> web.Application:
     """The aiohttp application serving ``engine`` (see ``docs/http-api.md`` for the routes).
 
     ``token``: require ``Authorization: Bearer <token>`` on every route but ``/healthz``.
     ``data``: an opened :class:`DataDir` whose durability every write waits for.
+    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches``.
     """
-    if max_key_bytes < 1 or max_value_bytes < 0:
-        raise ValueError("max_key_bytes must be >= 1 and max_value_bytes >= 0")
+    if max_key_bytes < 1 or max_value_bytes < 0 or max_watch_streams < 1:
+        raise ValueError(
+            "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
+        )
     metrics = _Metrics(engine)
     state = _App(
         engine,
         token=token,
-        limits=_Limits(max_key_bytes, max_value_bytes),
+        limits=_Limits(max_key_bytes, max_value_bytes, max_watch_streams),
         data=data,
         metrics=metrics,
     )
@@ -876,6 +894,7 @@ class HttpStoreServer:
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
+        max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
         shutdown_timeout: float = 10.0,
         backlog: int = 1024,
     ) -> None:
@@ -896,6 +915,7 @@ class HttpStoreServer:
         self._ssl = ssl_context
         self._max_key_bytes = max_key_bytes
         self._max_value_bytes = max_value_bytes
+        self._max_watch_streams = max_watch_streams
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
         self._runner: _Runner | None = None
@@ -939,10 +959,15 @@ class HttpStoreServer:
                 max_key_bytes=self._max_key_bytes,
                 max_value_bytes=self._max_value_bytes,
                 data=self.data,
+                max_watch_streams=self._max_watch_streams,
             )
             runner = _Runner(
                 self._app,
                 access_log=None,
+                # A client that hangs up cancels its handler: a watch stream's resources go at
+                # once rather than at its next progress frame. Writes are applied synchronously
+                # on the engine, so a cancelled write handler leaves nothing half done.
+                handler_cancellation=True,
                 shutdown_timeout=self._shutdown_timeout,
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
