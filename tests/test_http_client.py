@@ -9,12 +9,14 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from aioelastic.errors import (
     CompactedError,
+    StoreClosedError,
     StoreConnectionError,
     StoreTimeoutError,
     WriteOutcomeUnknownError,
@@ -248,3 +250,51 @@ async def test_open_store_options_are_checked() -> None:
     assert isinstance(store, HttpStore)
     assert store.url == "https://127.0.0.1:1/prefix"
     await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> None:
+    port = _free_port()
+    server = HttpStoreServer(port=port)
+    await server.start()
+    store = await open_store(server.url, progress_interval=0.2, reconnect_timeout=30)
+    try:
+        watch = store.watch("r/")
+        await watch.start()
+        await server.stop()  # the watch now retries in the background of __anext__
+        pending = asyncio.ensure_future(watch.__anext__())
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        await store.aclose()
+        with pytest.raises(StoreClosedError):
+            await asyncio.wait_for(pending, 5)
+    finally:
+        await store.aclose()
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "data")
+    port = _free_port()
+    server = HttpStoreServer(port=port, data_dir=data_dir)
+    await server.start()
+    try:
+        async with (
+            open_store(server.url, read_retries=0) as store,
+            store.lease(3.0, keep_alive_interval=0.3) as keeper,
+        ):
+            await store.put("held", b"1", lease=keeper.id)
+            await server.stop()
+            await asyncio.sleep(0.5)  # keep-alives fail meanwhile
+            server = HttpStoreServer(port=port, data_dir=data_dir)
+            await server.start()
+            await asyncio.sleep(1.0)
+            assert not keeper.lost
+            assert keeper.statistics().failed_renewals >= 1
+            assert (await store.get("held")) is not None
+            status = await store.lease_time_to_live(keeper.id)
+            assert status.keys == ("held",)
+        assert server.engine.lease_count == 0  # revoked on exit
+    finally:
+        await server.stop()

@@ -446,6 +446,8 @@ class _HttpWatch(Watch):
     async def _connect(self, start: int | None) -> None:
         """Open a stream from ``start`` and read its ``created`` frame (the watch is then live)."""
         store = self._store
+        if store.closed:
+            raise StoreClosedError(f"{store!r} was closed")
         params = {"progress_interval": repr(store.progress_interval)}
         if start is not None:
             params["start_revision"] = str(start)
