@@ -81,12 +81,7 @@ def _error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
     body = {"error": code, "message": message, **extra}
-    return web.Response(
-        status=status,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+    return _json(body, status, headers)
 
 
 _STATUS_CODES = {
@@ -182,26 +177,28 @@ def _events_lines(events: list[WatchEvent]) -> bytes:
     return b"".join(lines)
 
 
+#: Compact JSON, with the encoder built once (``json.dumps(separators=...)`` builds one per call).
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _frame(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return _encode_json(obj).encode() + b"\n"
 
 
 def _json(
     obj: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
-    return web.Response(
-        status=status,
-        body=json.dumps(obj).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+    all_headers = {"Content-Type": "application/json"}
+    if headers:
+        all_headers.update(headers)
+    return web.Response(status=status, body=_encode_json(obj).encode(), headers=all_headers)
 
 
 # -- parsing -------------------------------------------------------------------------------------
 
 
 def _int_param(request: web.Request, name: str, *, minimum: int, default: int | None = None) -> int:
-    raw = request.query.get(name)
+    raw = request.query.get(name) if request.query_string else None
     if raw is None:
         if default is None:
             raise _bad(f"query parameter {name!r} is required (an integer >= {minimum})")
@@ -384,8 +381,9 @@ class _App:
         return body
 
     async def _durable(self) -> None:
-        if self.data is not None:
-            await self.data.wait_durable()
+        data = self.data
+        if data is not None:
+            await data.wait_durable()
 
     def _lease_id(self, request: web.Request) -> int:
         return _parse_int(request.match_info["lease"], "the lease id in the path", 1)
