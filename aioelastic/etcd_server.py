@@ -26,9 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["EtcdServer", "find_etcd_binary", "find_etcdctl_binary"]
 
@@ -242,7 +245,7 @@ class EtcdServer:
             return {}
         return {"username": self.auth[0], "password": self.auth[1]}
 
-    async def open_store(self, run_id: str | None = None, **options: Any) -> Any:
+    async def open_store(self, run_id: str | None = None, **options: Any) -> Store:
         """An etcd store on this server (credentials filled in), namespaced to ``run_id``.
 
         With ``run_id`` the store's keys live under ``/aioelastic/<run_id>/``; closing the returned
