@@ -432,8 +432,16 @@ class EtcdServer:
             await client.aclose()
 
     async def stop(self) -> None:
-        """Stop every member (SIGTERM, then SIGKILL after 10 s); remove a temporary data dir."""
-        await self._terminate_all()
+        """Stop every member and remove a temporary data dir.
+
+        Members with a data dir of the caller's get SIGTERM (SIGKILL after 10 s) so their data
+        is consistent; throwaway members are killed at once (a cluster's graceful shutdown can
+        take seconds while members wait for peers that are already gone).
+        """
+        if self._owns_root:
+            await self.kill()
+        else:
+            await self._terminate_all()
         self._started = False
         if self._owns_root and self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
