@@ -53,7 +53,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="members"):
         EtcdServer(0)
     with pytest.raises(ValueError, match="auth"):
-        EtcdServer(auth=("root", ""))  # type: ignore[arg-type]
+        EtcdServer(auth=("root", ""))
     with pytest.raises(RuntimeError, match="not been started"):
         _ = EtcdServer().endpoints
 
