@@ -36,7 +36,7 @@ from ._types import (
 __all__ = ["MemoryEngine", "MemoryStore"]
 
 #: Default number of events of history kept for watches before the oldest are compacted.
-DEFAULT_HISTORY_LIMIT = 100_000
+DEFAULT_HISTORY_LIMIT = 10_000
 
 
 @dataclass(eq=False, slots=True)
@@ -95,6 +95,9 @@ class MemoryEngine:
     def __init__(self, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         check_int(history_limit, "history_limit", minimum=1)
         self.history_limit = history_limit
+        # Compact in batches (down to the limit once the log is 1/8 over it) so that trimming
+        # the front of the log costs O(1) amortised per write.
+        self._compact_at = history_limit + max(1, history_limit // 8)
         self._data: dict[str, KeyValue] = {}
         self._keys: list[str] = []  # sorted
         self._revision = 0
@@ -241,7 +244,7 @@ class MemoryEngine:
 
     def _commit(self, events: tuple[WatchEvent, ...]) -> None:
         self._log.extend(events)
-        if len(self._log) > self.history_limit:
+        if len(self._log) > self._compact_at:
             self._auto_compact()
         for watcher in self._watchers:
             if watcher.waiter is not None:
@@ -269,15 +272,17 @@ class MemoryEngine:
 
     def _auto_compact(self) -> None:
         excess = len(self._log) - self.history_limit
-        # Never split one revision's events: drop whole revisions.
-        cut_revision = self._log[excess - 1].kv.mod_revision + 1 if excess > 0 else 0
-        self._drop_history_before(cut_revision)
+        # Drop whole revisions only, and never the newest one (a watch must be able to start
+        # at the current revision even if its events alone exceed the limit).
+        cut_revision = min(self._log[excess - 1].kv.mod_revision + 1, self._revision)
+        if cut_revision > self._compact_revision:
+            self._drop_history_before(cut_revision)
 
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
         for watcher in self._watchers:
             offset = watcher.cursor - self._log_base
-            if offset < drop:  # it has not read these yet: it can no longer see them
+            if watcher.error is None and offset < drop:  # unread events it can no longer see
                 unread = self._log[offset].kv.mod_revision
                 watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
         if drop:
