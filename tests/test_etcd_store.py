@@ -41,7 +41,7 @@ from aioelastic.store.etcd import EtcdStore, open_etcd_store  # noqa: E402
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
+    with running_etcd(metrics=True) as server:
         yield server
 
 
@@ -370,3 +370,93 @@ async def test_auth_token_is_refreshed_transparently(etcd_auth: EtcdServer) -> N
         async with namespaced:
             await namespaced.put("k", b"v")
             assert (await namespaced.get("k")).value == b"v"  # type: ignore[union-attr]
+
+
+# -- watches release their server-side watcher ----------------------------------------------------
+
+
+async def _server_watchers(server: EtcdServer) -> int:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(server.metrics_urls[0]) as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("etcd_debugging_mvcc_watcher_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("etcd_debugging_mvcc_watcher_total not in the metrics")
+
+
+@pytest.mark.asyncio
+async def test_cancelled_or_closed_watches_release_the_server_watcher(etcd: EtcdServer) -> None:
+    async def settled(expected: int) -> None:
+        with anyio.fail_after(10):
+            # etcd's gauge has no push notification: read it until it settles
+            while await _server_watchers(etcd) != expected:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+
+    async with fresh_store(etcd) as store:
+        before = await _server_watchers(etcd)
+        started = asyncio.Event()
+
+        async def consume() -> None:
+            async with store.watch("leak/") as events:
+                started.set()
+                await events.__anext__()
+
+        task = asyncio.ensure_future(consume())
+        await started.wait()
+        await settled(before + 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await settled(before)
+        with anyio.move_on_after(0.1):  # an anyio scope around a watch
+            async with store.watch("leak/") as events:
+                await events.__anext__()
+        await settled(before)
+        lingering = store.watch("leak/")
+        await lingering.start()
+        await settled(before + 1)
+    await settled(before)  # closing the store releases what its watches held
+
+
+def test_missing_grpc_names_the_extra() -> None:
+    code = (
+        "import sys, asyncio; sys.modules['grpc'] = None\n"
+        "import aioelastic, aioelastic.cli\n"
+        "aioelastic.cli.build_parser()\n"
+        "from aioelastic import open_store\n"
+        "async def main():\n"
+        "    try:\n"
+        "        await open_store('etcd://127.0.0.1:1')\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+        "asyncio.run(main())\n"
+    )
+    import os
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert "pip install 'aioelastic[etcd]'" in result.stdout, result.stdout + result.stderr
+
+
+def test_importing_aioelastic_does_not_import_grpc() -> None:
+    import sys
+
+    code = (
+        "import sys, aioelastic, aioelastic.cli\n"
+        "aioelastic.cli.build_parser()\n"
+        "print('grpc' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

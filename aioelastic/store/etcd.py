@@ -415,9 +415,9 @@ class _EtcdWatch(Watch):
         self._next_revision = 0  # the first revision not yet received (the resume point)
         self._start_revision = 0
         self._call: Any = None
+        self._channel: Any = None
         self._pending: deque[WatchEvent] = deque()
         self._error: BaseException | None = None
-        self._wakeup: asyncio.Event | None = None
 
     @property
     def start_revision(self) -> int:
@@ -548,7 +548,7 @@ class _EtcdWatch(Watch):
                 self._drop()
                 if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
                     await self._store.client.authenticate(stale=self._store.client._token)
-                elif exc.code() is grpc.StatusCode.UNAVAILABLE:
+                elif exc.code() is grpc.StatusCode.UNAVAILABLE and self._channel is not None:
                     self._store.client.rotate(self._channel)
                 continue
             except asyncio.CancelledError:
