@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, Self
 from .errors import StoreError
 
 if TYPE_CHECKING:
+    from ._etcd.client import EtcdClient
     from .store import Store
 
 __all__ = ["EtcdServer", "find_etcd_binary", "find_etcdctl_binary"]
@@ -151,6 +152,12 @@ class EtcdServer:
     ``error``); ``fast_election`` (default: on for a single member) uses 10 ms heartbeats and
     50 ms elections so a member is ready in well under a second; ``unsafe_no_fsync`` (default on:
     throwaway data); ``extra_args`` go to every member.
+
+    TLS on the client port: ``tls_cert``/``tls_key`` (the server certificate, which must name the
+    host, e.g. ``IP:127.0.0.1``), ``tls_ca`` (the CA that signed it; clients verify with it);
+    ``client_cert_auth=True`` also demands client certificates signed by ``tls_ca``, and
+    ``client_cert``/``client_key`` is the one the server's own connections and
+    :meth:`store_options` use. ``url`` is then ``etcds://...``.
     """
 
     def __init__(
@@ -168,6 +175,12 @@ class EtcdServer:
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
         name: str = "aioelastic",
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        client_cert_auth: bool = False,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(members, bool) or not isinstance(members, int) or members < 1:
             raise ValueError(f"members must be an int >= 1, got {members!r}")
@@ -189,6 +202,18 @@ class EtcdServer:
         self.host = host
         self.extra_args = tuple(extra_args)
         self.name = name
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+        if (client_cert is None) != (client_key is None):
+            raise ValueError("client_cert and client_key must be given together")
+        if client_cert_auth and (tls_cert is None or tls_ca is None or client_cert is None):
+            raise ValueError("client_cert_auth needs tls_cert/tls_key, tls_ca and client_cert/key")
+        self.tls_cert = os.fspath(tls_cert) if tls_cert is not None else None
+        self.tls_key = os.fspath(tls_key) if tls_key is not None else None
+        self.tls_ca = os.fspath(tls_ca) if tls_ca is not None else None
+        self.client_cert_auth = client_cert_auth
+        self.client_cert = os.fspath(client_cert) if client_cert is not None else None
+        self.client_key = os.fspath(client_key) if client_key is not None else None
         self._token = f"{name}-{uuid.uuid4().hex[:12]}"
         self._members: list[_Member] = []
         self._root: Path | None = None
@@ -212,14 +237,20 @@ class EtcdServer:
         return [f"{self._host_literal}:{m.client_port}" for m in self._members]
 
     @property
+    def tls(self) -> bool:
+        """Whether the client port speaks TLS."""
+        return self.tls_cert is not None
+
+    @property
     def client_urls(self) -> list[str]:
-        """``http://host:port`` of every member (what ``etcdctl --endpoints`` takes)."""
-        return [f"http://{e}" for e in self.endpoints]
+        """``http(s)://host:port`` of every member (what ``etcdctl --endpoints`` takes)."""
+        scheme = "https" if self.tls else "http"
+        return [f"{scheme}://{e}" for e in self.endpoints]
 
     @property
     def url(self) -> str:
-        """The store URL for every member: ``etcd://host:port,host:port...``."""
-        return "etcd://" + ",".join(self.endpoints)
+        """The store URL for every member: ``etcd://host:port,host:port...`` (``etcds://``)."""
+        return ("etcds://" if self.tls else "etcd://") + ",".join(self.endpoints)
 
     @property
     def metrics_urls(self) -> list[str]:
@@ -240,7 +271,25 @@ class EtcdServer:
         return f"[{self.host}]" if ":" in self.host else self.host
 
     def store_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``open_store(server.url, ...)``: the credentials, if auth is on."""
+        """Keyword arguments for ``open_store(server.url, ...)``: credentials and TLS files."""
+        options: dict[str, Any] = {}
+        if self.auth is not None:
+            options.update(username=self.auth[0], password=self.auth[1])
+        if self.tls_ca is not None:
+            options["ca_file"] = self.tls_ca
+        if self.client_cert is not None:
+            options.update(cert_file=self.client_cert, key_file=self.client_key)
+        return options
+
+    def _client(self, endpoints: Sequence[str], timeout: float, **options: Any) -> EtcdClient:
+        from ._etcd.client import EtcdClient, TLSConfig
+
+        tls = None
+        if self.tls:
+            tls = TLSConfig(self.tls_ca, self.client_cert, self.client_key)
+        return EtcdClient(endpoints, tls=tls, timeout=timeout, **options)
+
+    def _credentials(self) -> dict[str, str]:
         if self.auth is None:
             return {}
         return {"username": self.auth[0], "password": self.auth[1]}
@@ -254,7 +303,14 @@ class EtcdServer:
         from .store.etcd import EtcdStore
 
         self._require_started()
-        store = EtcdStore(self.endpoints, **{**self.store_options(), **options})
+        from .store.etcd import TLSConfig
+
+        settings = {**self.store_options(), **options}
+        tls_files = {
+            k: settings.pop(k) for k in ("ca_file", "cert_file", "key_file") if k in settings
+        }
+        tls = TLSConfig(**tls_files) if self.tls or tls_files else None
+        store = EtcdStore(self.endpoints, tls=tls, **settings)
         if run_id is None:
             return store
         from .store._prefixed import PrefixedStore
@@ -328,13 +384,14 @@ class EtcdServer:
 
     def _command(self, m: _Member) -> list[str]:
         h = self._host_literal
+        client = "https" if self.tls else "http"
         cluster = ",".join(f"{x.name}=http://{h}:{x.peer_port}" for x in self._members)
         command = [
             str(self._binary),
             "--name", m.name,
             "--data-dir", str(m.data_dir),
-            "--listen-client-urls", f"http://{h}:{m.client_port}",
-            "--advertise-client-urls", f"http://{h}:{m.client_port}",
+            "--listen-client-urls", f"{client}://{h}:{m.client_port}",
+            "--advertise-client-urls", f"{client}://{h}:{m.client_port}",
             "--listen-peer-urls", f"http://{h}:{m.peer_port}",
             "--initial-advertise-peer-urls", f"http://{h}:{m.peer_port}",
             "--initial-cluster", cluster,
@@ -344,6 +401,12 @@ class EtcdServer:
         ]  # fmt: skip
         if self.metrics:
             command += ["--listen-metrics-urls", f"http://{h}:{m.metrics_port}"]
+        if self.tls_cert is not None and self.tls_key is not None:
+            command += ["--cert-file", self.tls_cert, "--key-file", self.tls_key]
+            if self.tls_ca is not None:
+                command += ["--trusted-ca-file", self.tls_ca]
+            if self.client_cert_auth:
+                command.append("--client-cert-auth")
         if self.unsafe_no_fsync:
             command.append("--unsafe-no-fsync")
         if self.fast_election:
@@ -377,10 +440,9 @@ class EtcdServer:
 
     async def _wait_member(self, m: _Member, deadline: float) -> None:
         from ._etcd._rpc import rpc_pb2
-        from ._etcd.client import EtcdClient
 
         loop = asyncio.get_running_loop()
-        client = EtcdClient([f"{self._host_literal}:{m.client_port}"], timeout=1.0)
+        client = self._client([f"{self._host_literal}:{m.client_port}"], 1.0)
         request = rpc_pb2.RangeRequest(key=b"\0", count_only=True)
         last = "no answer"
         try:
@@ -409,11 +471,10 @@ class EtcdServer:
 
     async def _enable_auth(self) -> None:
         from ._etcd._rpc import rpc_pb2
-        from ._etcd.client import EtcdClient
 
         assert self.auth is not None
         user, password = self.auth
-        client = EtcdClient(self.endpoints, timeout=10.0)
+        client = self._client(self.endpoints, 10.0)
         try:
             users = ["root"] if user == "root" else ["root", user]
             for name in users:
@@ -511,14 +572,13 @@ class EtcdServer:
     async def leader(self, timeout: float = 30.0) -> int:
         """The index of the current leader (waits up to ``timeout`` while an election runs)."""
         from ._etcd._rpc import rpc_pb2
-        from ._etcd.client import EtcdClient
 
         self._require_started()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         clients = {
-            m.index: EtcdClient(
-                [f"{self._host_literal}:{m.client_port}"], timeout=1.0, **self.store_options()
+            m.index: self._client(
+                [f"{self._host_literal}:{m.client_port}"], 1.0, **self._credentials()
             )
             for m in self._members
         }

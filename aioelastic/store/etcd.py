@@ -47,7 +47,7 @@ from ._types import (
     WatchEvent,
 )
 
-__all__ = ["EtcdStore", "open_etcd_store"]
+__all__ = ["EtcdStore", "TLSConfig", "open_etcd_store"]
 
 _ALL = b"\0"  # as key and range_end: every key
 
