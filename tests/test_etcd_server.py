@@ -130,7 +130,7 @@ async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         "aioelastic",
         "etcd",
         "--auth",
-        "root:secret",
+        "alice:secret",
         "--data-dir",
         str(tmp_path / "cli-data"),
         stdout=subprocess.PIPE,
@@ -146,7 +146,7 @@ async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
                 assert line, "".join(lines)
                 lines.append(line.strip())
         url = next(line.split(": ", 1)[1] for line in lines if line.startswith("store url:"))
-        async with open_store(url, username="root", password="secret") as store:
+        async with open_store(url, username="alice", password="secret") as store:
             await store.put("from-cli", b"yes")
         process.send_signal(signal.SIGINT)
         with anyio.fail_after(30):
@@ -158,4 +158,36 @@ async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             await process.wait()
     assert code == 0, rest
     assert "etcd stopped" in rest
-    assert "auth: on (user 'root')" in lines
+    assert "auth: on (user 'alice')" in lines
+
+
+@pytest.mark.asyncio
+async def test_a_port_taken_before_etcd_binds_it_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _binary_or_skip()
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real = etcd_server._free_ports
+    calls: list[list[int]] = []
+
+    def racy(host: str, count: int) -> list[int]:
+        ports = real(host, count)
+        if not calls:
+            ports[0] = taken  # someone else grabbed the client port in the meantime
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(etcd_server, "_free_ports", racy)
+    try:
+        async with EtcdServer() as server:
+            assert len(calls) == 2
+            assert server.endpoints[0] != f"127.0.0.1:{taken}"
+            async with await server.open_store() as store:
+                await store.put("k", b"v")
+    finally:
+        squatter.close()

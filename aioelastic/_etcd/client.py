@@ -372,9 +372,9 @@ class EtcdClient:
                     continue
                 raise self.map_error(exc, method, write=write, endpoint=ch.endpoint) from None
         if last is None:
-            raise (WriteTimeoutError if write else StoreTimeoutError)(
-                f"etcd {method}: no answer within {timeout:g}s"
-            )
+            # Nothing was in flight when time ran out (a sent write that gets no answer raises
+            # WriteTimeoutError above, from gRPC's deadline), so nothing was applied.
+            raise StoreTimeoutError(f"etcd {method}: not sent within the {timeout:g}s deadline")
         raise last
 
     def map_error(
