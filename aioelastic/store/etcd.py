@@ -94,10 +94,11 @@ def _event(pb: Any) -> WatchEvent:
 class _KeepAliveStream:
     """One lease's long-lived ``LeaseKeepAlive`` stream: one ping in flight at a time."""
 
-    __slots__ = ("call", "lock")
+    __slots__ = ("call", "channel", "lock")
 
     def __init__(self) -> None:
         self.call: Any = None
+        self.channel: Any = None
         self.lock = asyncio.Lock()
 
     def drop(self) -> None:
@@ -333,7 +334,9 @@ class EtcdStore(Store):
             for attempt in range(2):  # a keep-alive is idempotent: one retry on a fresh stream
                 try:
                     if stream.call is None:
-                        stream.call, _ = await self.client.open_stream("LeaseKeepAlive")
+                        stream.call, stream.channel = await self.client.open_stream(
+                            "LeaseKeepAlive"
+                        )
                     with anyio.fail_after(self.client.timeout):
                         await stream.call.write(request)
                         response = await stream.call.read()
@@ -341,6 +344,8 @@ class EtcdStore(Store):
                     stream.drop()
                     if self._closed:
                         raise StoreClosedError("the etcd store is closed") from None
+                    if exc.code() is grpc.StatusCode.UNAVAILABLE and stream.channel is not None:
+                        self.client.rotate(stream.channel)
                     if attempt == 0 and exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
                         continue
                     raise StoreConnectionError(
