@@ -51,7 +51,9 @@ async def test_leader_killed_during_cas_writes_and_a_watch(cluster: EtcdServer) 
         EtcdStore(order, timeout=4, connect_timeout=1) as writer,
         EtcdStore(order, timeout=4, connect_timeout=1) as reader,
         reader.watch(prefix) as events,
+        writer.lease(6, keep_alive_interval=1) as keeper,
     ):
+        await writer.put(prefix + "held", b"by a kept lease", lease=keeper.id)
         for i in range(60):
             if i == 20:
                 await cluster.kill_member(leader)
@@ -65,15 +67,20 @@ async def test_leader_killed_during_cas_writes_and_a_watch(cluster: EtcdServer) 
             else:
                 assert result.succeeded, result
                 acknowledged[key] = result.revision
+        await anyio.sleep(2)  # a few keep-alives after the election
+        assert not keeper.lost, keeper.error
+        assert await writer.get(prefix + "held") is not None
+        await writer.delete(prefix + "held")
         final = await writer.range(prefix)
         present = {kv.key: kv.mod_revision for kv in final}
         seen: list[WatchEvent] = []
         with anyio.fail_after(30):
-            while len(seen) < len(present):
+            while len(seen) < len(present) + 2:  # + the put and delete of "held"
                 seen.append(await events.__anext__())
         with anyio.move_on_after(0.5):  # and nothing more: no event is delivered twice
             extra = await events.__anext__()
             pytest.fail(f"unexpected extra event {extra}")
+    seen = [e for e in seen if not e.kv.key.endswith("held")]
     for key, revision in acknowledged.items():
         assert present.get(key) == revision, f"acknowledged write {key} lost"
     for key in failed:
