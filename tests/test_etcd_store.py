@@ -366,6 +366,13 @@ async def test_auth_token_is_refreshed_transparently(etcd_auth: EtcdServer) -> N
                 event = await events.__anext__()
         assert event.kv.value == b"2"
         assert (await store.get(key)).value == b"2"  # type: ignore[union-attr]
+        await anyio.sleep(2.5)  # expired again; a watch is now the first call to notice
+        before = store.client._token
+        async with store.watch(key, start_revision=event.revision) as replay:
+            with anyio.fail_after(10):
+                again = await replay.__anext__()
+        assert (again.kv.value, again.revision) == (b"2", event.revision)
+        assert store.client._token != before
         namespaced = await etcd_auth.open_store("auth-run")
         async with namespaced:
             await namespaced.put("k", b"v")

@@ -404,6 +404,14 @@ class EtcdStore(Store):
         await self.client.aclose()
 
 
+def _auth_refusal(response: Any) -> bool:
+    reason: str = response.cancel_reason.lower()
+    return any(
+        word in reason
+        for word in ("permission denied", "invalid auth token", "user name is empty", "auth")
+    )
+
+
 def _lease_error(exc: StoreError, lease_id: int) -> StoreError:
     if lease_id and "lease not found" in str(exc):
         return LeaseNotFoundError(lease_id)
@@ -455,10 +463,11 @@ class _EtcdWatch(Watch):
             store._watches.discard(self)
             raise
 
-    async def _connect(self) -> None:
+    async def _connect(self, *, reauthenticate: bool = True) -> None:
         """Open a stream on a reachable member and create the watch from ``_next_revision``."""
         client = self._store.client
         call, channel = await client.open_stream("Watch")
+        token = client._token
         create = rpc_pb2.WatchCreateRequest(
             key=self._key, range_end=self._end, start_revision=self._next_revision
         )
@@ -491,6 +500,13 @@ class _EtcdWatch(Watch):
         self._call = call
         self._channel = channel
         if response.canceled:  # created and cancelled at once: compacted, or refused
+            if _auth_refusal(response) and reauthenticate and client.username is not None:
+                # etcd refuses a watch made with an expired token this way (not by failing the
+                # call): get a new token and try once more.
+                self._drop()
+                await client.authenticate(stale=token)
+                await self._connect(reauthenticate=False)
+                return
             self._handle_cancel(response)
         self._take(response)
 
@@ -498,9 +514,8 @@ class _EtcdWatch(Watch):
         self._drop()
         if response.compact_revision:
             raise CompactedError(self._next_revision, response.compact_revision)
-        reason = response.cancel_reason or "cancelled by the server"
-        if "permission denied" in reason or "auth" in reason or "user name" in reason:
-            raise StoreAuthError(f"etcd Watch: {reason}")
+        if _auth_refusal(response):
+            raise StoreAuthError(f"etcd Watch: {response.cancel_reason}")
         # Anything else (e.g. the member lost its leader): reconnect elsewhere.
 
     def _take(self, response: Any) -> None:
