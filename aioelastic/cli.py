@@ -16,7 +16,9 @@ from types import ModuleType
 __all__ = ["main"]
 
 # subcommand -> module implementing it (imported when the parser is built; keep them light)
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "etcd": "aioelastic._etcd.cli",
+}
 
 
 def _load(name: str) -> ModuleType:
