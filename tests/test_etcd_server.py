@@ -16,6 +16,7 @@ import pytest
 from aioelastic import etcd_server
 from aioelastic.etcd_server import EtcdServer, find_etcd_binary
 from aioelastic.store import open_store
+from aioelastic.testing.etcd import skip_without_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -26,7 +27,7 @@ def _binary_or_skip() -> str:
     try:
         return find_etcd_binary()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        skip_without_etcd(str(exc))
 
 
 def test_binary_lookup_order_and_the_install_hint(

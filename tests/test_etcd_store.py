@@ -28,7 +28,7 @@ from aioelastic import (
     open_store,
 )
 from aioelastic.etcd_server import EtcdServer, find_etcdctl_binary
-from aioelastic.testing.etcd import running_etcd
+from aioelastic.testing.etcd import running_etcd, skip_without_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -308,7 +308,7 @@ async def test_etcdctl_reads_what_we_write(etcd: EtcdServer) -> None:
     try:
         etcdctl = find_etcdctl_binary()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        skip_without_etcd(str(exc))
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     store = await etcd.open_store(run_id)
     async with store:
