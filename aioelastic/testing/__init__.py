@@ -1,8 +1,14 @@
-"""The public test kit: virtual time, the store conformance suite, and (soon) fault injection,
-hypothesis strategies and pytest fixtures.
+"""The public test kit.
 
-``aioelastic.testing.conformance`` (the store suite) and ``aioelastic.testing.sync_conformance``
-(the coordination-primitives suite) need pytest; import them from test code only.
+- here: :class:`VirtualTimeLoop` / :func:`run_virtual` (virtual time) and
+  :class:`FaultInjectingStore` (partitions, failing calls, latency);
+- ``aioelastic.testing.conformance``: the store conformance suite (needs pytest);
+- ``aioelastic.testing.sync_conformance``: the coordination-primitives suite (needs pytest);
+- ``aioelastic.testing.stateful``: the hypothesis state machine for the store protocol;
+- ``aioelastic.testing.http`` / ``aioelastic.testing.etcd``: real servers for tests;
+- ``aioelastic.testing.pytest_plugin``: fixtures (``aioelastic_memory_store``,
+  ``aioelastic_http_server``, ``aioelastic_etcd``, ``aioelastic_etcd_cluster``), loaded
+  automatically by pytest once aioelastic is installed.
 """
 
 from __future__ import annotations
