@@ -1,7 +1,9 @@
 """Coordination primitives: lock throughput, handover latency and leader failover, as figures.
 
-    python benchmarks/primitives.py                        # memory backend (real time)
-    python benchmarks/primitives.py --url http://127.0.0.1:2379   # another backend
+    python benchmarks/primitives.py                  # memory backend (real time)
+    python benchmarks/primitives.py --serve http     # starts `aioelastic serve` for the run
+    python benchmarks/primitives.py --serve etcd     # starts `aioelastic etcd` for the run
+    python benchmarks/primitives.py --url etcd://127.0.0.1:2379   # a store already running
     python benchmarks/primitives.py --quick
 
 Targets (issue #10): uncontended lock acquire+release >= 20,000/s over the memory store;
@@ -15,10 +17,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import statistics
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 
@@ -127,7 +132,8 @@ def ms(values: list[float]) -> str:
 
 async def main(url: str | None, quick: bool) -> None:
     engine = None if url is not None else MemoryEngine()
-    n = 5_000 if quick else 50_000
+    # over a network a store call is a round trip: fewer iterations
+    n = (5_000 if quick else 50_000) if url is None else (300 if quick else 1_500)
     config = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
     where = url or "memory (in-process, real time)"
     print(f"coordination primitives over {where}")
@@ -153,10 +159,42 @@ async def main(url: str | None, quick: bool) -> None:
     )
 
 
+@contextlib.contextmanager
+def served(kind: str) -> Iterator[str]:
+    """Run ``aioelastic serve`` or ``aioelastic etcd`` in a child process; yield its store URL."""
+    args = ["serve", "--port", "0"] if kind == "http" else ["etcd"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aioelastic", *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if kind == "http" and "listening on " in line:
+                yield line.split("listening on ")[1].split()[0]
+                return
+            if kind == "etcd" and line.startswith("store url: "):
+                yield line.split("store url: ")[1].strip()
+                return
+        raise RuntimeError(f"aioelastic {args[0]} exited before saying where it listens")
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a store URL (default: an in-process memory store)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--url", help="a store URL (default: an in-process memory store)")
+    where.add_argument("--serve", choices=["http", "etcd"], help="start a server for the run")
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # a crashed leader's lease loss is expected here
-    asyncio.run(main(args.url, args.quick))
+    if args.serve:
+        with served(args.serve) as url:
+            asyncio.run(main(url, args.quick))
+    else:
+        asyncio.run(main(args.url, args.quick))
