@@ -4,6 +4,7 @@ Layering (data flows one way, top to bottom; nothing below ``store`` knows about
 
     agent          runs and supervises worker processes (``aioelastic run``)
     rendezvous     rounds of membership            timer    watchdog timers
+    sync           lock, election, barriers, events, parameters, job state
     store          the async key-value protocol (revisions, compare-and-swap, watches, leases)
     backends       memory (default), http (``aioelastic serve``), etcd (gRPC)
 
@@ -17,9 +18,11 @@ from .errors import (
     AioelasticError,
     CompactedError,
     ConfigError,
+    JobStateError,
     LeaseError,
     LeaseExpiredError,
     LeaseNotFoundError,
+    NotLeaderError,
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
@@ -31,6 +34,8 @@ from .errors import (
     StoreConnectionError,
     StoreError,
     StoreTimeoutError,
+    SyncError,
+    SyncTimeoutError,
     TimeoutException,
     TimerError,
     TimerExpiredError,
@@ -61,6 +66,7 @@ __all__ = [
     "CompactedError",
     "ConfigError",
     "EventType",
+    "JobStateError",
     "KeyValue",
     "LeaseError",
     "LeaseExpiredError",
@@ -69,6 +75,7 @@ __all__ = [
     "LeaseNotFoundError",
     "LeaseStatus",
     "MemoryStore",
+    "NotLeaderError",
     "RangeResult",
     "RendezvousClosedError",
     "RendezvousConnectionError",
@@ -82,6 +89,8 @@ __all__ = [
     "StoreConnectionError",
     "StoreError",
     "StoreTimeoutError",
+    "SyncError",
+    "SyncTimeoutError",
     "TimeoutException",
     "TimerError",
     "TimerExpiredError",

@@ -25,8 +25,12 @@ argument, as Python users expect::
     │   ├── RendezvousConnectionError
     │   ├── RendezvousStateError
     │   └── RendezvousGracefulExitError
-    └── TimerError
-        └── TimerExpiredError (also TimeoutError; alias TimeoutException)
+    ├── TimerError
+    │   └── TimerExpiredError (also TimeoutError; alias TimeoutException)
+    └── SyncError                                  coordination primitives (aioelastic.sync)
+        ├── SyncTimeoutError (also TimeoutError)   a lock/election/barrier/event wait timed out
+        ├── NotLeaderError                         the call needs leadership this side lacks
+        └── JobStateError (also ValueError)        an illegal job state transition
 
 ``WriteOutcomeUnknownError`` matters for compare-and-swap: when it is raised the write may or may
 not have been applied, so a caller must read back before deciding. aioelastic never retries a
@@ -39,9 +43,11 @@ __all__ = [
     "AioelasticError",
     "CompactedError",
     "ConfigError",
+    "JobStateError",
     "LeaseError",
     "LeaseExpiredError",
     "LeaseNotFoundError",
+    "NotLeaderError",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
@@ -53,6 +59,8 @@ __all__ = [
     "StoreConnectionError",
     "StoreError",
     "StoreTimeoutError",
+    "SyncError",
+    "SyncTimeoutError",
     "TimeoutException",
     "TimerError",
     "TimerExpiredError",
@@ -201,3 +209,22 @@ class TimerExpiredError(TimerError, TimeoutError):
 
 TimeoutException = TimerExpiredError
 """Alias for readers of older torch tutorials."""
+
+
+# -- coordination primitives ---------------------------------------------------------------------
+
+
+class SyncError(AioelasticError):
+    """Base class of errors of the coordination primitives (locks, elections, barriers, ...)."""
+
+
+class SyncTimeoutError(SyncError, TimeoutError):
+    """A lock acquire, campaign, barrier or event wait did not finish before its timeout."""
+
+
+class NotLeaderError(SyncError):
+    """The call needs leadership (or the lock) that this side does not hold (any more)."""
+
+
+class JobStateError(SyncError, ValueError):
+    """A job state transition that the state machine does not allow (e.g. out of a final state)."""

@@ -6,7 +6,13 @@ import importlib
 
 import pytest
 
-MODULES = ["aioelastic", "aioelastic.errors", "aioelastic.store", "aioelastic.testing"]
+MODULES = [
+    "aioelastic",
+    "aioelastic.errors",
+    "aioelastic.store",
+    "aioelastic.sync",
+    "aioelastic.testing",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

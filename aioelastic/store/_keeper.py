@@ -55,13 +55,22 @@ class LeaseKeeper:
     :meth:`guard` scope is cancelled and raises :class:`~aioelastic.errors.LeaseExpiredError`.
 
     Connection errors are retried until the TTL since the last renewal has passed: a store that
-    comes back in time costs nothing. The background task is a plain asyncio task owned by this
-    object, so a keeper can be entered and closed in different tasks (e.g. a pytest-asyncio
-    fixture).
+    comes back in time costs nothing. With ``renew_deadline`` (shorter than the TTL), the keeper
+    gives up earlier: once ``renew_deadline`` seconds pass without a successful renewal (failed or
+    still hanging), the lease counts as lost although the store may keep it until the TTL, so the
+    holder stops before anyone else can take over (Kubernetes leader election's rule).
+
+    The background task is a plain asyncio task owned by this object, so a keeper can be entered
+    and closed in different tasks (e.g. a pytest-asyncio fixture).
     """
 
     def __init__(
-        self, store: Store, ttl: float, *, keep_alive_interval: float | None = None
+        self,
+        store: Store,
+        ttl: float,
+        *,
+        keep_alive_interval: float | None = None,
+        renew_deadline: float | None = None,
     ) -> None:
         self._store = store
         self._requested_ttl = check_ttl(ttl)
@@ -72,7 +81,20 @@ class LeaseKeeper:
                     f"keep_alive_interval ({keep_alive_interval}s) must be shorter than the "
                     f"ttl ({self._requested_ttl}s)"
                 )
+        if renew_deadline is not None:
+            renew_deadline = check_ttl(renew_deadline, "renew_deadline")
+            if renew_deadline >= self._requested_ttl:
+                raise ValueError(
+                    f"renew_deadline ({renew_deadline}s) must be shorter than the "
+                    f"ttl ({self._requested_ttl}s)"
+                )
+            if keep_alive_interval is not None and renew_deadline <= keep_alive_interval:
+                raise ValueError(
+                    f"renew_deadline ({renew_deadline}s) must be longer than the "
+                    f"keep_alive_interval ({keep_alive_interval}s)"
+                )
         self._interval = keep_alive_interval
+        self._renew_deadline = renew_deadline
         self._id = 0
         self.ttl = self._requested_ttl
         self._task: asyncio.Task[None] | None = None
@@ -191,7 +213,17 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(delay)
             try:
-                self.ttl = await self._store.lease_keep_alive(self._id)
+                if self._renew_deadline is None:
+                    self.ttl = await self._store.lease_keep_alive(self._id)
+                else:  # a renewal still hanging at the renew deadline counts as failed
+                    left = self._last_renewal + self._renew_deadline - loop.time()
+                    with anyio.move_on_after(max(0.0, left)) as scope:
+                        self.ttl = await self._store.lease_keep_alive(self._id)
+                    if scope.cancelled_caught:
+                        self._lose(
+                            f"not renewed within the renew deadline ({self._renew_deadline}s)"
+                        )
+                        return
             except LeaseNotFoundError:
                 self._lose("expired or revoked")
                 return
@@ -200,9 +232,11 @@ class LeaseKeeper:
                 return
             except (StoreConnectionError, StoreTimeoutError) as exc:
                 self._failures += 1
-                left = self._last_renewal + self.ttl - loop.time()
+                limit = self.ttl if self._renew_deadline is None else self._renew_deadline
+                left = self._last_renewal + limit - loop.time()
                 if left <= 0:
-                    self._lose(f"store unreachable for the whole TTL ({exc})")
+                    what = "TTL" if self._renew_deadline is None else "renew deadline"
+                    self._lose(f"store unreachable for the whole {what} ({exc})")
                     return
                 log.warning("lease %#x keep-alive failed, retrying: %s", self._id, exc)
                 delay = min(interval, max(left / 4, 0.01))

@@ -3,6 +3,7 @@
 - here: :class:`VirtualTimeLoop` / :func:`run_virtual` (virtual time) and
   :class:`FaultInjectingStore` (partitions, failing calls, latency);
 - ``aioelastic.testing.conformance``: the store conformance suite (needs pytest);
+- ``aioelastic.testing.sync_conformance``: the coordination-primitives suite (needs pytest);
 - ``aioelastic.testing.stateful``: the hypothesis state machine for the store protocol;
 - ``aioelastic.testing.http`` / ``aioelastic.testing.etcd``: real servers for tests;
 - ``aioelastic.testing.pytest_plugin``: fixtures (``aioelastic_memory_store``,

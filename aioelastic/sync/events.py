@@ -1,0 +1,150 @@
+"""Named events with small JSON payloads: publish, await one, or follow a stream of them.
+
+An event is a key ``prefix/name`` whose value is its JSON payload; publishing again replaces it
+(and is a new occurrence). Waiting is a watch, so an event published before the wait started is
+seen at once and one published later wakes the waiter without polling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import anyio
+
+from ..errors import SyncTimeoutError
+from ..store import EventType, KeyValue, LeaseKeeper, Store, Watch
+from ._common import JSONValue, check_name, check_timeout, decode_json, encode_json
+
+__all__ = ["EventChannel", "EventStream", "PublishedEvent"]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedEvent:
+    """One publication of the event ``name``: its JSON ``payload`` and the store ``revision``
+    at which it was published (later publications have larger revisions)."""
+
+    name: str
+    payload: JSONValue
+    revision: int
+
+
+class EventChannel:
+    """Named events under ``prefix`` in ``store``.
+
+    ``await channel.publish("checkpoint-saved", {"step": 1200})``;
+    ``event = await channel.wait("checkpoint-saved", timeout=60)``;
+    ``async with channel.stream() as events: async for event in events: ...``.
+    """
+
+    def __init__(self, store: Store, prefix: str = "events") -> None:
+        if not isinstance(store, Store):
+            raise TypeError(f"store must be a Store, got {type(store).__name__}")
+        self.store = store
+        self.prefix = check_name(prefix, "prefix") + "/"
+
+    def __repr__(self) -> str:
+        return f"<EventChannel {self.prefix!r}>"
+
+    def _key(self, name: str) -> str:
+        return self.prefix + check_name(name, "event name")
+
+    def _event(self, kv: KeyValue) -> PublishedEvent:
+        name = kv.key[len(self.prefix) :]
+        return PublishedEvent(name, decode_json(kv.value, f"event {name!r}"), kv.mod_revision)
+
+    async def publish(
+        self, name: str, payload: JSONValue = None, *, lease: LeaseKeeper | None = None
+    ) -> PublishedEvent:
+        """Publish ``name`` with ``payload`` (JSON, at most 64 KiB); return the publication.
+
+        With ``lease``, the event disappears when that lease ends (a "while I live" event).
+        """
+        key = self._key(name)
+        data = encode_json(payload, f"the payload of event {name!r}")
+        revision = await self.store.put(key, data, lease=0 if lease is None else lease.id)
+        return PublishedEvent(name, decode_json(data, "payload"), revision)
+
+    async def get(self, name: str) -> PublishedEvent | None:
+        """The latest publication of ``name``, or None if it was never published (or cleared)."""
+        kv = await self.store.get(self._key(name))
+        return None if kv is None else self._event(kv)
+
+    async def wait(
+        self, name: str, *, after_revision: int = 0, timeout: float | None = None
+    ) -> PublishedEvent:
+        """Wait for a publication of ``name`` newer than ``after_revision``; return it.
+
+        With the default ``after_revision=0`` an event published before the call returns at
+        once. Raises :class:`~aioelastic.errors.SyncTimeoutError` after ``timeout`` seconds.
+        """
+        key = self._key(name)
+        timeout = check_timeout(timeout)
+        if isinstance(after_revision, bool) or not isinstance(after_revision, int):
+            raise TypeError(f"after_revision must be an int, got {type(after_revision).__name__}")
+        with anyio.move_on_after(timeout):
+            snapshot = await self.store.range(key)
+            for kv in snapshot:
+                if kv.key == key and kv.mod_revision > after_revision:
+                    return self._event(kv)
+            async with self.store.watch(key, start_revision=snapshot.revision + 1) as events:
+                async for event in events:
+                    kv = event.kv
+                    is_new = kv.mod_revision > after_revision
+                    if event.type is EventType.PUT and kv.key == key and is_new:
+                        return self._event(kv)
+        raise SyncTimeoutError(f"timed out after {timeout}s waiting for the event {name!r}")
+
+    def stream(
+        self, names: Iterable[str] | None = None, *, start_revision: int | None = None
+    ) -> EventStream:
+        """An async iterator of publications (of ``names``, default all) from ``start_revision``
+        (default: from now on). ``async with`` it, or call ``aclose()``."""
+        wanted = None if names is None else frozenset(check_name(n, "names[]") for n in names)
+        return EventStream(self, wanted, start_revision)
+
+    async def clear(self, name: str | None = None) -> int:
+        """Delete the event ``name`` (default: every event of the channel); return the count."""
+        if name is None:
+            return await self.store.delete_prefix(self.prefix)
+        return await self.store.delete(self._key(name))
+
+
+class EventStream:
+    """The publications of an :class:`EventChannel`, in revision order, each exactly once."""
+
+    def __init__(
+        self, channel: EventChannel, names: frozenset[str] | None, start_revision: int | None
+    ) -> None:
+        self._channel = channel
+        self._names = names
+        self._watch: Watch = channel.store.watch(channel.prefix, start_revision=start_revision)
+
+    async def __aenter__(self) -> Self:
+        await self._watch.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> PublishedEvent:
+        prefix_len = len(self._channel.prefix)
+        while True:
+            event = await self._watch.__anext__()
+            if event.type is not EventType.PUT:
+                continue
+            if self._names is None or event.kv.key[prefix_len:] in self._names:
+                return self._channel._event(event.kv)
+
+    async def aclose(self) -> None:
+        await self._watch.aclose()
