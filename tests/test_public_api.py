@@ -11,6 +11,7 @@ MODULES = [
     "aioelastic.errors",
     "aioelastic.store",
     "aioelastic.sync",
+    "aioelastic.timer",
     "aioelastic.testing",
 ]
 
