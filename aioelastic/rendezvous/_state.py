@@ -223,14 +223,26 @@ class DriverRecord:
 
 @dataclass(frozen=True, slots=True)
 class ClosedRecord:
-    """The run was closed after ``round`` (-1: before any round completed)."""
+    """The run was closed after ``round`` (-1: before any round completed).
+
+    ``reopened``: a later handler with ``reopen_closed`` started a new generation; the close
+    still holds for every node of the closed generation (those whose round is ``<= round``).
+    """
 
     round: int
+    reopened: bool = False
 
     def encode(self) -> bytes:
-        return _dump({"v": SCHEMA_VERSION, "kind": "closed", "r": self.round})
+        return _dump(
+            {"v": SCHEMA_VERSION, "kind": "closed", "r": self.round, "o": int(self.reopened)}
+        )
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> ClosedRecord:
         obj = _load(key, value, "closed")
-        return cls(_field_int(key, obj, "r", -1))
+        reopened = obj.get("o", 0)
+        if reopened not in (0, 1) or isinstance(reopened, float):
+            raise RendezvousStateError(
+                f"rendezvous state at {key!r}: field 'o' must be 0 or 1, got {reopened!r}"
+            )
+        return cls(_field_int(key, obj, "r", -1), bool(reopened))

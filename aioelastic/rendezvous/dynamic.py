@@ -370,18 +370,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 ctl.load(snapshot)
                 seen = snapshot.revision
                 while True:
-                    if ctl.closed is not None and ctl.closed_kv is not None:
-                        if (
-                            self._reopen_closed
-                            and self._round < 0
-                            and self._record_round is None
-                            and not self._closed_seen
-                        ):
-                            await store.compare_and_delete(keys.closed, ctl.closed_kv.mod_revision)
-                            log.info(
-                                "run %r was closed; reopened by %s", self.run_id, self._node_id
-                            )
-                            # the DELETE (or a competing close) arrives as an event
+                    blocked = ctl.closed is not None and self._closed_by(ctl.closed)
+                    if blocked and ctl.closed_kv is not None:
+                        if self._reopen_closed and self._is_new() and not self._closed_seen:
+                            await self._reopen(ctl.closed_kv)  # its write arrives as an event
                         else:
                             self._closed_seen = True
                             if self._standby:
@@ -401,18 +393,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
                         completed = True
                         return self._completed(latest, ctl.round_kv.mod_revision)
                     target = 0 if latest is None else latest.round + 1
-                    if ctl.closed is None and self._record_round != target:
-                        self._standby = (
-                            latest is not None
-                            and len(latest.members) >= self._max
-                            and self._node_id not in latest.members
-                        )
+                    if not blocked and self._record_round != target:
+                        self._standby = await self._is_standby(latest)
                         await self._register(target, keeper)
                     if driver is not None and driver.done():
                         driver.result()  # a driver that failed fails the join
                         driver = None
                     if (
-                        ctl.closed is None
+                        not blocked
                         and driver is None
                         and driven != target
                         and await self._claim_driver(ctl, target, keeper)
@@ -453,6 +441,46 @@ class DynamicRendezvousHandler(RendezvousHandler):
                         task.exception()
             if not completed:
                 await self._withdraw(keeper)
+
+    def _is_new(self) -> bool:
+        """Whether this handler has not taken part in the run yet (no round, no registration)."""
+        return self._round < 0 and self._record_round is None
+
+    def _closed_by(self, record: ClosedRecord) -> bool:
+        """Whether a close record closes the run for this handler.
+
+        A plain close closes it for everyone. After a reopen, it still closes it for the nodes of
+        the closed generation (those that took part in a round up to ``record.round``).
+        """
+        if not record.reopened:
+            return True
+        if self._is_new():
+            return False
+        mine = self._round if self._record_round is None else max(self._round, self._record_round)
+        return mine <= record.round
+
+    async def _is_standby(self, latest: RoundRecord | None) -> bool:
+        """Whether this node arrives as a standby: the latest round is full and all alive."""
+        if latest is None or len(latest.members) < self._max or self._node_id in latest.members:
+            return False
+        live = await self._store.range(self._keys.nodes_of(latest.round), limit=1)
+        return live.count >= self._max
+
+    async def _reopen(self, closed: KeyValue) -> None:
+        """Clear a close (``reopen_closed``): drop the closed generation's records, then the
+        close record itself, both only if written before the close we saw."""
+        store, keys = self._store, self._keys
+        for kv in await store.range(keys.nodes):
+            if kv.mod_revision < closed.mod_revision:
+                await store.compare_and_delete(kv.key, kv.mod_revision)
+        driver = await store.get(keys.driver)
+        if driver is not None and driver.mod_revision < closed.mod_revision:
+            await store.compare_and_delete(keys.driver, driver.mod_revision)
+        record = ClosedRecord.decode(closed.key, closed.value)
+        reopened = ClosedRecord(record.round, reopened=True).encode()
+        result = await store.compare_and_swap(keys.closed, closed.mod_revision, reopened)
+        if result.succeeded:
+            log.info("run %r was closed; reopened by %s", self.run_id, self._node_id)
 
     async def _register(self, target: int, keeper: LeaseKeeper) -> None:
         store, keys = self._store, self._keys
@@ -636,12 +664,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
         with self._translate("is_closed"):
             kv = await self._store.get(self._keys.closed)
-        if kv is not None:
-            ClosedRecord.decode(kv.key, kv.value)
-            if self._round >= 0 or self._record_round is not None or not self._reopen_closed:
-                self._closed_seen = True
-            return True
-        return False
+        if kv is None or not self._closed_by(ClosedRecord.decode(kv.key, kv.value)):
+            return False
+        if not (self._reopen_closed and self._is_new()):
+            self._closed_seen = True
+        return True
 
     async def set_closed(self) -> None:
         """Close the run: every waiting node's ``next_rendezvous`` raises, members get CLOSED."""
@@ -739,7 +766,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         keys, kv = self._keys, event.kv
         put = event.type is EventType.PUT
         if kv.key == keys.closed and put:
-            ClosedRecord.decode(kv.key, kv.value)
+            if not self._closed_by(ClosedRecord.decode(kv.key, kv.value)):
+                return None
             self._closed_seen = True
             return RendezvousEvent(RendezvousEventKind.CLOSED, round_, event.revision)
         if kv.key == keys.round and put:
