@@ -223,6 +223,20 @@ async def test_cancelling_next_rendezvous_withdraws_the_registration() -> None:
 
 
 @virtual
+async def test_aclose_ends_a_pending_join() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    task = spawn(hs[0].next_rendezvous())
+    await settle()
+    await hs[0].aclose()
+    with pytest.raises(RendezvousClosedError, match="closed while joining"):
+        await task
+    assert (await hs[1].store.range(RunKeys("job").nodes)).count == 0
+    assert hs[0].status is RendezvousStatus.CLOSED
+    await close_all(hs)
+
+
+@virtual
 async def test_driver_crash_is_taken_over() -> None:
     engine = MemoryEngine()
     hs = handlers(engine, 4, 3, 3)

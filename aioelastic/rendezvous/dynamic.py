@@ -232,6 +232,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._standby = False
         self._closed_seen = False
         self._handler_closed = False
+        self._closing: asyncio.Future[None] | None = None  # set by aclose: ends a pending join
         self._error: BaseException | None = None
         # change notification for members of self._round
         self._member_watch: Watch | None = None
@@ -351,7 +352,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await self._close_member_watch()
             with self._translate("next_rendezvous"):
                 keeper = await self._ensure_lease()
-                result = await self._join(keeper)
+                with keeper.guard():  # our records vanish with the lease: stop waiting then
+                    result = await self._join(keeper)
             self._error = None
             return result
 
@@ -359,6 +361,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         loop = asyncio.get_running_loop()
         store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
+        if self._closing is None:
+            self._closing = loop.create_future()
+        closing = self._closing
         driver: asyncio.Task[None] | None = None
         driven: int | None = None  # the round our driver task ran for
         next_event: asyncio.Task[WatchEvent] | None = None
@@ -412,13 +417,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     # wait for a control event, the driver's end, or the join deadline
                     if next_event is None:
                         next_event = loop.create_task(events.__anext__())
-                    waiters: set[asyncio.Future[Any]] = {next_event}
+                    waiters: set[asyncio.Future[Any]] = {next_event, closing}
                     if driver is not None:
                         waiters.add(driver)
                     timeout = None if self._standby else max(0.0, deadline - loop.time())
                     done, _ = await asyncio.wait(
                         waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                     )
+                    if closing in done:
+                        raise RendezvousClosedError(
+                            f"the rendezvous handler for {self.run_id!r} was closed while joining"
+                        )
                     if not done:
                         raise RendezvousTimeoutError(
                             f"the rendezvous {self.run_id!r} did not complete within "
@@ -435,7 +444,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     task.cancel()
             tasks = [t for t in (next_event, driver) if t is not None]
             if tasks:
-                await asyncio.wait(tasks)
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(tasks)
                 for task in tasks:  # retrieve, so asyncio does not log them
                     if not task.cancelled():
                         task.exception()
@@ -705,14 +715,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return ok
 
     async def aclose(self) -> None:
-        """Leave: stop heart-beating and revoke the lease (this node's records vanish now)."""
+        """Leave: stop heart-beating and revoke the lease (this node's records vanish now).
+
+        A pending ``next_rendezvous`` withdraws and raises ``RendezvousClosedError``.
+        """
         if self._handler_closed:
             return
         self._handler_closed = True
-        await self._close_member_watch()
-        if self._keeper is not None:
-            await self._keeper.aclose()
-        self._record_round = None
+        if self._closing is not None and not self._closing.done():
+            self._closing.set_result(None)
+        async with self._lock:  # a pending join withdraws and returns first
+            await self._close_member_watch()
+            if self._keeper is not None:
+                await self._keeper.aclose()
+            self._record_round = None
         if self._owns_store:
             await self._store.aclose()
 
@@ -758,6 +774,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         except LeaseExpiredError as exc:
             self._error = exc
             return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
+        if self._handler_closed:
+            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
         raise RendezvousConnectionError(f"the watch of {self.run_id!r} ended")  # pragma: no cover
 
     async def _interpret(
