@@ -36,7 +36,9 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-_ID_RE = re.compile(r"[A-Za-z0-9_.:@\-]{1,128}")
+_ID = r"[A-Za-z0-9_.:@\-]{1,128}"
+_ID_RE = re.compile(_ID)
+_ID_LIST_RE = re.compile(f"{_ID}(?:,{_ID})*")  # ids never contain ','
 
 
 def check_run_id(run_id: object) -> str:
@@ -190,16 +192,16 @@ class RoundRecord:
     def decode(cls, key: str, value: bytes) -> RoundRecord:
         obj = _load(key, value, "round")
         round_ = _field_int(key, obj, "r", 0)
-        members = obj.get("m")
-        if (
-            not isinstance(members, list)
-            or not members
-            or not all(isinstance(m, str) and _ID_RE.fullmatch(m) for m in members)
-            or len(set(members)) != len(members)
-        ):
+        raw = obj.get("m")
+        members: list[str] = raw if isinstance(raw, list) else []
+        try:  # one C-level pass: join refuses non-strings, the regex checks every id
+            joined = ",".join(members)
+        except TypeError:
+            joined = ""
+        if not joined or not _ID_LIST_RE.fullmatch(joined) or len(set(members)) != len(members):
             raise RendezvousStateError(
                 f"rendezvous state at {key!r}: field 'm' must be a non-empty list of distinct "
-                f"node ids, got {str(members)[:80]}"
+                f"node ids, got {str(raw)[:80]}"
             )
         port = _field_int(key, obj, "mp", 0)
         return cls(round_, tuple(members), _field_str(key, obj, "ma"), port)
