@@ -136,7 +136,6 @@ def torch_exact_round(n: int) -> float | None:
 
     try:
         c10d = importlib.import_module("torch.distributed")
-        api = importlib.import_module("torch.distributed.elastic.rendezvous")
         backends = importlib.import_module(
             "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
         )
@@ -148,8 +147,7 @@ def torch_exact_round(n: int) -> float | None:
     port = store.port
     run_id = f"bench{n}-{time.monotonic_ns()}"
     handlers: list[Any] = []
-    del api
-    for i in range(n):
+    for _ in range(n):
         client = tcp_store("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         backend = backends.C10dRendezvousBackend(client, run_id)
         handlers.append(
