@@ -28,8 +28,9 @@ as standbys for the next round (no join timeout applies to them) and exit with
 Closing (``set_closed``) is sticky for the run id, as in torch, but only an explicit close closes:
 leaving (``aclose``, a crash, a signal) never does, so a restarted agent can rejoin a run a peer
 left (the trigger of torch #147064). A handler created with ``reopen_closed=True`` that meets a
-closed run on its first join clears the close and starts a new generation of rounds (for a job
-restarted deliberately under the same run id); a handler that has seen the close stays closed.
+closed run on its first join starts a new generation of rounds (for a job restarted deliberately
+under the same run id): it drops the closed generation's records and marks the close record
+reopened; the nodes of the closed generation still see the run as closed.
 
 Every wait is a watch or a ``loop.time()`` deadline; nothing sleeps and re-reads.
 """
