@@ -358,6 +358,8 @@ async def test_member_crash_after_completion_is_an_event_for_every_member() -> N
         assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
         assert event.node_id == hs[1].node_id
     assert loop.time() - start <= TTL + 0.001
+    # an agent that polls num_nodes_waiting (as torch's does) is told to restart (torch #111646)
+    assert await hs[0].num_nodes_waiting() == 1
     # survivors re-form
     second = await asyncio.gather(hs[0].next_rendezvous(), hs[2].next_rendezvous())
     check_round(second)

@@ -647,11 +647,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return None if kv is None else RoundRecord.decode(kv.key, kv.value)
 
     async def num_nodes_waiting(self) -> int:
-        """Nodes registered for the next round that it could take.
+        """How many nodes a re-rendezvous would change: > 0 means "restart to take them".
 
-        Counts late nodes and members that re-registered (restarting). Standbys of a full round
-        are not counted while every member is alive (a restart could not take them); once a
-        member is gone they are.
+        Counts nodes registered for the next round (late nodes, and members that re-registered
+        to restart) and members of the latest round that are gone (their lease expired, or they
+        left) — so an agent that polls this, as torch's does, restarts when a participant dies
+        (torch #111646). Standbys of a full round are not counted while every member is alive (a
+        restart could not take them); once a member is gone they are.
         """
         self._check_usable()
         with self._translate("num_nodes_waiting"):
@@ -661,10 +663,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         store, keys = self._store, self._keys
         r = -1 if latest is None else latest.round
         waiting = (await store.range(keys.nodes_of(r + 1), limit=1)).count
-        if waiting and latest is not None and len(latest.members) >= self._max:
-            live = (await store.range(keys.nodes_of(r), limit=1)).count
-            if live >= self._max:
-                return 0
+        if latest is None:
+            return waiting
+        world_size = len(latest.members)
+        live = (await store.range(keys.nodes_of(r), limit=1)).count
+        if live < world_size:  # members gone or restarting: a new round is due
+            return max(waiting, world_size - live)
+        if world_size >= self._max:  # full and all alive: a restart could not take anyone
+            return 0
         return waiting
 
     async def is_closed(self) -> bool:
