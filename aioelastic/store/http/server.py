@@ -1,0 +1,1018 @@
+"""The HTTP store server: an aiohttp application serving one shared :class:`MemoryEngine`.
+
+:func:`make_app` builds the application; :class:`HttpStoreServer` runs it on a socket as an async
+resource (``async with HttpStoreServer(port=0) as server: server.url``), embeddable in any asyncio
+program and in tests. ``aioelastic serve`` is a thin command around it. The routes are described
+in ``docs/http-api.md`` and by the OpenAPI document at ``/openapi.json``.
+
+The semantics are the engine's (the memory backend's reference implementation); this module only
+maps HTTP onto it: raw value bytes in bodies, ``ETag`` = ``mod_revision``, ``If-Match`` /
+``If-None-Match: *`` = compare-and-swap, NDJSON watch streams with progress frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import math
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
+
+from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
+from .._types import KeyValue, WatchEvent
+from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
+from ._persist import DataDir, FsyncPolicy
+
+__all__ = [
+    "DEFAULT_MAX_KEY_BYTES",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_PORT",
+    "HttpStoreServer",
+    "make_app",
+]
+
+log = logging.getLogger("aioelastic.serve")
+
+DEFAULT_PORT = 29400
+DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+DEFAULT_MAX_KEY_BYTES = 4096
+DEFAULT_MAX_WATCH_STREAMS = 10_000
+#: Bounds of the watch progress interval a client may ask for (seconds).
+MIN_PROGRESS_INTERVAL = 0.05
+MAX_PROGRESS_INTERVAL = 300.0
+DEFAULT_PROGRESS_INTERVAL = 5.0
+NDJSON = "application/x-ndjson"
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# -- errors as JSON ------------------------------------------------------------------------------
+
+
+class _ApiError(Exception):
+    """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def _bad(message: str) -> _ApiError:
+    return _ApiError(400, "bad_request", message)
+
+
+def _error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = {"error": code, "message": message, **extra}
+    return _json(body, status, headers)
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    411: "length_required",
+    413: "too_large",
+    414: "uri_too_long",
+    415: "unsupported_media_type",
+    431: "headers_too_large",
+    503: "unavailable",
+}
+
+
+class _JsonErrorRequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering requests it cannot parse with JSON errors."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        if status >= 500:
+            self.log_exception("Error handling request", exc_info=exc)
+        text = message or (str(exc) if exc is not None else "") or "malformed request"
+        code = _STATUS_CODES.get(status, "error")
+        if isinstance(exc, LineTooLong) or "Too many headers" in text:
+            status, code = 431, "headers_too_large"
+            text = f"request line or headers too large: {text[:200]}"
+        elif status == 400:
+            text = f"malformed HTTP request: {text[:200]}"
+        resp = _error_response(status, code, text)
+        resp.force_close()
+        return resp
+
+
+class _JsonErrorServer(Server):
+    """aiohttp's protocol factory, making :class:`_JsonErrorRequestHandler` connections."""
+
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """An AppRunner whose server answers unparsable requests in JSON. aiohttp has no public hook
+    for the connection handler class, so the server it builds is given our subclass (which adds
+    no state); tests/test_http_server.py checks the JSON answers."""
+
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _JsonErrorServer
+        return server
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def kv_json(kv: KeyValue, *, value: bool = True) -> dict[str, Any]:
+    """The JSON form of a key-value (``value_b64``: the value, base64)."""
+    out: dict[str, Any] = {
+        "key": kv.key,
+        "create_revision": kv.create_revision,
+        "mod_revision": kv.mod_revision,
+        "version": kv.version,
+        "lease": kv.lease,
+    }
+    if value:
+        out["value_b64"] = base64.b64encode(kv.value).decode("ascii")
+    return out
+
+
+def _event_json(event: WatchEvent) -> dict[str, Any]:
+    return {"type": event.type.value, **kv_json(event.kv)}
+
+
+def _events_lines(events: list[WatchEvent]) -> bytes:
+    """One NDJSON line per revision: ``{"type":"events","revision":R,"events":[...]}``."""
+    lines: list[bytes] = []
+    batch: list[dict[str, Any]] = []
+    revision = events[0].revision
+    for event in events:
+        if event.revision != revision:
+            lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
+            batch, revision = [], event.revision
+        batch.append(_event_json(event))
+    lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
+    return b"".join(lines)
+
+
+#: Compact JSON, with the encoder built once (``json.dumps(separators=...)`` builds one per call).
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _frame(obj: dict[str, Any]) -> bytes:
+    return _encode_json(obj).encode() + b"\n"
+
+
+def _json(
+    obj: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    all_headers = {"Content-Type": "application/json"}
+    if headers:
+        all_headers.update(headers)
+    return web.Response(status=status, body=_encode_json(obj).encode(), headers=all_headers)
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _int_param(request: web.Request, name: str, *, minimum: int, default: int | None = None) -> int:
+    raw = request.query.get(name) if request.query_string else None
+    if raw is None:
+        if default is None:
+            raise _bad(f"query parameter {name!r} is required (an integer >= {minimum})")
+        return default
+    return _parse_int(raw, f"query parameter {name!r}", minimum)
+
+
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
+
+
+def _parse_int(raw: str, what: str, minimum: int) -> int:
+    raw = raw.strip()
+    if not _DECIMAL.fullmatch(raw):
+        raise _bad(f"{what} must be a decimal integer >= {minimum}, got {raw[:40]!r}")
+    value = int(raw)
+    if value < minimum or value >= 2**63:
+        raise _bad(f"{what} must be an integer in [{minimum}, 2**63), got {value}")
+    return value
+
+
+def _json_int(body: dict[str, Any], name: str, minimum: int) -> int:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"field {name!r} must be an integer >= {minimum}, got {value!r}"[:200])
+    if value < minimum or value >= 2**63:
+        raise _bad(f"field {name!r} must be an integer in [{minimum}, 2**63), got {value}")
+    return value
+
+
+def _json_number(body: dict[str, Any], name: str) -> float:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"field {name!r} must be a number of seconds > 0, got {value!r}"[:200])
+    number = float(value)
+    if not math.isfinite(number) or number <= 0 or number > 1e9:
+        raise _bad(f"field {name!r} must be a finite number of seconds in (0, 1e9], got {value!r}")
+    return number
+
+
+def _etag_revision(raw: str, header: str) -> int:
+    raw = raw.strip()
+    if raw.startswith("W/"):
+        raw = raw[2:]
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        raw = raw[1:-1]
+    return _parse_int(raw, f"header {header}", 0)
+
+
+class _Limits:
+    def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
+        self.max_key_bytes = max_key_bytes
+        self.max_value_bytes = max_value_bytes
+        self.max_watch_streams = max_watch_streams
+
+
+# -- the application -----------------------------------------------------------------------------
+
+
+class _App:
+    """The state behind the routes: the engine, limits, auth, metrics and open watch streams."""
+
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        *,
+        token: str | None,
+        limits: _Limits,
+        data: DataDir | None,
+        metrics: _Metrics,
+    ) -> None:
+        self.engine = engine
+        self.token = token.encode() if token is not None else None
+        self.limits = limits
+        self.data = data
+        self.metrics = metrics
+        self.closing = False
+        self.watch_streams = 0
+        # Encoded event frames of the current revision, shared by watchers of the same prefix at
+        # the same position: a write seen by 1,000 watchers is encoded once, not 1,000 times.
+        self._frames: dict[tuple[str, int, int, int], bytes] = {}
+        self._frames_revision = -1
+
+    # -- plumbing
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        op = "other"
+        status = 500
+        try:
+            if self.token is not None and request.path != "/healthz":
+                self._authenticate(request)
+            op = getattr(handler, "op", "other")
+            response = await handler(request)
+            status = response.status
+            return response
+        except _ApiError as exc:
+            status = exc.status
+            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'} if status == 401 else None
+            return _error_response(exc.status, exc.code, exc.message, headers, **exc.extra)
+        except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
+            status = exc.status
+            if status == 413:
+                return _error_response(
+                    413,
+                    "value_too_large",
+                    f"request body too large (at most {self.limits.max_value_bytes} bytes of "
+                    "value)",
+                )
+            message = exc.reason
+            if status == 404:
+                message = f"no route for {request.method} {request.path[:200]!r}; see /openapi.json"
+            elif status == 405:
+                message = f"method {request.method} is not allowed on {request.path[:200]!r}"
+            allow = exc.headers.get("Allow")
+            return _error_response(
+                status,
+                _STATUS_CODES.get(status, "error"),
+                message,
+                {"Allow": allow} if allow else None,
+            )
+        except CompactedError as exc:
+            status = 410
+            return _error_response(
+                410,
+                "compacted",
+                str(exc),
+                requested_revision=exc.requested_revision,
+                compact_revision=exc.compact_revision,
+            )
+        except LeaseNotFoundError as exc:
+            status = 404
+            return _error_response(404, "lease_not_found", str(exc), lease=exc.lease_id)
+        except StoreClosedError as exc:
+            status = 503
+            return _error_response(503, "unavailable", str(exc))
+        except ValueError as exc:  # the engine's argument errors (e.g. add on a non-integer)
+            status = 400
+            return _error_response(400, "bad_request", str(exc))
+        except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
+            status = 500
+            log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
+            return _error_response(500, "storage_error", f"the data directory failed: {exc}")
+        finally:
+            self.metrics.observe(op, status, time.perf_counter() - start)
+
+    def _authenticate(self, request: web.Request) -> None:
+        assert self.token is not None
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise _ApiError(
+                401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
+            )
+        if not hmac.compare_digest(given.strip().encode(), self.token):
+            raise _ApiError(401, "unauthorized", "the bearer token is not valid")
+
+    def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
+        key = request.match_info["key"]
+        if not key and not allow_empty:
+            raise _bad("the key (the URL path after the route) must not be empty")
+        if len(key.encode("utf-8", "surrogatepass")) > self.limits.max_key_bytes:
+            raise _ApiError(
+                413,
+                "key_too_large",
+                f"keys are at most {self.limits.max_key_bytes} bytes (UTF-8)",
+            )
+        return key
+
+    async def _body_json(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise _bad("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _durable(self) -> None:
+        data = self.data
+        if data is not None:
+            await data.wait_durable()
+
+    def _lease_id(self, request: web.Request) -> int:
+        return _parse_int(request.match_info["lease"], "the lease id in the path", 1)
+
+    # -- service routes
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        if self.closing:
+            return _json({"status": "stopping"}, status=503)
+        return _json({"status": "ok"})
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render()
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        from ._openapi import openapi_document
+
+        return _json(openapi_document(self.limits.max_key_bytes, self.limits.max_value_bytes))
+
+    async def revision(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        return _json({"revision": engine.revision, "compact_revision": engine.compact_revision})
+
+    # -- key-values
+
+    async def get_key(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        kv = self.engine.get(key)
+        revision = str(self.engine.revision)
+        if kv is None:
+            return _error_response(
+                404, "key_not_found", f"no key {key[:200]!r}", {"X-Revision": revision}
+            )
+        if request.query.get("format") == "json":
+            return _json({"revision": self.engine.revision, "kv": kv_json(kv)})
+        return web.Response(
+            body=kv.value,
+            content_type="application/octet-stream",
+            headers={
+                "ETag": f'"{kv.mod_revision}"',
+                "X-Revision": revision,
+                "X-Create-Revision": str(kv.create_revision),
+                "X-Mod-Revision": str(kv.mod_revision),
+                "X-Version": str(kv.version),
+                "X-Lease": str(kv.lease),
+            },
+        )
+
+    async def put_key(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        lease = _int_param(request, "lease", minimum=0, default=0)
+        if_match = request.headers.get("If-Match")
+        if_none_match = request.headers.get("If-None-Match")
+        expected: int | None = None
+        if if_match is not None and if_none_match is not None:
+            raise _bad("give If-Match or If-None-Match, not both")
+        if if_none_match is not None:
+            if if_none_match.strip() != "*":
+                raise _bad("If-None-Match must be '*' (write only if the key is absent)")
+            expected = 0
+        elif if_match is not None:
+            expected = _etag_revision(if_match, "If-Match")
+        length = request.content_length
+        if length is not None and length > self.limits.max_value_bytes:
+            raise _ApiError(
+                413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
+            )
+        value = await request.read()
+        if len(value) > self.limits.max_value_bytes:
+            raise _ApiError(
+                413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
+            )
+        if expected is None:
+            revision = self.engine.put(key, value, lease)
+            kv = self.engine.get(key)
+            assert kv is not None
+            await self._durable()
+            return _json(
+                {"revision": revision, "kv": kv_json(kv, value=False)},
+                headers={"ETag": f'"{revision}"'},
+            )
+        result = self.engine.compare_and_swap(key, expected, value, lease)
+        if not result.succeeded:
+            return _precondition_failed(key, result.revision, result.kv)
+        assert result.kv is not None
+        await self._durable()
+        return _json(
+            {"revision": result.revision, "kv": kv_json(result.kv, value=False)},
+            headers={"ETag": f'"{result.revision}"'},
+        )
+
+    async def delete_key(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        if_match = request.headers.get("If-Match")
+        if if_match is None:
+            deleted = self.engine.delete(key, False)
+            if deleted:
+                await self._durable()
+            return _json({"deleted": deleted, "revision": self.engine.revision})
+        expected = _etag_revision(if_match, "If-Match")
+        if expected < 1:
+            raise _bad("If-Match on DELETE must name a revision >= 1")
+        result = self.engine.compare_and_delete(key, expected)
+        if not result.succeeded:
+            return _precondition_failed(key, result.revision, result.kv)
+        await self._durable()
+        return _json({"deleted": 1, "revision": result.revision})
+
+    async def add(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        raw = request.query.get("delta", "1").strip()
+        if not _DECIMAL.fullmatch(raw):
+            raise _bad(
+                f"query parameter 'delta' must be a decimal integer (at most 19 digits), "
+                f"got {raw[:40]!r}"
+            )
+        total = self.engine.add(key, int(raw))
+        revision = self.engine.revision
+        await self._durable()
+        return _json({"value": total, "revision": revision})
+
+    async def range(self, request: web.Request) -> web.Response:
+        prefix = self._key(request, allow_empty=True)
+        limit: int | None = None
+        if "limit" in request.query:
+            limit = _int_param(request, "limit", minimum=1)
+        result = self.engine.range(prefix, limit)
+        return _json(
+            {
+                "revision": result.revision,
+                "count": result.count,
+                "more": result.more,
+                "kvs": [kv_json(kv) for kv in result.kvs],
+            }
+        )
+
+    async def delete_range(self, request: web.Request) -> web.Response:
+        prefix = self._key(request, allow_empty=True)
+        deleted = self.engine.delete(prefix, True)
+        if deleted:
+            await self._durable()
+        return _json({"deleted": deleted, "revision": self.engine.revision})
+
+    async def compact(self, request: web.Request) -> web.Response:
+        body = await self._body_json(request)
+        revision = _json_int(body, "revision", 1)
+        self.engine.compact(revision)
+        await self._durable()
+        return _json({"compact_revision": self.engine.compact_revision})
+
+    # -- leases
+
+    async def lease_grant(self, request: web.Request) -> web.Response:
+        body = await self._body_json(request)
+        ttl = _json_number(body, "ttl")
+        grant = self.engine.lease_grant(ttl)
+        await self._durable()
+        return _json({"id": grant.id, "ttl": grant.ttl})
+
+    async def lease_keep_alive(self, request: web.Request) -> web.Response:
+        ttl = self.engine.lease_keep_alive(self._lease_id(request))
+        return _json({"ttl": ttl})
+
+    async def lease_revoke(self, request: web.Request) -> web.Response:
+        self.engine.lease_revoke(self._lease_id(request))
+        await self._durable()
+        return _json({"revoked": True, "revision": self.engine.revision})
+
+    async def lease_status(self, request: web.Request) -> web.Response:
+        status = self.engine.lease_time_to_live(self._lease_id(request))
+        return _json(
+            {
+                "id": status.id,
+                "granted_ttl": status.granted_ttl,
+                "remaining": status.remaining,
+                "keys": list(status.keys),
+            }
+        )
+
+    async def leases(self, request: web.Request) -> web.Response:
+        return _json(
+            {
+                "leases": [
+                    {"id": s.id, "granted_ttl": s.granted_ttl, "remaining": s.remaining}
+                    for s in self.engine.leases()
+                ]
+            }
+        )
+
+    # -- watches
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        prefix = self._key(request, allow_empty=True)
+        start: int | None = None
+        if "start_revision" in request.query:
+            start = _int_param(request, "start_revision", minimum=1)
+        interval = DEFAULT_PROGRESS_INTERVAL
+        if "progress_interval" in request.query:
+            raw = request.query["progress_interval"]
+            try:
+                interval = float(raw)
+            except ValueError:
+                raise _bad(
+                    f"progress_interval must be a number of seconds, got {raw[:40]!r}"
+                ) from None
+            if not MIN_PROGRESS_INTERVAL <= interval <= MAX_PROGRESS_INTERVAL:
+                raise _bad(
+                    f"progress_interval must be in [{MIN_PROGRESS_INTERVAL}, "
+                    f"{MAX_PROGRESS_INTERVAL}] seconds, got {raw[:40]!r}"
+                )
+        if self.closing:
+            raise _ApiError(503, "unavailable", "the server is shutting down")
+        if self.watch_streams >= self.limits.max_watch_streams:
+            raise _ApiError(
+                503,
+                "too_many_watches",
+                f"this server serves at most {self.limits.max_watch_streams} watch streams",
+            )
+        engine = self.engine
+        watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> 410
+        self.watch_streams += 1
+        loop = asyncio.get_running_loop()
+        try:
+            response = web.StreamResponse(
+                headers={"Content-Type": NDJSON, "Cache-Control": "no-store"}
+            )
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(
+                _frame(
+                    {
+                        "type": "created",
+                        "start_revision": watcher.min_revision,
+                        "revision": engine.revision,
+                        "progress_interval": interval,
+                    }
+                )
+            )
+            # One timer per stream, re-armed only when it fires: a stream that is written to
+            # often costs no timer work per event. It wakes the loop below when nothing has been
+            # sent for ``interval`` seconds, and a progress frame goes out.
+            progress = _ProgressTimer(loop, interval, watcher.wake)
+            try:
+                while True:
+                    try:
+                        events = engine.read_events(watcher)
+                    except CompactedError as exc:
+                        await response.write(
+                            _frame(
+                                {
+                                    "type": "error",
+                                    "error": "compacted",
+                                    "message": str(exc),
+                                    "requested_revision": exc.requested_revision,
+                                    "compact_revision": exc.compact_revision,
+                                }
+                            )
+                        )
+                        break
+                    except StoreClosedError:
+                        await response.write(_frame({"type": "closing"}))
+                        break
+                    revision = engine.revision  # read with the events: no await in between
+                    if events:
+                        await response.write(self._encode(prefix, events, revision))
+                        progress.sent()
+                        continue
+                    if progress.due:
+                        await response.write(_frame({"type": "progress", "revision": revision}))
+                        progress.sent()
+                        continue
+                    watcher.waiter = loop.create_future()
+                    try:
+                        await watcher.waiter
+                    finally:
+                        watcher.waiter = None
+            finally:
+                progress.cancel()
+            await response.write_eof()
+            return response
+        except ConnectionError:  # the client went away: nothing more to say on this stream
+            return response
+        finally:
+            self.watch_streams -= 1
+            engine.remove_watcher(watcher)
+
+    def _encode(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
+        # Two watchers of one prefix that read the same revision range got the same events
+        # (a read always ends at a revision boundary), so the frames can be shared.
+        if revision != self._frames_revision:
+            self._frames.clear()
+            self._frames_revision = revision
+        key = (prefix, events[0].revision, events[-1].revision, len(events))
+        frames = self._frames.get(key)
+        if frames is None:
+            frames = self._frames[key] = _events_lines(events)
+            if len(self._frames) > 1024:
+                self._frames.clear()
+        return frames
+
+    def end_watch_streams(self) -> None:
+        """Make every open watch stream send a ``closing`` frame and end (shutdown)."""
+        self.closing = True
+        self.engine.fail_watchers_of(self, StoreClosedError("the server is shutting down"))
+
+
+class _ProgressTimer:
+    """Calls ``wake`` and sets :attr:`due` once ``interval`` seconds pass without :meth:`sent`."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, interval: float, wake: Callable[[], None]
+    ) -> None:
+        self._loop = loop
+        self._interval = interval
+        self._wake = wake
+        self._last = loop.time()
+        self.due = False
+        self._handle = loop.call_at(self._last + interval, self._fire)
+
+    def sent(self) -> None:
+        self._last = self._loop.time()
+        self.due = False
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        deadline = self._last + self._interval
+        if now >= deadline:
+            self.due = True
+            self._wake()
+            deadline = now + self._interval
+        self._handle = self._loop.call_at(deadline, self._fire)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _precondition_failed(key: str, revision: int, kv: KeyValue | None) -> web.Response:
+    return _json(
+        {
+            "error": "precondition_failed",
+            "message": f"compare failed for {key[:200]!r}: "
+            + ("it is absent" if kv is None else f"its mod_revision is {kv.mod_revision}"),
+            "revision": revision,
+            "kv": None if kv is None else kv_json(kv),
+        },
+        status=412,
+    )
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+class _Metrics:
+    """Prometheus metrics of one server, in a registry of its own (several servers can share a
+    process)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError:
+            raise ImportError(
+                "the HTTP store server needs prometheus-client for /metrics: "
+                "pip install 'aioelastic[server]'"
+            ) from None
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "aioelastic_requests",
+            "HTTP requests answered, by operation and status code",
+            ["op", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "aioelastic_request_duration_seconds",
+            "Time to answer a request (a watch: the stream's lifetime), by operation",
+            ["op"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 300),
+            registry=self.registry,
+        )
+        self.keys = Gauge("aioelastic_keys", "Keys in the store", registry=self.registry)
+        self.keys.set_function(lambda: len(engine))
+        self.leases = Gauge("aioelastic_leases", "Live leases", registry=self.registry)
+        self.leases.set_function(lambda: engine.lease_count)
+        self.revision = Gauge("aioelastic_revision", "Store revision", registry=self.registry)
+        self.revision.set_function(lambda: engine.revision)
+        self.watchers = Gauge(
+            "aioelastic_watch_streams", "Open watch streams", registry=self.registry
+        )
+        self.connections = Gauge(
+            "aioelastic_connections", "Open client connections", registry=self.registry
+        )
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, op: str, status: int, seconds: float) -> None:
+        children = self._children.get((op, status))
+        if children is None:
+            children = self._children[(op, status)] = (
+                self.requests.labels(op, str(status)),
+                self.latency.labels(op),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def make_app(
+    engine: MemoryEngine,
+    *,
+    token: str | None = None,
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    data: DataDir | None = None,
+    max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
+) -> web.Application:
+    """The aiohttp application serving ``engine`` (see ``docs/http-api.md`` for the routes).
+
+    ``token``: require ``Authorization: Bearer <token>`` on every route but ``/healthz``.
+    ``data``: an opened :class:`DataDir` whose durability every write waits for.
+    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches``.
+    """
+    if max_key_bytes < 1 or max_value_bytes < 0 or max_watch_streams < 1:
+        raise ValueError(
+            "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
+        )
+    metrics = _Metrics(engine)
+    state = _App(
+        engine,
+        token=token,
+        limits=_Limits(max_key_bytes, max_value_bytes, max_watch_streams),
+        data=data,
+        metrics=metrics,
+    )
+    metrics.watchers.set_function(lambda: state.watch_streams)
+    app = web.Application(
+        middlewares=[state.middleware], client_max_size=max_value_bytes + 64 * 1024
+    )
+    app[_STATE] = state
+
+    def route(method: str, path: str, handler: _Handler, op: str) -> None:
+        async def bound(request: web.Request) -> web.StreamResponse:
+            return await handler(request)
+
+        bound.op = op  # type: ignore[attr-defined]
+        app.router.add_route(method, path, bound)
+
+    route("GET", "/healthz", state.healthz, "healthz")
+    route("GET", "/metrics", state.metrics_route, "metrics")
+    route("GET", "/openapi.json", state.openapi, "openapi")
+    route("GET", "/v1/revision", state.revision, "revision")
+    route("GET", "/v1/kv/{key:.*}", state.get_key, "get")
+    route("PUT", "/v1/kv/{key:.*}", state.put_key, "put")
+    route("DELETE", "/v1/kv/{key:.*}", state.delete_key, "delete")
+    route("POST", "/v1/add/{key:.*}", state.add, "add")
+    route("GET", "/v1/range/{key:.*}", state.range, "range")
+    route("DELETE", "/v1/range/{key:.*}", state.delete_range, "delete_range")
+    route("GET", "/v1/watch/{key:.*}", state.watch, "watch")
+    route("POST", "/v1/compact", state.compact, "compact")
+    route("POST", "/v1/lease", state.lease_grant, "lease_grant")
+    route("GET", "/v1/leases", state.leases, "leases")
+    route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
+    route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
+    route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
+
+    async def on_shutdown(app: web.Application) -> None:
+        state.end_watch_streams()
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+_STATE: web.AppKey[_App] = web.AppKey("aioelastic_state", _App)
+
+
+# -- the embeddable server -----------------------------------------------------------------------
+
+
+class HttpStoreServer:
+    """``aioelastic serve`` as an async resource, for embedding in a program or a test.
+
+    ``async with HttpStoreServer(port=0) as server: store = await open_store(server.url)``.
+    Without ``data_dir`` the store lives in memory only; with it every acknowledged write survives
+    a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies). ``engine``
+    serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
+    stops accepting connections, ends watch streams, lets in-flight requests finish (up to
+    ``shutdown_timeout`` seconds) and flushes the log.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        engine: MemoryEngine | None = None,
+        data_dir: str | None = None,
+        fsync: FsyncPolicy = "always",
+        snapshot_every: int = 10_000,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
+        shutdown_timeout: float = 10.0,
+        backlog: int = 1024,
+    ) -> None:
+        if engine is not None and data_dir is not None:
+            raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
+        if token is not None and not token:
+            raise ValueError("token must not be empty")
+        self.host = host
+        self._port = port
+        self._owns_engine = engine is None
+        self.engine = engine if engine is not None else MemoryEngine(history_limit=history_limit)
+        self.data = (
+            DataDir(data_dir, fsync=fsync, snapshot_every=snapshot_every)
+            if data_dir is not None
+            else None
+        )
+        self._token = token
+        self._ssl = ssl_context
+        self._max_key_bytes = max_key_bytes
+        self._max_value_bytes = max_value_bytes
+        self._max_watch_streams = max_watch_streams
+        self._shutdown_timeout = shutdown_timeout
+        self._backlog = backlog
+        self._runner: _Runner | None = None
+        self._app: web.Application | None = None
+        self._stopped = False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when started with ``port=0``)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (``https://`` with TLS), ready for ``open_store``."""
+        scheme = "https" if self._ssl is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self._port}"
+
+    async def start(self) -> None:
+        """Load the data directory (if any) and start listening."""
+        if self._runner is not None:
+            raise RuntimeError("the server has already started")
+        if self.data is not None:
+            self.data.open(self.engine)
+        try:
+            self._app = make_app(
+                self.engine,
+                token=self._token,
+                max_key_bytes=self._max_key_bytes,
+                max_value_bytes=self._max_value_bytes,
+                data=self.data,
+                max_watch_streams=self._max_watch_streams,
+            )
+            runner = _Runner(
+                self._app,
+                access_log=None,
+                # A client that hangs up cancels its handler: a watch stream's resources go at
+                # once rather than at its next progress frame. Writes are applied synchronously
+                # on the engine, so a cancelled write handler leaves nothing half done.
+                handler_cancellation=True,
+                shutdown_timeout=self._shutdown_timeout,
+                max_line_size=3 * self._max_key_bytes + 1024,
+                max_field_size=8190,
+                max_headers=64,
+            )
+            await runner.setup()
+            self._runner = runner
+            state = self._app[_STATE]
+            server = runner.server
+            assert server is not None
+            state.metrics.connections.set_function(lambda: len(server.connections))
+            site = web.TCPSite(
+                runner, self.host, self._port, ssl_context=self._ssl, backlog=self._backlog
+            )
+            await site.start()
+            for address in runner.addresses:
+                if isinstance(address, tuple):
+                    self._port = address[1]
+                    break
+        except BaseException:
+            await self._release()
+            raise
+
+    async def stop(self) -> None:
+        """Stop gracefully (idempotent): end watch streams, finish requests, flush the log."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._release()
+
+    aclose = stop
+
+    async def _release(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if self.data is not None:
+            await self.data.aclose()
+        if self._owns_engine:
+            self.engine.close()
+
+    def statistics(self) -> dict[str, int]:
+        """Keys, leases, open watch streams and the revision, for logs and tests."""
+        streams = self._app[_STATE].watch_streams if self._app is not None else 0
+        return {
+            "keys": len(self.engine),
+            "leases": self.engine.lease_count,
+            "watch_streams": streams,
+            "revision": self.engine.revision,
+        }

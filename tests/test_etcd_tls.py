@@ -1,0 +1,97 @@
+"""TLS and mutual TLS against a real etcd, with throwaway certificates made by openssl."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aioelastic import StoreConnectionError, open_store
+from aioelastic.etcd_server import EtcdServer
+from aioelastic.testing.etcd import running_etcd
+
+pytestmark = pytest.mark.etcd
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_ca(d: Path, name: str) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-subj", f"/CN={name}", cwd=d,
+    )  # fmt: skip
+
+
+def _make_cert(d: Path, name: str, ca: str, usage: str) -> None:
+    (d / f"{name}.ext").write_text(
+        f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"
+    )
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+        "-subj", f"/CN={name}", cwd=d,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-days", "1", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=d,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    d = tmp_path_factory.mktemp("certs")
+    _make_ca(d, "ca")
+    _make_ca(d, "other-ca")
+    _make_cert(d, "server", "ca", "serverAuth,clientAuth")
+    _make_cert(d, "client", "ca", "clientAuth")
+    return d
+
+
+@pytest.fixture(scope="module")
+def etcd_mtls(certs: Path) -> Iterator[EtcdServer]:
+    with running_etcd(
+        tls_cert=certs / "server.crt",
+        tls_key=certs / "server.key",
+        tls_ca=certs / "ca.crt",
+        client_cert_auth=True,
+        client_cert=certs / "client.crt",
+        client_key=certs / "client.key",
+    ) as server:
+        yield server
+
+
+@pytest.mark.asyncio
+async def test_mutual_tls_round_trip(etcd_mtls: EtcdServer, certs: Path) -> None:
+    assert etcd_mtls.url.startswith("etcds://")
+    async with open_store(etcd_mtls.url, **etcd_mtls.store_options()) as store:
+        async with store.watch("tls/") as events:
+            revision = await store.put("tls/k", b"secret")
+            with anyio.fail_after(10):
+                event = await events.__anext__()
+        assert (event.kv.value, event.revision) == (b"secret", revision)
+    options = {
+        "ca_file": str(certs / "ca.crt"),
+        "cert_file": str(certs / "client.crt"),
+        "key_file": str(certs / "client.key"),
+    }
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    async with open_store(f"{etcd_mtls.url}?{query}") as store:
+        assert (await store.get("tls/k")).value == b"secret"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_tls_refusals_are_clear_errors(etcd_mtls: EtcdServer, certs: Path) -> None:
+    plain = etcd_mtls.url.replace("etcds://", "etcd://")
+    wrong_ca = {"ca_file": str(certs / "other-ca.crt")}
+    no_client_cert = {"ca_file": str(certs / "ca.crt")}
+    for url, options in ((plain, {}), (etcd_mtls.url, wrong_ca), (etcd_mtls.url, no_client_cert)):
+        async with open_store(url, timeout=5, connect_timeout=2, **options) as store:
+            with anyio.fail_after(20), pytest.raises(StoreConnectionError, match="connect"):
+                await store.get("tls/k")

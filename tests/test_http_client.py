@@ -1,0 +1,300 @@
+"""The HTTP store client against real and deliberately broken servers on 127.0.0.1: error
+mapping, no silent write retries, watch resumption without loss or repeats, dead-server detection,
+pooled lease keep-alives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from aioelastic.errors import (
+    CompactedError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreTimeoutError,
+    WriteOutcomeUnknownError,
+)
+from aioelastic.store import EventType, MemoryEngine, open_store
+from aioelastic.store.http import HttpStore
+from aioelastic.store.http.server import HttpStoreServer
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def _fake_server(
+    respond: Callable[[asyncio.StreamReader, asyncio.StreamWriter], object],
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A TCP server on 127.0.0.1 whose connections ``respond`` handles; yields (url, count)."""
+    connections = [0]
+    tasks: set[asyncio.Task[object]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            result = respond(reader, writer)
+            if asyncio.iscoroutine(result):
+                await result
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", connections
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        await server.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            await reader.readexactly(int(line.split(b":")[1]))
+
+
+@pytest.mark.asyncio
+async def test_unreachable_server_is_a_connection_error_even_for_writes() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    async with open_store(url, read_retries=1) as store:
+        for call in (store.get("k"), store.put("k", b"v"), store.compare_and_swap("k", 0, b"v")):
+            with pytest.raises(StoreConnectionError) as info:
+                await call
+            # nothing was sent, so the outcome is known: not applied
+            assert not isinstance(info.value, WriteOutcomeUnknownError)
+        with pytest.raises(StoreConnectionError):
+            await store.watch("x").start()
+
+
+@pytest.mark.asyncio
+async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)  # the request arrived... and the server dies
+
+    async with (
+        _fake_server(hang_up) as (url, connections),
+        open_store(url, read_retries=2) as store,
+    ):
+        for write in (
+            store.put("k", b"v"),
+            store.compare_and_swap("k", 3, b"v"),
+            store.add("counter"),
+            store.delete("k"),
+            store.lease_grant(5),
+        ):
+            before = connections[0]
+            with pytest.raises(WriteOutcomeUnknownError, match="may or may not"):
+                await write
+            assert connections[0] == before + 1  # sent once, never retried
+        before = connections[0]
+        with pytest.raises(StoreConnectionError) as info:
+            await store.get("k")
+        assert not isinstance(info.value, WriteOutcomeUnknownError)
+        assert connections[0] == before + 3  # a read is retried
+
+
+@pytest.mark.asyncio
+async def test_a_silent_server_times_out() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(30)
+
+    async with _fake_server(silent) as (url, _), open_store(url, timeout=0.3) as store:
+        with pytest.raises(StoreTimeoutError):
+            await store.get("k")
+        with pytest.raises(WriteOutcomeUnknownError, match="timed out"):
+            await store.put("k", b"v")
+
+
+@pytest.mark.asyncio
+async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
+    async def created_then_silence(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await _read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        frame = b'{"type":"created","start_revision":1,"revision":0}\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        await writer.drain()
+        await asyncio.sleep(30)  # a hung server: the socket stays open, nothing more comes
+
+    async with (
+        _fake_server(created_then_silence) as (url, _),
+        open_store(url, progress_interval=0.1, reconnect_timeout=0.5) as store,
+        store.watch("x") as events,
+    ):
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError, match="no progress"):
+            await events.__anext__()
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.asyncio
+async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() -> None:
+    engine = MemoryEngine()
+    port = _free_port()
+    server = HttpStoreServer(port=port, engine=engine)
+    await server.start()
+    try:
+        async with (
+            open_store(server.url, progress_interval=0.2, reconnect_timeout=20) as store,
+            store.watch("w/") as events,
+        ):
+            await store.put("w/1", b"1")
+            first = await events.__anext__()
+            assert first.kv.key == "w/1"
+            await server.stop()  # graceful: the stream ends with a closing frame
+            # Changes made while the server is down (straight into the engine)
+            engine.put("w/2", b"2")
+            engine.put("other", b"x")
+            engine.delete("w/", prefix=True)  # deletes w/1 and w/2 at one revision
+            server = HttpStoreServer(port=port, engine=engine)
+            await server.start()
+            await store.put("w/3", b"3")
+            got = [await asyncio.wait_for(events.__anext__(), 10) for _ in range(4)]
+            assert [(e.type, e.kv.key) for e in got] == [
+                (EventType.PUT, "w/2"),
+                (EventType.DELETE, "w/1"),
+                (EventType.DELETE, "w/2"),
+                (EventType.PUT, "w/3"),
+            ]
+            revisions = [first.revision] + [e.revision for e in got]
+            assert revisions == sorted(revisions)
+            assert isinstance(events, object)
+            assert getattr(events, "reconnects", 0) >= 1
+            await store.put("w/4", b"4")
+            assert (await asyncio.wait_for(events.__anext__(), 10)).kv.key == "w/4"
+    finally:
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_watch_resuming_into_compacted_history_raises_compacted() -> None:
+    engine = MemoryEngine()
+    port = _free_port()
+    server = HttpStoreServer(port=port, engine=engine)
+    await server.start()
+    try:
+        async with (
+            open_store(server.url, progress_interval=0.2, reconnect_timeout=20) as store,
+            store.watch("c/") as events,
+        ):
+            await server.stop()
+            engine.put("c/1", b"1")
+            engine.put("c/2", b"2")
+            engine.compact(engine.revision)
+            server = HttpStoreServer(port=port, engine=engine)
+            await server.start()
+            with pytest.raises(CompactedError) as info:
+                await asyncio.wait_for(events.__anext__(), 10)
+            assert info.value.compact_revision == engine.revision
+    finally:
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_lease_keep_alives_reuse_one_pooled_connection() -> None:
+    async with HttpStoreServer(port=0) as server:
+        async with open_store(server.url) as store:
+            grant = await store.lease_grant(10)
+            for _ in range(30):
+                await store.lease_keep_alive(grant.id)
+            async with aiohttp.ClientSession() as session:
+                metrics = await (await session.get(f"{server.url}/metrics")).text()
+        line = next(x for x in metrics.splitlines() if x.startswith("aioelastic_connections "))
+        assert float(line.split()[1]) == 2.0  # the store's pooled connection + this scrape
+
+
+@pytest.mark.asyncio
+async def test_open_store_options_are_checked() -> None:
+    with pytest.raises(TypeError, match="unknown option"):
+        await open_store("http://127.0.0.1:1", bogus=1)
+    with pytest.raises(ValueError, match="query"):
+        await open_store("http://127.0.0.1:1/?token=x")
+    with pytest.raises(ValueError, match="credentials"):
+        await open_store("http://user:secret@127.0.0.1:1")
+    with pytest.raises(ValueError, match="port"):
+        await open_store("http://127.0.0.1:99999")
+    with pytest.raises(ValueError, match="https"):
+        await open_store("http://127.0.0.1:1", cafile="/nonexistent")
+    with pytest.raises(ValueError, match="token"):
+        await open_store("http://127.0.0.1:1", token_file="/nonexistent/token")
+    with pytest.raises(ValueError, match="progress_interval"):
+        await open_store("http://127.0.0.1:1", progress_interval=0)
+    store = await open_store("https://127.0.0.1:1/prefix", verify=False)
+    assert isinstance(store, HttpStore)
+    assert store.url == "https://127.0.0.1:1/prefix"
+    await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> None:
+    port = _free_port()
+    server = HttpStoreServer(port=port)
+    await server.start()
+    store = await open_store(server.url, progress_interval=0.2, reconnect_timeout=30)
+    try:
+        watch = store.watch("r/")
+        await watch.start()
+        await server.stop()  # the watch now retries in the background of __anext__
+        pending = asyncio.ensure_future(watch.__anext__())
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        await store.aclose()
+        with pytest.raises(StoreClosedError):
+            await asyncio.wait_for(pending, 5)
+    finally:
+        await store.aclose()
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "data")
+    port = _free_port()
+    server = HttpStoreServer(port=port, data_dir=data_dir)
+    await server.start()
+    try:
+        async with (
+            open_store(server.url, read_retries=0) as store,
+            store.lease(3.0, keep_alive_interval=0.3) as keeper,
+        ):
+            await store.put("held", b"1", lease=keeper.id)
+            await server.stop()
+            await asyncio.sleep(0.5)  # keep-alives fail meanwhile
+            server = HttpStoreServer(port=port, data_dir=data_dir)
+            await server.start()
+            await asyncio.sleep(1.0)
+            assert not keeper.lost
+            assert keeper.statistics().failed_renewals >= 1
+            assert (await store.get("held")) is not None
+            status = await store.lease_time_to_live(keeper.id)
+            assert status.keys == ("held",)
+        assert server.engine.lease_count == 0  # revoked on exit
+    finally:
+        await server.stop()

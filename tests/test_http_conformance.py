@@ -1,0 +1,34 @@
+"""The store conformance suite on the HTTP backend: a real aiohttp server on 127.0.0.1 (on its
+own thread and loop) and the real client, one client per test."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import ClassVar
+
+import pytest
+from http_helpers import ServerThread
+
+from aioelastic.store import Store, open_store
+from aioelastic.testing.conformance import StoreConformance
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[ServerThread]:
+    with ServerThread() as server:
+        yield server
+
+
+class TestHttpStore(StoreConformance):
+    short_ttl = 0.5
+    url: ClassVar[str] = ""
+
+    @pytest.fixture(autouse=True)
+    def _server(self, http_server: ServerThread) -> None:
+        type(self).url = http_server.url
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        async with open_store(self.url, progress_interval=0.5) as store:
+            yield store

@@ -1,0 +1,492 @@
+"""The HTTP store server on 127.0.0.1: the routes as curl and raw HTTP see them, bad input,
+auth, TLS, metrics, and a hypothesis fuzz that demands 4xx JSON errors and untouched data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from http_helpers import ServerThread, self_signed_cert
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+from yarl import URL
+
+from aioelastic.errors import (
+    StoreAuthError,
+    StoreConnectionError,
+    ValueTooLargeError,
+)
+from aioelastic.store import open_store
+from aioelastic.store.http.server import HttpStoreServer
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[HttpStoreServer]:
+    async with HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv:
+        yield srv
+
+
+async def _raw(
+    method: str, url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, CIMultiDict[str]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, URL(url, encoded=True), data=data, headers=headers) as resp,
+    ):
+        return resp.status, await resp.read(), CIMultiDict(resp.headers)
+
+
+# -- a real peer: curl ---------------------------------------------------------------------------
+
+
+async def _curl(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "-w", "\n%{http_code}", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    body, _, code = out.decode().rpartition("\n")
+    return int(code), body
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@pytest.mark.asyncio
+async def test_curl_reads_and_writes_keys(server: HttpStoreServer) -> None:
+    url = server.url
+    code, body = await _curl("-X", "PUT", "--data-binary", "hello from curl", f"{url}/v1/kv/job/a")
+    assert code == 200
+    written = json.loads(body)
+    assert written["kv"]["key"] == "job/a"
+    async with open_store(url) as store:
+        kv = await store.get("job/a")
+        assert kv is not None
+        assert kv.value == b"hello from curl"
+        await store.put("job/b", b"from python")
+    code, body = await _curl(f"{url}/v1/kv/job/b")
+    assert (code, body) == (200, "from python")
+    # compare-and-swap with If-Match on the ETag; a stale one gets 412 and the current value
+    rev = written["revision"]
+    code, _ = await _curl("-X", "PUT", "-H", f'If-Match: "{rev}"', "-d", "v2", f"{url}/v1/kv/job/a")
+    assert code == 200
+    code, body = await _curl(
+        "-X", "PUT", "-H", f'If-Match: "{rev}"', "-d", "v3", f"{url}/v1/kv/job/a"
+    )
+    assert code == 412
+    assert json.loads(body)["kv"]["value_b64"] == "djI="
+    code, body = await _curl("-X", "POST", f"{url}/v1/add/job/counter?delta=41")
+    code, body = await _curl("-X", "POST", f"{url}/v1/add/job/counter")
+    assert json.loads(body)["value"] == 42
+    code, body = await _curl(f"{url}/v1/range/job/")
+    assert [kv["key"] for kv in json.loads(body)["kvs"]] == ["job/a", "job/b", "job/counter"]
+    code, body = await _curl("-X", "DELETE", f"{url}/v1/range/job/")
+    assert json.loads(body)["deleted"] == 3
+    code, body = await _curl(f"{url}/v1/kv/job/a")
+    assert code == 404
+    assert json.loads(body)["error"] == "key_not_found"
+
+
+# -- routes and headers --------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_get_headers_carry_revisions(server: HttpStoreServer) -> None:
+    async with open_store(server.url) as store:
+        grant = await store.lease_grant(30)
+        r1 = await store.put("dir/with/slashes", b"\x00\xffraw", lease=grant.id)
+        r2 = await store.put("dir/with/slashes", b"\x00\xffraw2", lease=grant.id)
+    status, body, headers = await _raw("GET", f"{server.url}/v1/kv/dir/with/slashes")
+    assert status == 200
+    assert body == b"\x00\xffraw2"
+    assert headers["ETag"] == f'"{r2}"'
+    assert headers["X-Create-Revision"] == str(r1)
+    assert headers["X-Version"] == "2"
+    assert headers["X-Lease"] == str(grant.id)
+    status, body, _ = await _raw("GET", f"{server.url}/v1/kv/dir%2Fwith%2Fslashes?format=json")
+    assert json.loads(body)["kv"]["mod_revision"] == r2
+
+
+@pytest.mark.asyncio
+async def test_keys_with_url_special_characters_round_trip(server: HttpStoreServer) -> None:
+    keys = ["a/../b", "./x", "a//b", "%2F", "sp ace?#&=", "ünï/κλειδί", "..", "a/", "/lead"]
+    async with open_store(server.url) as store:
+        for i, key in enumerate(keys):
+            await store.put(key, str(i).encode())
+        for i, key in enumerate(keys):
+            kv = await store.get(key)
+            assert kv is not None, key
+            assert kv.value == str(i).encode(), key
+        listed = await store.range("")
+        assert sorted(kv.key for kv in listed) == sorted(keys)
+
+
+@pytest.mark.asyncio
+async def test_openapi_healthz_and_metrics(server: HttpStoreServer) -> None:
+    status, body, _ = await _raw("GET", f"{server.url}/openapi.json")
+    document = json.loads(body)
+    assert status == 200
+    assert document["openapi"].startswith("3.")
+    for path in ("/v1/kv/{key}", "/v1/watch/{prefix}", "/v1/lease/{lease}/keepalive"):
+        assert path in document["paths"]
+    status, body, _ = await _raw("GET", f"{server.url}/healthz")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    async with open_store(server.url) as store:
+        await store.put("m", b"1")
+        await store.lease_grant(30)
+        async with store.watch("m"):
+            status, body, headers = await _raw("GET", f"{server.url}/metrics")
+    text = body.decode()
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    assert 'aioelastic_requests_total{code="200",op="put"} 1.0' in text
+    assert "aioelastic_request_duration_seconds_bucket" in text
+    assert "aioelastic_keys 1.0" in text
+    assert "aioelastic_leases 1.0" in text
+    assert "aioelastic_watch_streams 1.0" in text
+    assert "aioelastic_connections " in text
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+BAD_REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int, str]] = [
+    ("GET", "/v1/nope", None, {}, 404, "not_found"),
+    ("PATCH", "/v1/kv/a", None, {}, 405, "method_not_allowed"),
+    ("PUT", "/v1/kv/", b"v", {}, 400, "empty"),
+    ("GET", "/v1/kv/", None, {}, 400, "empty"),
+    ("PUT", "/v1/kv/" + "k" * 101, b"v", {}, 413, "keys are at most 100"),
+    ("PUT", "/v1/kv/big", b"x" * 1001, {}, 413, "at most 1000"),
+    ("PUT", "/v1/kv/a?lease=abc", b"v", {}, 400, "lease"),
+    ("PUT", "/v1/kv/a?lease=-3", b"v", {}, 400, "lease"),
+    ("PUT", "/v1/kv/a?lease=99", b"v", {}, 404, "lease"),
+    ("PUT", "/v1/kv/a", b"v", {"If-Match": "yesterday"}, 400, "If-Match"),
+    ("PUT", "/v1/kv/a", b"v", {"If-None-Match": "abc"}, 400, "If-None-Match"),
+    ("PUT", "/v1/kv/a", b"v", {"If-Match": '"1"', "If-None-Match": "*"}, 400, "not both"),
+    ("DELETE", "/v1/kv/a", None, {"If-Match": '"0"'}, 400, "If-Match"),
+    ("POST", "/v1/add/a?delta=1.5", None, {}, 400, "delta"),
+    ("POST", "/v1/add/a?delta=--5", None, {}, 400, "delta"),
+    ("POST", "/v1/add/a?delta=%C2%B2", None, {}, 400, "delta"),
+    ("GET", "/v1/lease/%EF%BC%95", None, {}, 400, "lease id"),
+    ("POST", "/v1/add/text", None, {}, 400, "not a decimal integer"),
+    ("GET", "/v1/range/?limit=0", None, {}, 400, "limit"),
+    ("GET", "/v1/range/?limit=" + "9" * 30, None, {}, 400, "limit"),
+    ("GET", "/v1/watch/?start_revision=0", None, {}, 400, "start_revision"),
+    ("GET", "/v1/watch/?progress_interval=nan", None, {}, 400, "progress_interval"),
+    ("GET", "/v1/watch/?progress_interval=0", None, {}, 400, "progress_interval"),
+    ("POST", "/v1/lease", b"{", {}, 400, "not valid JSON"),
+    ("POST", "/v1/lease", b"[1]", {}, 400, "JSON object"),
+    ("POST", "/v1/lease", b'{"ttl": "5"}', {}, 400, "ttl"),
+    ("POST", "/v1/lease", b'{"ttl": -1}', {}, 400, "ttl"),
+    ("POST", "/v1/lease", b'{"ttl": 1e999}', {}, 400, "ttl"),
+    ("POST", "/v1/lease", b'{"ttl": true}', {}, 400, "ttl"),
+    ("POST", "/v1/lease", b"[" * 50_000, {}, 400, "JSON"),
+    ("POST", "/v1/lease", b" " * 100_000, {}, 413, "too large"),
+    ("POST", "/v1/lease", b"\xff\xfe", {}, 400, "JSON"),
+    ("GET", "/v1/lease/abc", None, {}, 400, "lease id"),
+    ("GET", "/v1/lease/0", None, {}, 400, "lease id"),
+    ("GET", "/v1/lease/12345", None, {}, 404, "lease"),
+    ("POST", "/v1/lease/12345/keepalive", None, {}, 404, "lease"),
+    ("DELETE", "/v1/lease/12345", None, {}, 404, "lease"),
+    ("POST", "/v1/compact", b'{"revision": 1000}', {}, 400, "future"),
+    ("POST", "/v1/compact", b'{"revision": "1"}', {}, 400, "revision"),
+    ("POST", "/v1/compact", b"", {}, 400, "revision"),
+]
+
+
+@pytest.mark.asyncio
+async def test_bad_input_gets_a_4xx_json_error_and_changes_nothing(
+    server: HttpStoreServer,
+) -> None:
+    async with open_store(server.url) as store:
+        await store.put("text", b"not a number")
+        await store.put("a", b"original")
+        before = (await store.range("")).to_dict()
+        revision = await store.current_revision()
+        for method, path, data, headers, status, words in BAD_REQUESTS:
+            got, body, resp_headers = await _raw(
+                method, server.url + path, data=data, headers=headers
+            )
+            assert got == status, (method, path, body)
+            error = json.loads(body)
+            assert resp_headers["Content-Type"].startswith("application/json")
+            said = f"{error['error']} {error['message']}".lower()
+            assert words.lower() in said, (path, error)
+            assert isinstance(error["error"], str)
+        assert (await store.range("")).to_dict() == before
+        assert await store.current_revision() == revision
+
+
+def _raw_socket_exchange(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return b"".join(chunks)
+
+
+@pytest.mark.asyncio
+async def test_huge_and_malformed_http_gets_json_4xx(server: HttpStoreServer) -> None:
+    port = server.port
+    cases = [
+        b"GET /v1/revision HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        b"GET /v1/revision HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+        + b"\r\n",
+        b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage that is not HTTP\r\n\r\n",
+        b"GET /v1/revision HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    ]
+    for payload in cases:
+        answer = await asyncio.to_thread(_raw_socket_exchange, port, payload)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        assert 400 <= status < 500, answer[:300]
+        assert b"application/json" in head
+        error = json.loads(body)
+        assert error["message"]
+    status, body, _ = await _raw("GET", f"{server.url}/healthz")
+    assert status == 200  # still serving
+
+
+@pytest.mark.asyncio
+async def test_client_maps_limits_to_value_too_large(server: HttpStoreServer) -> None:
+    async with open_store(server.url) as store:
+        with pytest.raises(ValueTooLargeError):
+            await store.put("big", b"x" * 1001)
+        with pytest.raises(ValueTooLargeError):
+            await store.put("k" * 101, b"v")
+        assert await store.current_revision() == 0
+
+
+# -- security ------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_token_required_everywhere_but_healthz(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    async with HttpStoreServer(port=0, token="s3cret-token") as srv:
+        for method, path in [
+            ("GET", "/v1/kv/a"),
+            ("PUT", "/v1/kv/a"),
+            ("GET", "/metrics"),
+            ("GET", "/openapi.json"),
+            ("GET", "/v1/nope"),
+            ("GET", "/v1/watch/"),
+        ]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+                status, body, resp_headers = await _raw(method, srv.url + path, headers=headers)
+                assert status == 401, (path, headers)
+                assert json.loads(body)["error"] == "unauthorized"
+                assert resp_headers["WWW-Authenticate"].startswith("Bearer")
+        status, _, _ = await _raw("GET", f"{srv.url}/healthz")
+        assert status == 200
+        async with open_store(srv.url, token="wrong") as bad:
+            with pytest.raises(StoreAuthError):
+                await bad.get("a")
+            with pytest.raises(StoreAuthError):
+                await bad.put("a", b"v")
+            with pytest.raises(StoreAuthError):
+                await bad.watch("").start()
+        async with open_store(srv.url, token_file=str(token_file)) as good:
+            await good.put("a", b"v")
+            async with good.watch("a", start_revision=1) as events:
+                assert (await events.__anext__()).kv.value == b"v"
+        assert srv.engine.revision == 1
+
+
+@pytest.mark.asyncio
+async def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    with self_signed_cert(tmp_path) as (cert, key):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        async with HttpStoreServer(port=0, ssl_context=context) as srv:
+            assert srv.url.startswith("https://127.0.0.1:")
+            async with open_store(srv.url, cafile=str(cert)) as store:
+                await store.put("tls", b"ok")
+                async with store.watch("tls", start_revision=1) as events:
+                    assert (await events.__anext__()).kv.value == b"ok"
+            async with open_store(srv.url) as untrusting:
+                with pytest.raises(StoreConnectionError, match="ertificate"):
+                    await untrusting.get("tls")
+            plain = srv.url.replace("https://", "http://")
+            async with open_store(plain, read_retries=0) as confused:
+                with pytest.raises(StoreConnectionError):
+                    await confused.get("tls")
+
+
+def test_the_server_binds_loopback_by_default() -> None:
+    assert HttpStoreServer().host == "127.0.0.1"
+    from aioelastic.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port) == ("127.0.0.1", 29400)
+
+
+# -- fuzz ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_server() -> Iterator[ServerThread]:
+    with ServerThread(max_value_bytes=2000, max_key_bytes=200) as srv:
+        yield srv
+
+
+_PATHS = st.sampled_from(
+    [
+        "/v1/kv/",
+        "/v1/range/",
+        "/v1/watch/",
+        "/v1/add/",
+        "/v1/lease/",
+        "/v1/lease",
+        "/v1/leases",
+        "/v1/compact",
+        "/v1/revision",
+        "/healthz",
+        "/metrics",
+        "/",
+        "/v2/",
+    ]
+)
+_TEXT = st.text(max_size=40)
+_QUERY_NAMES = st.sampled_from(
+    ["lease", "limit", "delta", "start_revision", "progress_interval", "format", "x"]
+)
+_QUERY_VALUES = st.one_of(
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["", "nan", "inf", "-0", "1e3", "json", "0x10", " 5 ", "\uff10"]),
+    _TEXT,
+)
+_HEADERS = st.dictionaries(
+    st.sampled_from(["If-Match", "If-None-Match", "Content-Type", "Authorization"]),
+    st.one_of(st.sampled_from(['"1"', "*", 'W/"2"', '"-1"', "", '""']), _TEXT).map(
+        lambda v: "".join(c for c in v if 32 <= ord(c) < 127)
+    ),
+    max_size=2,
+)
+_BODIES = st.one_of(
+    st.none(),
+    st.binary(max_size=3000),
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), _TEXT),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3),
+            st.dictionaries(st.sampled_from(["ttl", "revision", "x"]), inner, max_size=3),
+        ),
+        max_leaves=6,
+    ).map(lambda obj: json.dumps(obj).encode()),
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    method=st.sampled_from(["GET", "PUT", "POST", "DELETE", "PATCH", "HEAD"]),
+    path=_PATHS,
+    tail=_TEXT,
+    query=st.dictionaries(_QUERY_NAMES, _QUERY_VALUES, max_size=3),
+    headers=_HEADERS,
+    body=_BODIES,
+)
+def test_fuzzed_requests_never_get_a_5xx(
+    fuzz_server: ServerThread,
+    method: str,
+    path: str,
+    tail: str,
+    query: dict[str, str],
+    headers: dict[str, str],
+    body: bytes | None,
+) -> None:
+    import http.client
+
+    assert fuzz_server.server is not None
+    engine = fuzz_server.server.engine
+    if "progress_interval" not in query and path == "/v1/watch/":
+        query["progress_interval"] = "0.05"
+    target = path + urllib.parse.quote(tail, safe="/") + "?" + urllib.parse.urlencode(query)
+    before = (engine.revision, len(engine), engine.lease_count)
+    conn = http.client.HTTPConnection("127.0.0.1", fuzz_server.server.port, timeout=10)
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        resp = conn.getresponse()
+        if resp.getheader("Content-Type", "").startswith("application/x-ndjson"):
+            first = resp.readline()  # a watch stream: its first frame, then hang up
+            assert json.loads(first)["type"] == "created"
+            status, payload = resp.status, b""
+        else:
+            status, payload = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status < 500, (method, target, payload[:300])
+    if status >= 400 and method != "HEAD":
+        error = json.loads(payload)
+        assert error["error"]
+        assert error["message"]
+        after = (engine.revision, len(engine), engine.lease_count)
+        if after[2] >= before[2]:  # (unless a fuzzed short lease expired meanwhile)
+            assert after == before, (method, target, payload[:300])
+
+
+def test_the_openapi_document_describes_every_route() -> None:
+    from aioelastic.store import MemoryEngine
+    from aioelastic.store.http._openapi import openapi_document
+    from aioelastic.store.http.server import make_app
+
+    app = make_app(MemoryEngine())
+    document = openapi_document(4096, 1024)
+    described = {
+        (path, method.upper())
+        for path, item in document["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    served = set()
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("path") or info.get("formatter", "")
+        if path.startswith(("/v1/range/", "/v1/watch/")):
+            path = path.replace("{key}", "{prefix}")
+        served.add((path, route.method))
+    assert served == described
+
+
+@pytest.mark.asyncio
+async def test_watch_streams_are_limited() -> None:
+    async with (
+        HttpStoreServer(port=0, max_watch_streams=3) as srv,
+        open_store(srv.url, read_retries=0) as store,
+    ):
+        watches = [store.watch(f"w{i}/") for i in range(3)]
+        for watch in watches:
+            await watch.start()
+        status, body, _ = await _raw("GET", f"{srv.url}/v1/watch/x?progress_interval=0.1")
+        assert status == 503
+        assert json.loads(body)["error"] == "too_many_watches"
+        with pytest.raises(StoreConnectionError, match="at most 3"):
+            await store.watch("x").start()
+        await watches[0].aclose()
+        for _ in range(100):  # the server notices the closed stream at its next progress frame
+            if srv.statistics()["watch_streams"] < 3:
+                break
+            await asyncio.sleep(0.05)
+        async with store.watch("y/"):
+            pass
+        for watch in watches[1:]:
+            await watch.aclose()

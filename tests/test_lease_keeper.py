@@ -1,0 +1,105 @@
+"""LeaseKeeper: keeps a lease alive through short outages, reports a loss exactly once, and
+cancels guarded work; in virtual time."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aioelastic.errors import LeaseExpiredError, StoreConnectionError
+from aioelastic.store import MemoryStore
+from aioelastic.testing import FaultInjectingStore, run_virtual
+
+
+def test_survives_an_outage_shorter_than_the_ttl() -> None:
+    async def main() -> None:
+        store = FaultInjectingStore(MemoryStore())
+        async with store, store.lease(9) as keeper:
+            await store.put("k", b"v", lease=keeper.id)
+            await anyio.sleep(10)
+            store.partition()
+            await anyio.sleep(5)  # a keep-alive fails; the lease still has time
+            store.heal()
+            await anyio.sleep(30)
+            assert not keeper.lost
+            stats = keeper.statistics()
+            assert stats.failed_renewals >= 1
+            assert stats.renewals >= 10
+            assert await store.get("k") is not None
+
+    run_virtual(main)
+
+
+def test_an_outage_longer_than_the_ttl_is_reported_as_loss() -> None:
+    async def main() -> None:
+        store = FaultInjectingStore(MemoryStore())
+        async with store, store.lease(6) as keeper:
+            lost: list[LeaseExpiredError] = []
+            keeper.on_lost(lost.append)
+            store.partition()
+            with anyio.fail_after(7):
+                error = await keeper.wait_lost()
+            assert "unreachable" in str(error)
+            assert lost == [error]
+            store.heal()
+
+    run_virtual(main)
+
+
+def test_guard_cancels_work_when_the_lease_is_lost() -> None:
+    async def main() -> None:
+        async with MemoryStore() as store, store.lease(3) as keeper:
+            finished = False
+
+            async def revoke_soon() -> None:
+                await anyio.sleep(1)
+                await store.lease_revoke(keeper.id)
+
+            async def guarded_work() -> None:
+                nonlocal finished
+                with keeper.guard():
+                    await anyio.sleep(3600)
+                    finished = True
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(revoke_soon)
+                with pytest.raises(LeaseExpiredError):
+                    await guarded_work()
+            assert not finished
+            assert keeper.lost
+            late: list[LeaseExpiredError] = []
+            keeper.on_lost(late.append)  # registering after the loss calls back at once
+            assert late == [keeper.error]
+
+    run_virtual(main)
+
+
+def test_guard_without_loss_is_transparent() -> None:
+    async def main() -> None:
+        async with MemoryStore() as store, store.lease(3) as keeper:
+            with keeper.guard():
+                await anyio.sleep(10)
+            assert not keeper.lost
+
+    run_virtual(main)
+
+
+def test_bad_intervals_are_rejected() -> None:
+    store = MemoryStore()
+    with pytest.raises(ValueError, match="keep_alive_interval"):
+        store.lease(5, keep_alive_interval=5)
+    with pytest.raises(ValueError, match="ttl"):
+        store.lease(0)
+
+
+def test_injected_one_off_failure() -> None:
+    async def main() -> None:
+        store = FaultInjectingStore(MemoryStore())
+        store.fail_next("put", StoreConnectionError("boom"))
+        with pytest.raises(StoreConnectionError, match="boom"):
+            await store.put("k", b"v")
+        await store.put("k", b"v")
+        assert store.calls["put"] == 2
+        await store.aclose()
+
+    run_virtual(main)

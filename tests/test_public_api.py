@@ -1,0 +1,61 @@
+"""The public surface: every name in ``__all__`` exists, and nothing public is left out."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+MODULES = ["aioelastic", "aioelastic.errors", "aioelastic.store", "aioelastic.testing"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_names_exist(name: str) -> None:
+    module = importlib.import_module(name)
+    for attr in module.__all__:
+        assert hasattr(module, attr), f"{name}.{attr} is in __all__ but missing"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_public_classes_and_functions_are_exported(name: str) -> None:
+    module = importlib.import_module(name)
+    public = {
+        attr
+        for attr, value in vars(module).items()
+        if not attr.startswith("_")
+        and (isinstance(value, type) or callable(value))
+        and getattr(value, "__module__", "").startswith("aioelastic")
+    }
+    assert public <= set(module.__all__), sorted(public - set(module.__all__))
+
+
+def test_every_error_derives_from_the_base() -> None:
+    errors = importlib.import_module("aioelastic.errors")
+    for attr in errors.__all__:
+        value = getattr(errors, attr)
+        assert issubclass(value, errors.AioelasticError), attr
+        doc = errors.__doc__ or ""
+        assert attr in doc or value.__name__ in doc, (
+            f"{attr} is missing from the hierarchy drawn in the errors docstring"
+        )
+
+
+def test_torch_compatible_error_bases() -> None:
+    from aioelastic import errors
+
+    assert issubclass(errors.RendezvousClosedError, RuntimeError)
+    assert issubclass(errors.StoreConnectionError, ConnectionError)
+    assert issubclass(errors.WriteOutcomeUnknownError, errors.StoreConnectionError)
+    assert errors.TimeoutException is errors.TimerExpiredError
+
+
+def test_importing_the_package_loads_no_optional_backend() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, aioelastic, aioelastic.store;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
