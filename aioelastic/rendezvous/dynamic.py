@@ -71,6 +71,7 @@ from .api import (
     RendezvousEventKind,
     RendezvousHandler,
     RendezvousResult,
+    RendezvousStatistics,
     RendezvousStatus,
     RendezvousStoreInfo,
 )
@@ -238,6 +239,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # change notification for members of self._round
         self._member_watch: Watch | None = None
         self._member_revision = 0
+        # statistics (event-loop time)
+        self._joins = 0
+        self._rounds_driven = 0
+        self._join_started: float | None = None
+        self._completed_at: float | None = None
+        self._last_call_deadline: float | None = None
         self._rejoined: set[str] = set()
         self._lost: set[str] = set()
 
@@ -295,6 +302,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    def statistics(self) -> RendezvousStatistics:
+        """A snapshot of this handler (times in event-loop time)."""
+        keeper = self._keeper
+        return RendezvousStatistics(
+            node_id=self._node_id,
+            status=self.status,
+            round=self._round,
+            world_size=0 if self._result is None else self._result.world_size,
+            joins=self._joins,
+            rounds_driven=self._rounds_driven,
+            join_started=self._join_started,
+            completed_at=self._completed_at,
+            last_call_deadline=self._last_call_deadline,
+            lease_id=0 if keeper is None or keeper.lost else keeper.id,
+        )
 
     # -- plumbing
 
@@ -360,6 +383,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _join(self, keeper: LeaseKeeper) -> RendezvousResult:
         loop = asyncio.get_running_loop()
+        self._joins += 1
+        self._join_started = loop.time()
         store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
         if self._closing is None:
@@ -560,6 +585,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
         self._result = result
+        self._completed_at = asyncio.get_running_loop().time()
         return result
 
     # -- the driver of a forming round
@@ -603,8 +629,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     now = loop.time()
                     if last_call_at is None:
                         last_call_at = now + self._last_call
+                        self._last_call_deadline = last_call_at
                     if len(current) >= self._max or now >= last_call_at:
-                        await self._finalize(target, prev_kv, prev, current)
+                        if await self._finalize(target, prev_kv, prev, current):
+                            self._rounds_driven += 1
                         return
                 else:
                     last_call_at = None  # below min again: the window restarts (as torch's)
@@ -623,7 +651,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         prev_kv: KeyValue | None,
         prev: RoundRecord | None,
         current: dict[str, KeyValue],
-    ) -> None:
+    ) -> bool:
         store, keys = self._store, self._keys
         members = assign_ranks(
             ((node, kv.create_revision) for node, kv in current.items()),
@@ -639,6 +667,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
             if target > 0:  # the previous round has drained: its data store is garbage
                 await store.delete_prefix(keys.data(target - 1))
+        return result.succeeded
 
     # -- queries and closing
 
