@@ -3,61 +3,20 @@ and a self-signed certificate."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
-from aioelastic.store.http.server import HttpStoreServer
+from aioelastic.testing.http import ServerThread
+
+__all__ = ["ROOT", "ServerProcess", "ServerThread"]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class ServerThread:
-    """An :class:`HttpStoreServer` running on its own event loop in a thread, so that tests that
-    each run their own loop (the conformance suite) can share it."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("port", 0)
-        self._kwargs = kwargs
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.server: HttpStoreServer | None = None
-
-    def call(self, coro: Any) -> Any:
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout=30)
-
-    def __enter__(self) -> ServerThread:
-        self._thread.start()
-
-        async def start() -> HttpStoreServer:
-            server = HttpStoreServer(**self._kwargs)
-            await server.start()
-            return server
-
-        self.server = self.call(start())
-        return self
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return self.server.url
-
-    def __exit__(self, *exc: object) -> None:
-        if self.server is not None:
-            self.call(self.server.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
 
 
 class ServerProcess:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from typing import Any
 
 import pytest
+from http_helpers import ServerThread
 
 from aioelastic.errors import TimerExpiredError
 from aioelastic.etcd_server import EtcdServer
@@ -265,6 +266,27 @@ class TestEtcdStoreTimers(StoreTimerChecks):
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
         async with open_store(self.server.url) as store:
+            yield store
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[ServerThread]:
+    with ServerThread() as server:
+        yield server
+
+
+class TestHttpStoreTimers(StoreTimerChecks):
+    """The checks in real time against the real HTTP store server on 127.0.0.1."""
+
+    virtual_time = False
+
+    @pytest.fixture(autouse=True)
+    def _use_server(self, http_server: ServerThread) -> None:
+        self.url = http_server.url
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        async with open_store(self.url) as store:
             yield store
 
 

@@ -1,7 +1,13 @@
-"""The public test kit: virtual time, the store conformance suite, and (soon) fault injection,
-hypothesis strategies and pytest fixtures.
+"""The public test kit.
 
-``aioelastic.testing.conformance`` needs pytest; import it from test code only.
+- here: :class:`VirtualTimeLoop` / :func:`run_virtual` (virtual time) and
+  :class:`FaultInjectingStore` (partitions, failing calls, latency);
+- ``aioelastic.testing.conformance``: the store conformance suite (needs pytest);
+- ``aioelastic.testing.stateful``: the hypothesis state machine for the store protocol;
+- ``aioelastic.testing.http`` / ``aioelastic.testing.etcd``: real servers for tests;
+- ``aioelastic.testing.pytest_plugin``: fixtures (``aioelastic_memory_store``,
+  ``aioelastic_http_server``, ``aioelastic_etcd``, ``aioelastic_etcd_cluster``), loaded
+  automatically by pytest once aioelastic is installed.
 """
 
 from __future__ import annotations
