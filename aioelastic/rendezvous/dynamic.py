@@ -689,13 +689,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return await self._count_waiting(await self._latest_round())
 
     async def _count_waiting(self, latest: RoundRecord | None) -> int:
-        store, keys = self._store, self._keys
-        r = -1 if latest is None else latest.round
-        waiting = (await store.range(keys.nodes_of(r + 1), limit=1)).count
         if latest is None:
-            return waiting
-        world_size = len(latest.members)
-        live = (await store.range(keys.nodes_of(r), limit=1)).count
+            return (await self._store.range(self._keys.nodes_of(0), limit=1)).count
+        return await self._waiting_after(latest.round, len(latest.members))
+
+    async def _waiting_after(self, round_: int, world_size: int) -> int:
+        """``num_nodes_waiting`` for a round of ``world_size``: two counts, no decoding."""
+        store, keys = self._store, self._keys
+        waiting = (await store.range(keys.nodes_of(round_ + 1), limit=1)).count
+        live = (await store.range(keys.nodes_of(round_), limit=1)).count
         if live < world_size:  # members gone or restarting: a new round is due
             return max(waiting, world_size - live)
         if world_size >= self._max:  # full and all alive: a restart could not take anyone
@@ -836,7 +838,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = await self._count_waiting(await self._latest_round())
+            waiting = await self._waiting_after(round_, len(members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -850,7 +852,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = await self._count_waiting(await self._latest_round())
+            waiting = await self._waiting_after(round_, len(members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,
