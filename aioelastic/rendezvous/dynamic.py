@@ -631,8 +631,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                         last_call_at = now + self._last_call
                         self._last_call_deadline = last_call_at
                     if len(current) >= self._max or now >= last_call_at:
-                        if await self._finalize(target, prev_kv, prev, current):
-                            self._rounds_driven += 1
+                        await self._finalize(target, prev_kv, prev, current)
                         return
                 else:
                     last_call_at = None  # below min again: the window restarts (as torch's)
@@ -662,7 +661,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         master = NodeRecord.decode(rank0.key, rank0.value)
         record = RoundRecord(target, members, master.addr, master.port)
         expected = 0 if prev_kv is None else prev_kv.mod_revision
-        result = await store.compare_and_swap(keys.round, expected, record.encode())
+        with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
+            result = await store.compare_and_swap(keys.round, expected, record.encode())
+            if result.succeeded:
+                self._rounds_driven += 1
         if result.succeeded:
             log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
             if target > 0:  # the previous round has drained: its data store is garbage
