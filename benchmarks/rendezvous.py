@@ -1,4 +1,5 @@
-"""Rendezvous benchmark: N in-process nodes over the memory store, on a real event loop.
+"""Rendezvous benchmark: N nodes in one process (one event loop, one store client each) over the
+memory store, an ``aioelastic serve`` process, or a real etcd.
 
 Prints, for the dynamic handler:
 - exact-size rounds (min=max=N): time from all nodes started to all returned;
@@ -10,35 +11,59 @@ Prints, for the dynamic handler:
 With ``--torch`` and torch installed, it times torch's c10d DynamicRendezvousHandler (TCPStore,
 one thread per node) for the same exact-size rounds and prints the ratio.
 
-    python benchmarks/rendezvous.py [--sizes 2,8,64,1000] [--repeat 3] [--torch]
+    PYTHONPATH=. python benchmarks/rendezvous.py [--store memory|http|etcd] [--sizes 2,8,64]
+        [--repeat 3] [--torch]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import MemoryEngine, MemoryStore, Store, open_store
 
 Result = tuple[float, ...]
 
 
-def make(
-    engine: MemoryEngine, n: int, min_nodes: int, max_nodes: int, **kw: Any
-) -> list[DynamicRendezvousHandler]:
+class Stores:
+    """Where the nodes' store clients come from: one shared memory engine per run, or one
+    client per node of a real server (``http://...`` from ``aioelastic serve``, ``etcd://...``)."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.kind = "memory" if url is None else url.split("://")[0]
+
+    async def open(self, n: int) -> list[Store]:
+        if self.url is None:
+            engine = MemoryEngine()
+            return [MemoryStore(engine) for _ in range(n)]
+        return list(await asyncio.gather(*(open_store(self.url) for _ in range(n))))
+
+
+STORES = Stores(None)
+
+
+async def make(n: int, min_nodes: int, max_nodes: int, **kw: Any) -> list[DynamicRendezvousHandler]:
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    stores = await STORES.open(n)
     return [
         DynamicRendezvousHandler(
-            MemoryStore(engine), "bench", min_nodes, max_nodes, local_addr="127.0.0.1", **kw
+            store, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", owns_store=True, **kw
         )
-        for _ in range(n)
+        for store in stores
     ]
 
 
@@ -48,13 +73,12 @@ async def close_all(handlers: Sequence[DynamicRendezvousHandler]) -> None:
 
 async def exact_round(n: int) -> tuple[float, int]:
     """Seconds from all N started to all returned; round-record bytes."""
-    engine = MemoryEngine()
-    handlers = make(engine, n, n, n)
+    handlers = await make(n, n, n)
     start = time.perf_counter()
     results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
     elapsed = time.perf_counter() - start
     assert sorted(r.rank for r in results) == list(range(n))
-    record = engine.get(RunKeys("bench").round)
+    record = await handlers[0].store.get(RunKeys(handlers[0].run_id).round)
     assert record is not None
     await close_all(handlers)
     return elapsed, len(record.value)
@@ -62,22 +86,22 @@ async def exact_round(n: int) -> tuple[float, int]:
 
 async def elastic_round(n: int, last_call: float) -> float:
     """Seconds after the last-call deadline at which the last of N nodes returned (min 1)."""
-    engine = MemoryEngine()
-    handlers = make(engine, n, 1, n + 1, last_call_timeout=last_call)
-    loop = asyncio.get_running_loop()
-    tasks = [loop.create_task(h.next_rendezvous()) for h in handlers]
-    start = loop.time()  # min (1) is reached by the first registration, right away
-    await asyncio.gather(*tasks)
-    elapsed = loop.time() - start
+    handlers = await make(n, 1, n + 1, last_call_timeout=last_call)
+    await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    stats = [h.statistics() for h in handlers]
+    deadlines = [st.last_call_deadline for st in stats if st.rounds_driven]
+    completed = [st.completed_at for st in stats]
+    assert len(deadlines) == 1
+    assert deadlines[0] is not None
+    assert all(t is not None for t in completed)
     await close_all(handlers)
-    return elapsed - last_call
+    return max(t for t in completed if t is not None) - deadlines[0]
 
 
 async def new_node(n: int) -> tuple[float, float]:
     """A node joins a completed round of N: (all members saw it, the N+1 round completed)."""
-    engine = MemoryEngine()
     # min=N, no last call: the first round forms at N; the N+1 round (max) forms at once
-    handlers = make(engine, n + 1, n, n + 1, last_call_timeout=0.0)
+    handlers = await make(n + 1, n, n + 1, last_call_timeout=0.0)
     members, late = handlers[:n], handlers[n]
     await asyncio.gather(*(h.next_rendezvous() for h in members))
     loop = asyncio.get_running_loop()
@@ -104,8 +128,7 @@ async def new_node(n: int) -> tuple[float, float]:
 
 async def dead_node(n: int, ttl: float) -> float:
     """Seconds after the lease TTL at which every survivor saw a SIGKILLed-like node go."""
-    engine = MemoryEngine()
-    handlers = make(engine, n, n, n, lease_ttl=ttl)
+    handlers = await make(n, n, n, lease_ttl=ttl)
     await asyncio.gather(*(h.next_rendezvous() for h in handlers))
     victim, survivors = handlers[0], handlers[1:]
     loop = asyncio.get_running_loop()
@@ -196,10 +219,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--torch", action="store_true", help="also time torch's c10d handler")
     parser.add_argument("--torch-sizes", default="2,4,8,16")
+    parser.add_argument(
+        "--store",
+        choices=["memory", "http", "etcd"],
+        default="memory",
+        help="memory (in-process), http (starts `aioelastic serve`), etcd (starts a real etcd)",
+    )
+    parser.add_argument("--url", help="use this running store instead (http://..., etcd://...)")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(serve(args.store))
+        global STORES
+        STORES = Stores(url)
+        return run(args)
 
-    print(f"aioelastic rendezvous over the memory store, python {sys.version.split()[0]}")
+
+@contextlib.contextmanager
+def serve(kind: str) -> Iterator[str | None]:
+    """Start the store server the benchmark talks to; yield its URL (None for memory)."""
+    if kind == "memory":
+        yield None
+    elif kind == "http":
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                match = re.search(r"listening on (\S+)", line)
+                if match:
+                    break
+            else:
+                raise RuntimeError("aioelastic serve did not start")
+            yield match.group(1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    else:
+        from aioelastic.etcd_server import EtcdServer
+
+        server = EtcdServer()
+        asyncio.run(server.start())
+        try:
+            yield server.url
+        finally:
+            asyncio.run(server.stop())
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    where = STORES.url or "the memory store"
+    print(f"aioelastic rendezvous over {where}, python {sys.version.split()[0]}")
     print("\n== exact-size round (min=max=N), all started -> all returned")
     exact: dict[int, float] = {}
     for n in sizes:

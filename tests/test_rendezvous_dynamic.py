@@ -144,6 +144,11 @@ async def test_elastic_round_completes_at_last_call_deadline() -> None:
     assert loop.time() - start == pytest.approx(10.0)  # from when min (2) was reached
     check_round(results)
     assert results[0].world_size == 3
+    stats = [h.statistics() for h in hs]
+    (driver,) = [st for st in stats if st.rounds_driven]
+    assert driver.last_call_deadline == pytest.approx(start + 10.0)
+    assert all(st.completed_at == loop.time() and st.round == 0 and st.joins == 1 for st in stats)
+    assert all(st.world_size == 3 and st.lease_id for st in stats)
     await close_all(hs)
 
 

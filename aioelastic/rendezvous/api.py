@@ -29,6 +29,7 @@ __all__ = [
     "RendezvousInfo",
     "RendezvousParameters",
     "RendezvousResult",
+    "RendezvousStatistics",
     "RendezvousStatus",
     "RendezvousStoreInfo",
     "create_handler",
@@ -77,6 +78,27 @@ class RendezvousResult:
 
 RendezvousInfo = RendezvousResult
 """torch's name for the result of ``next_rendezvous``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousStatistics:
+    """A snapshot of a handler, for logs, metrics and tests (times are event-loop times).
+
+    ``rounds_driven``: rounds this node finalised as the driver; ``last_call_deadline``: when
+    the last-call window it last ran as driver closes (None if it never ran one); ``lease_id``: 0
+    when it holds no live lease.
+    """
+
+    node_id: str
+    status: RendezvousStatus
+    round: int
+    world_size: int
+    joins: int
+    rounds_driven: int
+    join_started: float | None
+    completed_at: float | None
+    last_call_deadline: float | None
+    lease_id: int
 
 
 class RendezvousEventKind(enum.Enum):

@@ -71,6 +71,7 @@ from .api import (
     RendezvousEventKind,
     RendezvousHandler,
     RendezvousResult,
+    RendezvousStatistics,
     RendezvousStatus,
     RendezvousStoreInfo,
 )
@@ -238,6 +239,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # change notification for members of self._round
         self._member_watch: Watch | None = None
         self._member_revision = 0
+        # statistics (event-loop time)
+        self._joins = 0
+        self._rounds_driven = 0
+        self._join_started: float | None = None
+        self._completed_at: float | None = None
+        self._last_call_deadline: float | None = None
         self._rejoined: set[str] = set()
         self._lost: set[str] = set()
 
@@ -295,6 +302,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    def statistics(self) -> RendezvousStatistics:
+        """A snapshot of this handler (times in event-loop time)."""
+        keeper = self._keeper
+        return RendezvousStatistics(
+            node_id=self._node_id,
+            status=self.status,
+            round=self._round,
+            world_size=0 if self._result is None else self._result.world_size,
+            joins=self._joins,
+            rounds_driven=self._rounds_driven,
+            join_started=self._join_started,
+            completed_at=self._completed_at,
+            last_call_deadline=self._last_call_deadline,
+            lease_id=0 if keeper is None or keeper.lost else keeper.id,
+        )
 
     # -- plumbing
 
@@ -360,6 +383,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _join(self, keeper: LeaseKeeper) -> RendezvousResult:
         loop = asyncio.get_running_loop()
+        self._joins += 1
+        self._join_started = loop.time()
         store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
         if self._closing is None:
@@ -560,6 +585,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
         self._result = result
+        self._completed_at = asyncio.get_running_loop().time()
         return result
 
     # -- the driver of a forming round
@@ -603,6 +629,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     now = loop.time()
                     if last_call_at is None:
                         last_call_at = now + self._last_call
+                        self._last_call_deadline = last_call_at
                     if len(current) >= self._max or now >= last_call_at:
                         await self._finalize(target, prev_kv, prev, current)
                         return
@@ -623,7 +650,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         prev_kv: KeyValue | None,
         prev: RoundRecord | None,
         current: dict[str, KeyValue],
-    ) -> None:
+    ) -> bool:
         store, keys = self._store, self._keys
         members = assign_ranks(
             ((node, kv.create_revision) for node, kv in current.items()),
@@ -634,11 +661,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         master = NodeRecord.decode(rank0.key, rank0.value)
         record = RoundRecord(target, members, master.addr, master.port)
         expected = 0 if prev_kv is None else prev_kv.mod_revision
-        result = await store.compare_and_swap(keys.round, expected, record.encode())
+        with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
+            result = await store.compare_and_swap(keys.round, expected, record.encode())
+            if result.succeeded:
+                self._rounds_driven += 1
         if result.succeeded:
             log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
             if target > 0:  # the previous round has drained: its data store is garbage
                 await store.delete_prefix(keys.data(target - 1))
+        return result.succeeded
 
     # -- queries and closing
 
@@ -660,13 +691,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return await self._count_waiting(await self._latest_round())
 
     async def _count_waiting(self, latest: RoundRecord | None) -> int:
-        store, keys = self._store, self._keys
-        r = -1 if latest is None else latest.round
-        waiting = (await store.range(keys.nodes_of(r + 1), limit=1)).count
         if latest is None:
-            return waiting
-        world_size = len(latest.members)
-        live = (await store.range(keys.nodes_of(r), limit=1)).count
+            return (await self._store.range(self._keys.nodes_of(0), limit=1)).count
+        return await self._waiting_after(latest.round, len(latest.members))
+
+    async def _waiting_after(self, round_: int, world_size: int) -> int:
+        """``num_nodes_waiting`` for a round of ``world_size``: two counts, no decoding."""
+        store, keys = self._store, self._keys
+        waiting = (await store.range(keys.nodes_of(round_ + 1), limit=1)).count
+        live = (await store.range(keys.nodes_of(round_), limit=1)).count
         if live < world_size:  # members gone or restarting: a new round is due
             return max(waiting, world_size - live)
         if world_size >= self._max:  # full and all alive: a restart could not take anyone
@@ -807,7 +840,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = await self._count_waiting(await self._latest_round())
+            waiting = await self._waiting_after(round_, len(members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -821,7 +854,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = await self._count_waiting(await self._latest_round())
+            waiting = await self._waiting_after(round_, len(members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,
