@@ -10,6 +10,7 @@ mode decides what it does:
   attempt only); the others wait to be stopped; exit 0 after.
 - ``elastic``: wait while WORLD_SIZE is 4 (or no ``OUT_DIR/shrink`` marker exists); exit 0 in a
   smaller world once the marker exists.
+- ``grow``: wait while WORLD_SIZE is below 4; exit 0 at 4.
 - ``sleep``: wait to be stopped (SIGTERM), recording that it was.
 """
 
@@ -92,6 +93,10 @@ def main() -> None:
         return
     if mode == "elastic":
         if os.environ["WORLD_SIZE"] != "4" and os.path.exists(os.path.join(out, "shrink")):
+            return
+        wait_forever(out)
+    if mode == "grow":
+        if os.environ["WORLD_SIZE"] == "4":
             return
         wait_forever(out)
     if mode == "sleep":

@@ -8,72 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_helpers import (
+    PY,
+    ROOT,
+    WORKER,
+    _assert_no_orphans,
+    _env,
+    _lines,
+    _parent_of,
+    out,
+)
 
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
 from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.store.http.server import HttpStoreServer
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = str(ROOT / "tests" / "agent_worker.py")
-PY = sys.executable
-
-pytestmark = pytest.mark.timeout(120)
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("AIOELASTIC_TIMER_SOCKET", None)
-    return env
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _alive_with(marker: str) -> list[tuple[int, str]]:
-    """Live (non-zombie) processes whose command line mentions ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        state = stat.rpartition(")")[2].split()[0]
-        if marker in cmdline and state not in ("Z", "X"):
-            found.append((int(entry), cmdline))
-    return found
-
-
-def _assert_no_orphans(marker: str, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while (left := _alive_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes left behind: {left}"
-
-
-@pytest.fixture
-def out(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "out"
-    d.mkdir()
-    yield d
-    _assert_no_orphans(str(d))
+__all__ = ["out"]  # the fixture
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -213,7 +170,8 @@ def test_max_restarts_is_honoured(out: Path, tmp_path: Path) -> None:
     summary = proc.stderr[proc.stderr.index("FAILED (exit code 1)") :]
     assert "rank 1 (local rank 1" in summary
     assert "exit code 3" in summary
-    assert str(logs) in summary and "stderr.log" in summary
+    assert str(logs) in summary
+    assert "stderr.log" in summary
 
 
 @pytest.mark.asyncio
@@ -265,8 +223,7 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
             victim_group = big[-1]["GROUP_RANK"]
             victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == victim_group}
             # which agent is the victim? the parent of its workers
-            parents = {int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1])
-                       for p in victim_pids}  # fmt: skip
+            parents = {_parent_of(pid) for pid in victim_pids}
             (victim,) = [a for a in agents if a.pid in parents]
             (survivor,) = [a for a in agents if a is not victim]
             killed_at = time.time()
@@ -292,8 +249,17 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
 
 def test_sigterm_stops_workers_and_leaves(out: Path) -> None:
     proc = subprocess.Popen(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--nproc-per-node=2", WORKER, "sleep",
-         str(out)],  # fmt: skip
+        [
+            PY,
+            "-m",
+            "aioelastic",
+            "run",
+            "--standalone",
+            "--nproc-per-node=2",
+            WORKER,
+            "sleep",
+            str(out),
+        ],
         env=_env(),
         cwd=ROOT,
         stdout=subprocess.PIPE,
