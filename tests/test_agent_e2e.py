@@ -30,6 +30,8 @@ from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
 from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.store.http.server import HttpStoreServer
 
+pytestmark = pytest.mark.timeout(120)
+
 __all__ = ["out"]  # the fixture
 
 
@@ -112,6 +114,28 @@ async def test_two_agents_two_workers_each(out: Path) -> None:
     assert {s["TORCHELASTIC_RUN_ID"] for s in starts} == {"two-by-two"}
     assert {s["TORCHELASTIC_RESTART_COUNT"] for s in starts} == {"0"}
     assert len({s["AIOELASTIC_TIMER_SOCKET"] for s in starts}) == 2  # one server per agent
+
+
+@pytest.mark.asyncio
+async def test_no_restart_left_closes_the_run_for_every_node(out: Path) -> None:
+    async with HttpStoreServer(port=0) as server:
+        common = [
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            f"--rdzv-endpoint=127.0.0.1:{server.port}",
+            "--rdzv-id=fail-all",
+            "--local-addr=127.0.0.1",
+            "--stop-timeout=5",
+            WORKER,
+            "fail-always",
+            str(out),
+        ]
+        agents = [await _spawn_agent(*common) for _ in range(2)]
+        results = [await _finish(agent, 60) for agent in agents]
+    assert sorted(code for code, _ in results) == [1, 1]
+    messages = sorted(stderr for _, stderr in results)
+    assert any("max restarts (0) exhausted" in m for m in messages), messages
+    assert any("the run was closed by another node" in m for m in messages), messages
 
 
 def test_failed_worker_is_restarted(out: Path, tmp_path: Path) -> None:
