@@ -322,7 +322,9 @@ class ElasticAgent:
         if self._log_dir is None and any(
             self._redirects[r] | self._tee[r] for r in range(self.spec.nproc_per_node)
         ):
-            self._log_dir = os.path.join(self._tmpdir, "logs")
+            # kept after the run (unlike the timer socket's directory): the summary points there
+            self._log_dir = tempfile.mkdtemp(prefix="aioelastic-logs-")
+            log.info("worker logs under %s", self._log_dir)
         server = UnixTimerServer(os.path.join(self._tmpdir, "timer.sock"), reaper=self._reap_worker)
         await server.start()
         self._timer_server = server
