@@ -22,7 +22,6 @@ re-form without it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
@@ -63,11 +62,13 @@ class _LoopThread:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except BaseException as exc:
+            if future.done():
+                raise  # the coroutine's own outcome (concurrent's TimeoutError is builtin's)
+            # our wait timed out, or e.g. torch's SignalException was raised in this thread
             future.cancel()
-            raise TimeoutError(f"no answer within {timeout} s") from None
-        except BaseException:
-            future.cancel()  # e.g. torch's SignalException raised in this (main) thread
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"no answer within {timeout} s") from None
             raise
 
     def close(self) -> None:

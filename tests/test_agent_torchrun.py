@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of, out
 
+from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.store.http.server import HttpStoreServer
 
 __all__ = ["out"]  # the fixture
@@ -124,3 +125,83 @@ async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
     small = [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "2"]
     assert sorted(s["RANK"] for s in small) == ["0", "1"]
     _assert_no_orphans(str(out))
+
+
+def test_torch_store_adapter_semantics() -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from aioelastic.torchrun import TorchStore, _LoopThread
+
+    loop = _LoopThread()
+    try:
+        store = TorchStore(loop.run(_memory_store()), loop)
+        assert isinstance(store, dist.Store)
+        store.set("a", "1")
+        store.set("b", b"\x00\xff")
+        assert store.get("a") == b"1"
+        assert store.multi_get(["a", "b"]) == [b"1", b"\x00\xff"]
+        store.multi_set(["c", "d"], ["3", b"4"])
+        assert store.check(["c", "d"])
+        assert not store.check(["c", "missing"])
+        assert store.add("n", 2) == 2
+        assert store.add("n", 3) == 5
+        # torch's compare_set: absent + empty expected sets; a mismatch returns the current value
+        assert store.compare_set("k", "", "v1") == b"v1"
+        assert store.compare_set("k", "nope", "v2") == b"v1"
+        assert store.compare_set("k", "v1", "v2") == b"v2"
+        assert store.compare_set("absent", "x", "y") == b"x"
+        assert store.get("k") == b"v2"
+        assert store.delete_key("k") is True
+        assert store.delete_key("k") is False
+        assert store.num_keys() == 5  # a, b, c, d, n
+        store.set_timeout(timedelta(seconds=0.2))
+        started = time.monotonic()
+        with pytest.raises(dist.DistStoreError, match="missing"):
+            store.get("missing")
+        assert time.monotonic() - started < 5
+        with pytest.raises(dist.DistStoreError):
+            store.wait(["missing"], timedelta(seconds=0.1))
+        store.wait(["a"])
+        # a PrefixStore over it, as torch's agent may use
+        prefixed = dist.PrefixStore("p", store)
+        prefixed.set("x", "1")
+        assert prefixed.get("x") == b"1"
+    finally:
+        loop.close()
+
+
+async def _memory_store() -> Store:
+    return MemoryStore(MemoryEngine())
+
+
+def test_errors_are_translated_for_torch() -> None:
+    from torch.distributed.elastic.rendezvous import api as torch_api
+
+    from aioelastic import errors
+    from aioelastic.torchrun import _translate
+
+    cases = [
+        (errors.RendezvousGracefulExitError("x"), torch_api.RendezvousGracefulExitError),
+        (errors.RendezvousClosedError("x"), torch_api.RendezvousClosedError),
+        (errors.RendezvousTimeoutError("x"), torch_api.RendezvousTimeoutError),
+        (errors.RendezvousConnectionError("x"), torch_api.RendezvousConnectionError),
+        (errors.StoreConnectionError("x"), torch_api.RendezvousConnectionError),
+        (errors.RendezvousStateError("x"), torch_api.RendezvousStateError),
+    ]
+    for ours, theirs in cases:
+        assert type(_translate(ours)) is theirs
+    other = ValueError("x")
+    assert _translate(other) is other
+
+
+def test_handler_creator_and_registration() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    from aioelastic.torchrun import BACKEND, create_torch_handler, handler_creator, register
+
+    assert handler_creator() is create_torch_handler
+    register()
+    register()  # idempotent
+    assert rendezvous_handler_registry._registry[BACKEND] is create_torch_handler

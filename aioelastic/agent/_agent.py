@@ -221,6 +221,7 @@ class ElasticAgent:
         self._workers: list[WorkerProcess] = []
         self._stop_requested: asyncio.Event | None = None
         self._stop_signal: int | None = None
+        self._stop_pending = False
         self._running = False
         self._closed = False
         # observable progress
@@ -293,6 +294,7 @@ class ElasticAgent:
         """
         if self._stop_signal is None or signum is not None:
             self._stop_signal = signum
+        self._stop_pending = True
         if self._stop_requested is None:
             return
         if self._stop_requested.is_set():
@@ -307,7 +309,7 @@ class ElasticAgent:
             raise RuntimeError("an ElasticAgent runs once")
         self._running = True
         self._stop_requested = asyncio.Event()
-        if self._stop_signal is not None:
+        if self._stop_pending:
             self._stop_requested.set()
         try:
             await self._start()
