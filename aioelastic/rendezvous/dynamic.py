@@ -56,6 +56,7 @@ from ..errors import (
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
     StoreError,
+    WriteOutcomeUnknownError,
 )
 from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Watch, WatchEvent
 from ._state import (
@@ -523,7 +524,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         addr = self._local_addr or _default_addr()
         record = NodeRecord(self._node_id, addr, _free_port()).encode()
         key = keys.node(target, self._node_id)
-        result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+        try:
+            result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+        except WriteOutcomeUnknownError:
+            self._record_round = target  # it may have applied: a withdrawal deletes it
+            raise
         if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
             raise RendezvousError(
                 f"node id {self._node_id!r} is already registered for round {target} of "
@@ -558,9 +563,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         store, keys = self._store, self._keys
         with anyio.move_on_after(self._close_timeout, shield=True):
             try:
-                if self._record_round is not None:
-                    await store.delete(keys.node(self._record_round, self._node_id))
-                    self._record_round = None
+                # our registration, and our record as a member of the round we were leaving
+                for round_ in {self._record_round, self._round} - {None, -1}:
+                    assert round_ is not None
+                    await store.delete(keys.node(round_, self._node_id))
+                self._record_round = None
                 kv = await store.get(keys.driver)
                 if kv is not None and kv.lease == keeper.id:
                     await store.compare_and_delete(keys.driver, kv.mod_revision)
