@@ -439,7 +439,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     ):
                         driven = target
                         driver = loop.create_task(
-                            self._drive(target), name=f"aioelastic-rdzv-driver-{target}"
+                            self._drive(target, ctl.round_kv),
+                            name=f"aioelastic-rdzv-driver-{target}",
                         )
                     # wait for a control event, the driver's end, or the join deadline
                     if next_event is None:
@@ -597,11 +598,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     # -- the driver of a forming round
 
-    async def _drive(self, target: int) -> None:
-        """Count registrations for ``target``; complete it at max, or at the last-call deadline."""
+    async def _drive(self, target: int, prev_kv: KeyValue | None) -> None:
+        """Count registrations for ``target``; complete it at max, or at the last-call deadline.
+
+        ``prev_kv`` is the round record as the joiner last saw it (the finalising
+        compare-and-swap fails harmlessly if it has changed since).
+        """
         loop = asyncio.get_running_loop()
         store, keys = self._store, self._keys
-        prev_kv = await store.get(keys.round)
         prev = None if prev_kv is None else RoundRecord.decode(prev_kv.key, prev_kv.value)
         if (-1 if prev is None else prev.round) != target - 1:
             return  # a newer round completed meanwhile: the joiner sees it on its watch
