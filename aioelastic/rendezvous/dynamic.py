@@ -56,6 +56,7 @@ from ..errors import (
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
     StoreError,
+    WriteOutcomeUnknownError,
 )
 from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Watch, WatchEvent
 from ._state import (
@@ -438,7 +439,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     ):
                         driven = target
                         driver = loop.create_task(
-                            self._drive(target), name=f"aioelastic-rdzv-driver-{target}"
+                            self._drive(target, ctl.round_kv),
+                            name=f"aioelastic-rdzv-driver-{target}",
                         )
                     # wait for a control event, the driver's end, or the join deadline
                     if next_event is None:
@@ -523,7 +525,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         addr = self._local_addr or _default_addr()
         record = NodeRecord(self._node_id, addr, _free_port()).encode()
         key = keys.node(target, self._node_id)
-        result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+        try:
+            result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+        except WriteOutcomeUnknownError:
+            self._record_round = target  # it may have applied: a withdrawal deletes it
+            raise
         if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
             raise RendezvousError(
                 f"node id {self._node_id!r} is already registered for round {target} of "
@@ -558,9 +564,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         store, keys = self._store, self._keys
         with anyio.move_on_after(self._close_timeout, shield=True):
             try:
-                if self._record_round is not None:
-                    await store.delete(keys.node(self._record_round, self._node_id))
-                    self._record_round = None
+                # our registration, and our record as a member of the round we were leaving
+                for round_ in {self._record_round, self._round} - {None, -1}:
+                    assert round_ is not None
+                    await store.delete(keys.node(round_, self._node_id))
+                self._record_round = None
                 kv = await store.get(keys.driver)
                 if kv is not None and kv.lease == keeper.id:
                     await store.compare_and_delete(keys.driver, kv.mod_revision)
@@ -590,11 +598,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     # -- the driver of a forming round
 
-    async def _drive(self, target: int) -> None:
-        """Count registrations for ``target``; complete it at max, or at the last-call deadline."""
+    async def _drive(self, target: int, prev_kv: KeyValue | None) -> None:
+        """Count registrations for ``target``; complete it at max, or at the last-call deadline.
+
+        ``prev_kv`` is the round record as the joiner last saw it (the finalising
+        compare-and-swap fails harmlessly if it has changed since).
+        """
         loop = asyncio.get_running_loop()
         store, keys = self._store, self._keys
-        prev_kv = await store.get(keys.round)
         prev = None if prev_kv is None else RoundRecord.decode(prev_kv.key, prev_kv.value)
         if (-1 if prev is None else prev.round) != target - 1:
             return  # a newer round completed meanwhile: the joiner sees it on its watch
