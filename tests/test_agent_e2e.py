@@ -306,11 +306,16 @@ def test_sigterm_stops_workers_and_leaves(out: Path) -> None:
     assert sorted(t["RANK"] for t in _lines(out / "terms.jsonl")) == ["0", "1"]
 
 
-def test_example_store_sum() -> None:
+def test_example_store_sum_with_tee(tmp_path: Path) -> None:
     example = str(ROOT / "examples" / "store_sum.py")
-    proc = _run("--standalone", "--nproc-per-node=3", example)
+    logs = tmp_path / "logs"
+    proc = _run("--standalone", "--nproc-per-node=3", "--tee=1", f"--log-dir={logs}", example)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("sum of squares = 5") == 3, proc.stdout
+    for rank in range(3):  # on the console with a prefix, and in the rank's log file
+        assert f"[rank{rank}]: rank {rank}/3" in proc.stdout
+        (log_file,) = logs.rglob(f"{rank}/stdout.log")
+        assert log_file.read_text().startswith(f"rank {rank}/3")
     _assert_no_orphans(example)
 
 

@@ -355,8 +355,7 @@ class ElasticAgent:
             stopper.cancel()
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await _settle(task)
         if task.cancelled() or not task.done():
             raise _Stop
         return task.result()
@@ -577,8 +576,7 @@ class ElasticAgent:
         finally:
             for task in (changes, stopper):
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await changes
+            await _settle(changes, stopper)
 
     def _failure(self, rdzv: RendezvousResult, worker: WorkerProcess) -> WorkerFailure:
         code = worker.returncode
@@ -616,12 +614,20 @@ class ElasticAgent:
         finally:
             for task in (wait, changes):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await _settle(wait, changes)
         if wait.done() and not wait.cancelled() and wait.exception() is None:
             log.info("exit barrier: every node is done")
         else:
             log.info("exit barrier: leaving without waiting for every node")
+
+
+async def _settle(*tasks: asyncio.Future[Any]) -> None:
+    """Wait for cancelled tasks to finish without taking their outcome (nor swallowing a
+    cancellation of the caller, which ``suppress(CancelledError): await task`` would)."""
+    await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def _describe_event(event: RendezvousEvent | BaseException) -> str:
