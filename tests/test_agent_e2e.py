@@ -87,7 +87,7 @@ async def test_two_agents_two_workers_each(out: Path) -> None:
         common = [
             "--nnodes=2",
             "--nproc-per-node=2",
-            f"--rdzv-endpoint=127.0.0.1:{server.port}",
+            f"--rdzv-endpoint={server.url}",  # a store URL works as well as host:port
             "--rdzv-id=two-by-two",
             "--local-addr=127.0.0.1",
             "--",

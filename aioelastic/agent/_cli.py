@@ -31,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nnodes",
         default="1:1",
+        metavar="MIN:MAX",
         help="number of nodes, N or MIN:MAX (default: 1)",
     )
     parser.add_argument(
@@ -38,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--nproc_per_node",
         dest="nproc_per_node",
         default="1",
+        metavar="N",
         help="workers per node: an integer, or 'cpu'/'auto' for the number of CPUs (default: 1)",
     )
     parser.add_argument(
@@ -45,6 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rdzv_backend",
         dest="rdzv_backend",
         default="c10d",
+        metavar="NAME",
         help="rendezvous backend: c10d/http (an 'aioelastic serve'), https, etcd, memory "
         "(single process), static (default: c10d)",
     )
@@ -53,17 +56,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rdzv_endpoint",
         dest="rdzv_endpoint",
         default="",
+        metavar="URL",
         help="the rendezvous store: HOST[:PORT] (c10d/http, default port 29400), "
-        "H1:2379,H2:2379 (etcd)",
+        "H1:2379,H2:2379 (etcd), or a store URL (http://HOST:PORT, https://..., etcd://...)",
     )
     parser.add_argument(
-        "--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none", help="the job's run id"
+        "--rdzv-id",
+        "--rdzv_id",
+        dest="rdzv_id",
+        default="none",
+        metavar="ID",
+        help="the job's run id",
     )
     parser.add_argument(
         "--rdzv-conf",
         "--rdzv_conf",
         dest="rdzv_conf",
         default="",
+        metavar="K=V,...",
         help="rendezvous config: k=v,k2=v2 (join_timeout, last_call_timeout, close_timeout, "
         "keep_alive_interval, keep_alive_max_attempt, lease_ttl, node_id, ...)",
     )
@@ -72,6 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max_restarts",
         dest="max_restarts",
         type=int,
+        metavar="K",
         default=0,
         help="restarts of the worker group after a failure before failing (default: 0)",
     )
@@ -80,6 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--monitor_interval",
         dest="monitor_interval",
         type=float,
+        metavar="S",
         default=0.1,
         help="accepted for torchrun compatibility: the agent waits on worker exits and "
         "rendezvous events instead of polling, so failures are seen at once",
@@ -88,6 +100,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "-r",
         "--redirects",
         default="0",
+        metavar="STD",
         help="write worker streams to log files: 0 none, 1 stdout, 2 stderr, 3 both; or per "
         "local rank, e.g. 0:1,1:2",
     )
@@ -95,6 +108,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "-t",
         "--tee",
         default="0",
+        metavar="STD",
         help="like --redirects, but also copy the streams to the console with a [rankN]: prefix",
     )
     parser.add_argument(
@@ -102,6 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--log_dir",
         dest="log_dir",
         default=None,
+        metavar="DIR",
         help="directory for the workers' log files (default: a temporary directory)",
     )
     parser.add_argument(
@@ -109,6 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--local_addr",
         dest="local_addr",
         default=None,
+        metavar="ADDR",
         help="this node's address as others see it (MASTER_ADDR when it is rank 0; default: "
         "its FQDN, 127.0.0.1 with --standalone)",
     )
@@ -118,6 +134,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--stop_timeout",
         dest="stop_timeout",
         type=float,
+        metavar="S",
         default=30.0,
         help="seconds between SIGTERM and SIGKILL when stopping workers (default: 30)",
     )
@@ -125,6 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--exit-barrier-timeout",
         dest="exit_barrier_timeout",
         type=float,
+        metavar="S",
         default=300.0,
         help="seconds a node whose workers succeeded waits for the other nodes (default: 300)",
     )
@@ -259,6 +277,9 @@ async def _run(
         run_id = str(uuid.uuid4())
         local_addr = local_addr or "127.0.0.1"
         log.info("standalone: HTTP store at %s, run id %s", server.url, run_id)
+    extra: dict[str, str] = {}
+    if "://" in endpoint:  # a store URL rather than host:port
+        extra["store_url"], endpoint = endpoint, ""
     try:
         params = RendezvousParameters.from_rdzv_conf(
             backend,
@@ -269,6 +290,8 @@ async def _run(
             rdzv_conf=args.rdzv_conf,
             local_addr=local_addr,
         )
+        for key, value in extra.items():
+            params.config.setdefault(key, value)
         if standalone:
             params.config.setdefault("last_call_timeout", 0)
         agent = ElasticAgent(spec, params)
