@@ -453,8 +453,11 @@ class ElasticAgent:
                 log.info("round %d: the run was closed: stopping the workers", rdzv.round)
                 await self._stop_workers()
                 return result(AgentState.CLOSED, 1, "the run was closed by another node")
-            log.info("round %d: %s: stopping the workers to re-rendezvous", rdzv.round,
-                     _describe_event(event))  # fmt: skip
+            log.info(
+                "round %d: %s: stopping the workers to re-rendezvous",
+                rdzv.round,
+                _describe_event(event),
+            )
             failed_at = loop.time()
             await self._stop_workers()
 

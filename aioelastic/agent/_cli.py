@@ -234,6 +234,12 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
     if standalone:
+        if (min_nodes, max_nodes) != (1, 1) or args.rdzv_endpoint:
+            print(
+                "aioelastic run: --standalone runs one node on its own store: ignoring "
+                "--nnodes/--rdzv-endpoint",
+                file=sys.stderr,
+            )
         min_nodes = max_nodes = 1
     try:
         return asyncio.run(_run(args, entrypoint, nproc, min_nodes, max_nodes, standalone))
