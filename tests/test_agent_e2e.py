@@ -225,6 +225,7 @@ async def test_hung_worker_is_reaped_by_its_timer(out: Path) -> None:
     assert result.restart_latencies[0] < 10
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
     async with HttpStoreServer(port=0) as server:
@@ -319,6 +320,7 @@ def test_example_store_sum_with_tee(tmp_path: Path) -> None:
     _assert_no_orphans(example)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed (optional)"
 )

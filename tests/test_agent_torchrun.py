@@ -62,6 +62,7 @@ async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int
     return proc.returncode, stdout.decode(), stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
     example = str(ROOT / "examples" / "torch_allreduce.py")
@@ -81,6 +82,7 @@ async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
     assert outputs.count("all_reduce(sum of rank+1) = 3") == 2, outputs
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
     async with HttpStoreServer(port=0) as server:
