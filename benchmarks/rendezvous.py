@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import os
 import re
 import signal
 import statistics
@@ -200,6 +201,63 @@ def torch_exact_round(n: int) -> float | None:
     return elapsed
 
 
+async def process_node(url: str, run_id: str, n: int) -> None:
+    """One node of ``--processes``: ready, wait for the go key, rendezvous, print timestamps."""
+    store = await open_store(url)
+    # warm up this process's code paths and connections with a round of one
+    warm = DynamicRendezvousHandler(store, f"{run_id}-warm-{os.getpid()}", 1, 1)
+    await warm.next_rendezvous()
+    await warm.aclose()
+    handler = DynamicRendezvousHandler(store, run_id, n, n, local_addr="127.0.0.1", owns_store=True)
+    go = f"bench-go/{run_id}"
+    async with store.watch(go) as events:
+        print("READY", flush=True)
+        if await store.get(go) is None:
+            await events.__anext__()
+    result = await handler.next_rendezvous()
+    print("DONE", time.time(), result.rank, flush=True)
+    await handler.aclose()
+
+
+async def process_round(url: str, n: int) -> float:
+    """N node processes: seconds from the go signal to the last node returned (wall clock)."""
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--node",
+            url,
+            run_id,
+            str(n),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(n)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await proc.stdout.readline()
+            assert line.startswith(b"READY"), line
+        async with open_store(url) as store:
+            start = time.time()
+            await store.put(f"bench-go/{run_id}", b"go")
+        ends = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await proc.stdout.readline()
+            assert line.startswith(b"DONE"), line
+            ends.append(float(line.split()[1]))
+        for proc in procs:
+            await proc.wait()
+        return max(ends) - start
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
 def summary(values: Sequence[float], scale: float = 1000.0) -> str:
     return (
         f"min {min(values) * scale:8.2f}  median {statistics.median(values) * scale:8.2f}  "
@@ -226,7 +284,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="memory (in-process), http (starts `aioelastic serve`), etcd (starts a real etcd)",
     )
     parser.add_argument("--url", help="use this running store instead (http://..., etcd://...)")
+    parser.add_argument(
+        "--processes",
+        default="",
+        help="also time exact-size rounds of N node processes (e.g. 2,8,32; http/etcd only)",
+    )
+    parser.add_argument("--node", nargs=3, help=argparse.SUPPRESS)  # URL RUN_ID N: one node
     args = parser.parse_args(argv)
+    if args.node:
+        url, run_id, n = args.node
+        asyncio.run(process_node(url, run_id, int(n)))
+        return 0
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(serve(args.store))
         global STORES
@@ -300,6 +368,13 @@ def run(args: argparse.Namespace) -> int:
     for n in [s for s in sizes if 2 <= s <= 256]:
         after = repeat(args.repeat, lambda k: asyncio.run(dead_node(k, args.ttl)), n)
         print(f"N={n:5d}  {summary(after)}")
+
+    if args.processes and STORES.url is not None:
+        print(f"\n== exact-size round of N node processes over {STORES.kind}: go -> all returned")
+        for n in [int(x) for x in args.processes.split(",")]:
+            url = STORES.url
+            times = [asyncio.run(process_round(url, n)) for _ in range(args.repeat)]
+            print(f"N={n:5d}  {summary(times)}")
 
     if args.torch:
         print("\n== torch 2.x c10d DynamicRendezvousHandler (TCPStore, thread per node), min=max=N")
