@@ -1,0 +1,644 @@
+"""The elastic agent: rendezvous, run the local workers, restart them, re-form when nodes change.
+
+One loop, the shape of torchrun's ``SimpleElasticAgent._invoke_run`` but driven by events rather
+than a monitor that polls every ``monitor_interval``::
+
+    rendezvous -> spawn the local workers -> wait for the first of
+        every worker exited 0        -> exit barrier, leave, SUCCEEDED
+        a worker failed              -> stop the group; restart (re-rendezvous) or FAILED
+        a membership change          -> stop the group gracefully, re-rendezvous
+        the run was closed           -> stop the group, CLOSED
+        stop requested (SIGTERM)     -> stop the group, leave, INTERRUPTED
+
+A restart always goes through a new rendezvous round, as in torch: the failing node registers for
+the next round, which the other members see as ``NODES_WAITING`` and follow, so the whole job
+restarts together with a fresh ``MASTER_PORT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from ..errors import RendezvousClosedError, RendezvousError, RendezvousGracefulExitError
+from ..rendezvous import (
+    RendezvousEvent,
+    RendezvousEventKind,
+    RendezvousHandler,
+    RendezvousParameters,
+    RendezvousResult,
+    create_handler,
+)
+from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
+from ._workers import WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
+from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
+
+__all__ = ["AgentState", "ElasticAgent", "RunResult", "WorkerFailure", "WorkerSpec"]
+
+log = logging.getLogger("aioelastic.agent")
+
+T = TypeVar("T")
+
+_DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
+_WORKER_PREFIX = "w/"  # the workers' own namespace inside the round store
+
+
+class AgentState(enum.Enum):
+    """How a run ended."""
+
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CLOSED = "CLOSED"
+    INTERRUPTED = "INTERRUPTED"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What to run on this node and how (torch's ``WorkerSpec`` plus the launcher's options).
+
+    ``entrypoint`` is the full argv of a worker. ``redirects``/``tee`` take torchrun's forms
+    (``3``, ``"0:1,1:2"``); log files go under ``log_dir`` (a temporary directory when output is
+    redirected and no ``log_dir`` is given). ``stop_timeout`` is the grace between SIGTERM and
+    SIGKILL when the agent stops its workers; ``exit_barrier_timeout`` how long a node whose
+    workers all succeeded waits for the other nodes' workers before leaving.
+    """
+
+    entrypoint: Sequence[str]
+    nproc_per_node: int = 1
+    max_restarts: int = 0
+    role: str = "default"
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_dir: str | None = None
+    redirects: str | int = 0
+    tee: str | int = 0
+    stop_timeout: float = 30.0
+    exit_barrier_timeout: float = 300.0
+    monitor_interval: float = 0.1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.entrypoint, str) or not self.entrypoint:
+            raise ValueError("entrypoint must be a non-empty sequence of argv strings")
+        if not all(isinstance(a, str) for a in self.entrypoint):
+            raise TypeError("entrypoint must hold only str")
+        for name in ("nproc_per_node", "max_restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for name in ("stop_timeout", "exit_barrier_timeout", "monitor_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        parse_std(self.redirects, self.nproc_per_node, "redirects")
+        parse_std(self.tee, self.nproc_per_node, "tee")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailure:
+    """A worker that failed: which rank, how it ended, where its output is."""
+
+    round: int
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    log_path: str | None
+    reaped_scope: str | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        """``SIGKILL`` etc. when the worker died of a signal."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        how = (
+            f"exit code {self.exitcode}"
+            if self.signal_name is None
+            else f"killed by {self.signal_name}"
+        )
+        if self.reaped_scope is not None:
+            how += f" (its watchdog timer {self.reaped_scope!r} expired)"
+        where = self.log_path or "not captured (use --redirects/--tee with --log-dir)"
+        return (
+            f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}, round "
+            f"{self.round}): {how}; log: {where}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The outcome of :meth:`ElasticAgent.run`.
+
+    ``failures`` are the failed workers of the last attempt (of every attempt in ``history``);
+    ``restart_latencies`` the seconds from detecting a failure to the restarted workers running.
+    """
+
+    state: AgentState
+    exit_code: int
+    failures: tuple[WorkerFailure, ...] = ()
+    history: tuple[WorkerFailure, ...] = ()
+    restarts: int = 0
+    rounds: int = 0
+    message: str = ""
+    restart_latencies: tuple[float, ...] = ()
+
+    def summary(self) -> str:
+        """A few lines a person can read: what happened and what failed where."""
+        lines = [
+            f"{self.state.value} (exit code {self.exit_code}) after {self.rounds} round(s), "
+            f"{self.restarts} restart(s)" + (f": {self.message}" if self.message else "")
+        ]
+        lines += [f"  {failure.describe()}" for failure in self.failures]
+        return "\n".join(lines)
+
+
+class _Stop(Exception):
+    """Internal: stop requested while waiting."""
+
+
+class ElasticAgent:
+    """Runs one node's workers of an elastic job: ``result = await agent.run()``.
+
+    ``rendezvous`` is a :class:`~aioelastic.rendezvous.RendezvousParameters` (the agent creates
+    the handler and leaves the rendezvous when done) or a ready handler (left open).
+    ``store_url`` is passed to the workers (``AIOELASTIC_STORE_URL``); by default it is the
+    rendezvous store's URL when that store is reachable from other processes.
+
+    An async resource: ``async with ElasticAgent(...) as agent`` closes everything (timer server,
+    rendezvous, workers: SIGKILL to their process groups) whatever happens. :meth:`request_stop`
+    (what SIGTERM/SIGINT handlers call) stops the workers gracefully and ends :meth:`run`.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        rendezvous: RendezvousParameters | RendezvousHandler,
+        *,
+        store_url: str | None = None,
+    ) -> None:
+        if not isinstance(spec, WorkerSpec):
+            raise TypeError(f"spec must be a WorkerSpec, got {type(spec).__name__}")
+        if not isinstance(rendezvous, (RendezvousParameters, RendezvousHandler)):
+            raise TypeError(
+                "rendezvous must be RendezvousParameters or a RendezvousHandler, got "
+                f"{type(rendezvous).__name__}"
+            )
+        self.spec = spec
+        self._params = rendezvous if isinstance(rendezvous, RendezvousParameters) else None
+        self._handler = rendezvous if isinstance(rendezvous, RendezvousHandler) else None
+        self._owns_handler = self._handler is None
+        if store_url is None and self._params is not None:
+            from ..rendezvous._backends import store_url_for
+
+            url = store_url_for(self._params)
+            store_url = None if url.startswith("memory:") else url
+        self._store_url = store_url
+        self._redirects = parse_std(spec.redirects, spec.nproc_per_node, "redirects")
+        self._tee = parse_std(spec.tee, spec.nproc_per_node, "tee")
+        self._log_dir = spec.log_dir
+        self._tmpdir: str | None = None
+        self._timer_server: UnixTimerServer | None = None
+        self._reaped: dict[int, str] = {}
+        self._workers: list[WorkerProcess] = []
+        self._stop_requested: asyncio.Event | None = None
+        self._stop_signal: int | None = None
+        self._stop_pending = False
+        self._running = False
+        self._closed = False
+        # observable progress
+        self.round: int | None = None
+        self.group_rank: int | None = None
+        self.world_size: int | None = None
+        self.restarts = 0
+        self.rounds = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<ElasticAgent round={self.round} world_size={self.world_size} "
+            f"workers_up={self.workers_up} restarts={self.restarts}>"
+        )
+
+    # -- resource
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Kill any worker left, stop the timer server, leave the rendezvous (idempotent)."""
+        kill_groups(self._workers)
+        if self._workers:
+            await stop_workers(self._workers, 0)
+            self._workers = []
+        if self._closed:
+            return
+        self._closed = True
+        server, self._timer_server = self._timer_server, None
+        if server is not None:
+            await server.aclose()
+        if self._handler is not None and self._owns_handler:
+            with contextlib.suppress(RendezvousError):
+                await self._handler.aclose()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # -- observable state
+
+    @property
+    def workers_up(self) -> int:
+        """How many local workers are running now."""
+        return sum(1 for w in self._workers if w.returncode is None)
+
+    @property
+    def timer_socket(self) -> str | None:
+        """The path of the agent's timer server (set once :meth:`run` started)."""
+        return None if self._timer_server is None else self._timer_server.path
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The pids of the current workers."""
+        return [w.pid for w in self._workers]
+
+    def request_stop(self, signum: int | None = None) -> None:
+        """Stop the workers (SIGTERM, then SIGKILL after the grace) and end :meth:`run`.
+
+        ``signum`` (the signal that asked) decides the exit code (128 + signum). A second request
+        kills the workers at once.
+        """
+        if self._stop_signal is None or signum is not None:
+            self._stop_signal = signum
+        self._stop_pending = True
+        if self._stop_requested is None:
+            return
+        if self._stop_requested.is_set():
+            kill_groups(self._workers)
+        self._stop_requested.set()
+
+    # -- the run
+
+    async def run(self) -> RunResult:
+        """Run the job on this node until it succeeds, fails, is closed or is stopped."""
+        if self._running or self._closed:
+            raise RuntimeError("an ElasticAgent runs once")
+        self._running = True
+        self._stop_requested = asyncio.Event()
+        if self._stop_pending:
+            self._stop_requested.set()
+        try:
+            await self._start()
+            return await self._run()
+        finally:
+            # whatever happened (an error, a cancellation): no worker survives the run
+            kill_groups(self._workers)
+            await self.aclose()
+
+    async def _start(self) -> None:
+        self._tmpdir = tempfile.mkdtemp(prefix="aioelastic-agent-")
+        if self._log_dir is None and any(
+            self._redirects[r] | self._tee[r] for r in range(self.spec.nproc_per_node)
+        ):
+            # kept after the run (unlike the timer socket's directory): the summary points there
+            self._log_dir = tempfile.mkdtemp(prefix="aioelastic-logs-")
+            log.info("worker logs under %s", self._log_dir)
+        server = UnixTimerServer(os.path.join(self._tmpdir, "timer.sock"), reaper=self._reap_worker)
+        await server.start()
+        self._timer_server = server
+        if self._handler is None:
+            assert self._params is not None
+            self._handler = await create_handler(self._params)
+
+    _signal_reaper = SignalReaper()
+
+    def _reap_worker(self, timer: ExpiredTimer) -> None:
+        """The timer server's reaper: remember which scope expired, then SIGKILL the worker."""
+        pid = timer.pid if timer.pid is not None else timer.worker_id
+        if isinstance(pid, int):
+            self._reaped[pid] = timer.scope_id
+        log.warning("watchdog timer %r of worker pid %s expired: killing it", timer.scope_id, pid)
+        self._signal_reaper(timer)
+
+    async def _until_stop(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` unless a stop is requested first (then cancel it, raise _Stop)."""
+        assert self._stop_requested is not None
+        task = asyncio.ensure_future(awaitable)
+        stopper = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                await _settle(task)
+        if task.cancelled() or not task.done():
+            raise _Stop
+        return task.result()
+
+    async def _run(self) -> RunResult:
+        spec = self.spec
+        handler = self._handler
+        assert handler is not None
+        history: list[WorkerFailure] = []
+        failures: tuple[WorkerFailure, ...] = ()
+        latencies: list[float] = []
+        failed_at: float | None = None
+        loop = asyncio.get_running_loop()
+
+        def result(state: AgentState, code: int, message: str = "") -> RunResult:
+            return RunResult(
+                state,
+                code,
+                failures,
+                tuple(history),
+                self.restarts,
+                self.rounds,
+                message,
+                tuple(latencies),
+            )
+
+        while True:
+            try:
+                log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
+                rdzv = await self._until_stop(handler.next_rendezvous())
+            except _Stop:
+                return self._interrupted(result)
+            except RendezvousGracefulExitError as exc:
+                return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
+            except RendezvousClosedError as exc:
+                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}")
+            except RendezvousError as exc:
+                return result(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
+            self.rounds += 1
+            self.round, self.group_rank = rdzv.round, rdzv.rank
+            self.world_size = rdzv.world_size * spec.nproc_per_node
+            log.info(
+                "round %d: node rank %d of %d node(s), world size %d, restarts %d/%d",
+                rdzv.round,
+                rdzv.rank,
+                rdzv.world_size,
+                self.world_size,
+                self.restarts,
+                spec.max_restarts,
+            )
+            try:
+                await self._spawn(rdzv)
+            except OSError as exc:
+                return result(AgentState.FAILED, 1, f"could not start the workers: {exc}")
+            if failed_at is not None:
+                latencies.append(loop.time() - failed_at)
+                failed_at = None
+                log.info("restarted in %.3f s", latencies[-1])
+            ranks = [w.rank for w in self._workers]
+            log.info(
+                "round %d: %d worker(s) up (ranks %d-%d)",
+                rdzv.round,
+                len(ranks),
+                min(ranks),
+                max(ranks),
+            )
+            outcome, detail = await self._monitor(rdzv)
+            if outcome == "succeeded":
+                log.info("round %d: all local workers succeeded", rdzv.round)
+                await self._exit_barrier(rdzv)
+                return result(AgentState.SUCCEEDED, 0)
+            if outcome == "stop":
+                await self._stop_workers()
+                return self._interrupted(result)
+            if outcome == "failed":
+                failed_at = loop.time()
+                failures = tuple(detail)
+                history.extend(failures)
+                for failure in failures:
+                    log.error("worker failed: %s", failure.describe())
+                await self._stop_workers()
+                if self.restarts >= spec.max_restarts:
+                    log.error(
+                        "no restart left (max restarts %d): closing the run", spec.max_restarts
+                    )
+                    await self._close_run(handler)
+                    return result(
+                        AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted"
+                    )
+                self.restarts += 1
+                log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
+                continue
+            event: RendezvousEvent | BaseException = detail
+            if isinstance(event, RendezvousEvent) and event.kind is RendezvousEventKind.CLOSED:
+                log.info("round %d: the run was closed: stopping the workers", rdzv.round)
+                await self._stop_workers()
+                return result(AgentState.CLOSED, 1, "the run was closed by another node")
+            log.info(
+                "round %d: %s: stopping the workers to re-rendezvous",
+                rdzv.round,
+                _describe_event(event),
+            )
+            failed_at = loop.time()
+            await self._stop_workers()
+
+    def _interrupted(self, result: Any) -> RunResult:
+        sig = self._stop_signal
+        code = 128 + sig if sig is not None else 1
+        name = signal.Signals(sig).name if sig is not None else "a stop request"
+        out: RunResult = result(AgentState.INTERRUPTED, code, f"stopped by {name}")
+        return out
+
+    async def _close_run(self, handler: RendezvousHandler) -> None:
+        try:
+            await handler.set_closed()
+        except RendezvousError as exc:
+            log.warning("could not close the run: %s", exc)
+
+    def _worker_env(self, rdzv: RendezvousResult, local_rank: int) -> dict[str, str]:
+        spec = self.spec
+        nproc = spec.nproc_per_node
+        rank = rdzv.rank * nproc + local_rank
+        world = rdzv.world_size * nproc
+        env = dict(os.environ)
+        env.update(spec.env)
+        if nproc > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"  # as torchrun
+        env.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": str(rdzv.rank),
+                "GROUP_WORLD_SIZE": str(rdzv.world_size),
+                "ROLE_NAME": spec.role,
+                "ROLE_RANK": str(rank),
+                "ROLE_WORLD_SIZE": str(world),
+                "MASTER_ADDR": rdzv.bootstrap_store_info.master_addr,
+                "MASTER_PORT": str(rdzv.bootstrap_store_info.master_port),
+                "TORCHELASTIC_RUN_ID": rdzv.run_id,
+                "TORCHELASTIC_RESTART_COUNT": str(self.restarts),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_USE_AGENT_STORE": "False",
+                ROUND_ENV: str(rdzv.round),
+            }
+        )
+        if self._timer_server is not None:
+            env[TIMER_SOCKET_ENV] = self._timer_server.path
+        prefix = getattr(rdzv.store, "prefix", None)
+        if self._store_url is not None and isinstance(prefix, str):
+            env[STORE_URL_ENV] = self._store_url
+            env[STORE_PREFIX_ENV] = prefix + _WORKER_PREFIX
+        return env
+
+    async def _spawn(self, rdzv: RendezvousResult) -> None:
+        spec = self.spec
+        attempt_dir = None
+        if self._log_dir is not None:
+            attempt_dir = os.path.join(
+                self._log_dir, f"{rdzv.run_id}", f"round_{rdzv.round}_{uuid.uuid4().hex[:6]}"
+            )
+        for local_rank in range(spec.nproc_per_node):
+            worker = await spawn_worker(
+                list(spec.entrypoint),
+                self._worker_env(rdzv, local_rank),
+                local_rank=local_rank,
+                rank=rdzv.rank * spec.nproc_per_node + local_rank,
+                log_dir=None if attempt_dir is None else os.path.join(attempt_dir, str(local_rank)),
+                redirect=self._redirects[local_rank],
+                tee=self._tee[local_rank],
+            )
+            self._workers.append(worker)
+
+    async def _stop_workers(self) -> None:
+        workers, self._workers = self._workers, []
+        try:
+            await stop_workers(workers, self.spec.stop_timeout)
+        finally:
+            kill_groups(workers)
+
+    async def _next_change(self, rdzv: RendezvousResult) -> RendezvousEvent:
+        """The next membership change that matters (a member that left done does not)."""
+        handler = self._handler
+        assert handler is not None
+        while True:
+            event = await handler.wait_for_change()
+            if event.kind is RendezvousEventKind.PARTICIPANT_LOST and event.node_id is not None:
+                with contextlib.suppress(Exception):
+                    if await rdzv.store.get(_DONE + event.node_id) is not None:
+                        log.info("node %s finished and left", event.node_id)
+                        continue
+            return event
+
+    async def _monitor(self, rdzv: RendezvousResult) -> tuple[str, Any]:
+        """Wait for the first thing that ends this attempt (no polling: exits and events)."""
+        assert self._stop_requested is not None
+        waiters: dict[asyncio.Task[Any], WorkerProcess] = {w.waiter: w for w in self._workers}
+        changes = asyncio.ensure_future(self._next_change(rdzv))
+        stopper = asyncio.ensure_future(self._stop_requested.wait())
+        pending: set[asyncio.Future[Any]] = set(waiters)
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    pending | {changes, stopper}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopper in done:
+                    return "stop", None
+                exited = [waiters[t] for t in done if isinstance(t, asyncio.Task) and t in waiters]
+                pending -= {w.waiter for w in exited}
+                failed = [w for w in exited if w.returncode != 0]
+                if failed:
+                    return "failed", [self._failure(rdzv, w) for w in failed]
+                if not pending:
+                    return "succeeded", None
+                if changes in done:
+                    try:
+                        return "changed", changes.result()
+                    except RendezvousError as exc:
+                        return "changed", exc
+        finally:
+            for task in (changes, stopper):
+                task.cancel()
+            await _settle(changes, stopper)
+
+    def _failure(self, rdzv: RendezvousResult, worker: WorkerProcess) -> WorkerFailure:
+        code = worker.returncode
+        assert code is not None
+        return WorkerFailure(
+            round=rdzv.round,
+            rank=worker.rank,
+            local_rank=worker.local_rank,
+            pid=worker.pid,
+            exitcode=code,
+            log_path=worker.stderr_path or worker.stdout_path,
+            reaped_scope=self._reaped.pop(worker.pid, None),
+        )
+
+    async def _exit_barrier(self, rdzv: RendezvousResult) -> None:
+        """Say this node is done; wait (bounded) for the others before leaving the round."""
+        await self._stop_workers()  # reaps them and kills anything they left behind
+        store = rdzv.store
+        try:
+            await store.put(_DONE + rdzv.node_id, b"1")
+        except Exception as exc:  # best effort: leaving is what matters
+            log.warning("exit barrier: could not record this node as done: %s", exc)
+            return
+        if rdzv.world_size == 1:
+            return
+        keys = [_DONE + node for node in rdzv.participants]
+        wait = asyncio.ensure_future(store.wait_for(keys, timeout=self.spec.exit_barrier_timeout))
+        changes = asyncio.ensure_future(self._next_change(rdzv))
+        try:
+            await self._until_stop(
+                asyncio.wait([wait, changes], return_when=asyncio.FIRST_COMPLETED)
+            )
+        except _Stop:
+            pass
+        finally:
+            for task in (wait, changes):
+                task.cancel()
+            await _settle(wait, changes)
+        if wait.done() and not wait.cancelled() and wait.exception() is None:
+            log.info("exit barrier: every node is done")
+        else:
+            log.info("exit barrier: leaving without waiting for every node")
+
+
+async def _settle(*tasks: asyncio.Future[Any]) -> None:
+    """Wait for cancelled tasks to finish without taking their outcome (nor swallowing a
+    cancellation of the caller, which ``suppress(CancelledError): await task`` would)."""
+    await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" warning
+
+
+def _describe_event(event: RendezvousEvent | BaseException) -> str:
+    if isinstance(event, BaseException):
+        return f"rendezvous error ({type(event).__name__}: {event})"
+    what = event.kind.value
+    if event.node_id is not None:
+        what += f" ({event.node_id})"
+    if event.num_nodes_waiting:
+        what += f", {event.num_nodes_waiting} node(s) waiting"
+    return what

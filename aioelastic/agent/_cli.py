@@ -1,0 +1,325 @@
+"""``aioelastic run``: torchrun's command line over :class:`~aioelastic.agent.ElasticAgent`.
+
+Light to import: the agent, the rendezvous and the HTTP server are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import uuid
+from typing import Any
+
+HELP = "run an elastic job's workers on this node (torchrun's flags)"
+
+log = logging.getLogger("aioelastic.agent")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run`` flags (torchrun's names, both ``-`` and ``_`` spellings)."""
+    parser.usage = "%(prog)s [options] [--] COMMAND [ARGS...]"
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="one node, no infrastructure: start an HTTP store on a free loopback port in this "
+        "process and rendezvous there (implies --nnodes 1, a random --rdzv-id)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        default="1:1",
+        metavar="MIN:MAX",
+        help="number of nodes, N or MIN:MAX (default: 1)",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        default="1",
+        metavar="N",
+        help="workers per node: an integer, or 'cpu'/'auto' for the number of CPUs (default: 1)",
+    )
+    parser.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        dest="rdzv_backend",
+        default="c10d",
+        metavar="NAME",
+        help="rendezvous backend: c10d/http (an 'aioelastic serve'), https, etcd, memory "
+        "(single process), static (default: c10d)",
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        dest="rdzv_endpoint",
+        default="",
+        metavar="URL",
+        help="the rendezvous store: HOST[:PORT] (c10d/http, default port 29400), "
+        "H1:2379,H2:2379 (etcd), or a store URL (http://HOST:PORT, https://..., etcd://...)",
+    )
+    parser.add_argument(
+        "--rdzv-id",
+        "--rdzv_id",
+        dest="rdzv_id",
+        default="none",
+        metavar="ID",
+        help="the job's run id",
+    )
+    parser.add_argument(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        dest="rdzv_conf",
+        default="",
+        metavar="K=V,...",
+        help="rendezvous config: k=v,k2=v2 (join_timeout, last_call_timeout, close_timeout, "
+        "keep_alive_interval, keep_alive_max_attempt, lease_ttl, node_id, ...)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=int,
+        metavar="K",
+        default=0,
+        help="restarts of the worker group after a failure before failing (default: 0)",
+    )
+    parser.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        dest="monitor_interval",
+        type=float,
+        metavar="S",
+        default=0.1,
+        help="accepted for torchrun compatibility: the agent waits on worker exits and "
+        "rendezvous events instead of polling, so failures are seen at once",
+    )
+    parser.add_argument(
+        "-r",
+        "--redirects",
+        default="0",
+        metavar="STD",
+        help="write worker streams to log files: 0 none, 1 stdout, 2 stderr, 3 both; or per "
+        "local rank, e.g. 0:1,1:2",
+    )
+    parser.add_argument(
+        "-t",
+        "--tee",
+        default="0",
+        metavar="STD",
+        help="like --redirects, but also copy the streams to the console with a [rankN]: prefix",
+    )
+    parser.add_argument(
+        "--log-dir",
+        "--log_dir",
+        dest="log_dir",
+        default=None,
+        metavar="DIR",
+        help="directory for the workers' log files (default: a temporary directory)",
+    )
+    parser.add_argument(
+        "--local-addr",
+        "--local_addr",
+        dest="local_addr",
+        default=None,
+        metavar="ADDR",
+        help="this node's address as others see it (MASTER_ADDR when it is rank 0; default: "
+        "its FQDN, 127.0.0.1 with --standalone)",
+    )
+    parser.add_argument("--role", default="default", help="the workers' role name")
+    parser.add_argument(
+        "--stop-timeout",
+        "--stop_timeout",
+        dest="stop_timeout",
+        type=float,
+        metavar="S",
+        default=30.0,
+        help="seconds between SIGTERM and SIGKILL when stopping workers (default: 30)",
+    )
+    parser.add_argument(
+        "--exit-barrier-timeout",
+        dest="exit_barrier_timeout",
+        type=float,
+        metavar="S",
+        default=300.0,
+        help="seconds a node whose workers succeeded waits for the other nodes (default: 300)",
+    )
+    parser.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="COMMAND is a python module: run it with 'python -m'",
+    )
+    parser.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="no_python",
+        action="store_true",
+        help="run COMMAND as an executable even if it ends in .py",
+    )
+    parser.add_argument(
+        "entrypoint",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="a python script (run with this interpreter), or any executable, and its arguments",
+    )
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` -> (min, max); ``ValueError`` naming --nnodes otherwise."""
+    min_text, sep, max_text = text.partition(":")
+    try:
+        low = int(min_text)
+        high = int(max_text) if sep else low
+    except ValueError:
+        raise ValueError(f"--nnodes: {text!r} is not N or MIN:MAX") from None
+    if low < 1 or high < low:
+        raise ValueError(f"--nnodes: {text!r} needs 1 <= MIN <= MAX")
+    return low, high
+
+
+def parse_nproc(text: str) -> int:
+    """An integer >= 1, or ``cpu``/``auto`` (the number of CPUs)."""
+    if text in ("cpu", "auto"):
+        return os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--nproc-per-node: {text!r} is not an integer or cpu/auto") from None
+    if value < 1:
+        raise ValueError(f"--nproc-per-node must be >= 1, got {value}")
+    return value
+
+
+def build_entrypoint(args: argparse.Namespace) -> list[str]:
+    """The worker argv: a ``.py`` script or ``-m`` module runs with this interpreter."""
+    command = list(args.entrypoint)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("give the COMMAND to run, e.g. 'aioelastic run -- train.py --epochs 3'")
+    if args.no_python:
+        return command
+    if args.module:
+        return [sys.executable, "-u", "-m", *command]
+    if command[0].endswith(".py"):
+        return [sys.executable, "-u", *command]
+    return command
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the agent until the job succeeds, fails or is interrupted; return its exit code."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="[aioelastic run] %(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        entrypoint = build_entrypoint(args)
+        nproc = parse_nproc(str(args.nproc_per_node))
+        min_nodes, max_nodes = parse_nnodes(str(args.nnodes))
+    except ValueError as exc:
+        print(f"aioelastic run: error: {exc}", file=sys.stderr)
+        return 2
+    standalone = bool(args.standalone)
+    if not standalone and not args.rdzv_endpoint and args.rdzv_backend not in ("memory",):
+        if max_nodes == 1:
+            standalone = True  # torchrun runs one node without any endpoint too
+        else:
+            print(
+                "aioelastic run: error: give --rdzv-endpoint (or --standalone for one node)",
+                file=sys.stderr,
+            )
+            return 2
+    if standalone:
+        if (min_nodes, max_nodes) != (1, 1) or args.rdzv_endpoint:
+            print(
+                "aioelastic run: --standalone runs one node on its own store: ignoring "
+                "--nnodes/--rdzv-endpoint",
+                file=sys.stderr,
+            )
+        min_nodes = max_nodes = 1
+    try:
+        return asyncio.run(_run(args, entrypoint, nproc, min_nodes, max_nodes, standalone))
+    except Exception as exc:  # a clear one-line error, not a traceback
+        print(f"aioelastic run: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _run(
+    args: argparse.Namespace,
+    entrypoint: list[str],
+    nproc: int,
+    min_nodes: int,
+    max_nodes: int,
+    standalone: bool,
+) -> int:
+    from ..rendezvous import RendezvousParameters
+    from . import ElasticAgent, WorkerSpec
+
+    spec = WorkerSpec(
+        entrypoint=entrypoint,
+        nproc_per_node=nproc,
+        max_restarts=args.max_restarts,
+        role=args.role,
+        log_dir=args.log_dir,
+        redirects=args.redirects,
+        tee=args.tee,
+        stop_timeout=args.stop_timeout,
+        exit_barrier_timeout=args.exit_barrier_timeout,
+        monitor_interval=args.monitor_interval,
+    )
+    server: Any = None
+    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
+    local_addr = args.local_addr
+    if standalone:
+        from ..store.http.server import HttpStoreServer
+
+        server = HttpStoreServer(host="127.0.0.1", port=0)
+        await server.start()
+        backend, endpoint = "c10d", f"127.0.0.1:{server.port}"
+        run_id = str(uuid.uuid4())
+        local_addr = local_addr or "127.0.0.1"
+        log.info("standalone: HTTP store at %s, run id %s", server.url, run_id)
+    extra: dict[str, str] = {}
+    if "://" in endpoint:  # a store URL rather than host:port
+        extra["store_url"], endpoint = endpoint, ""
+    try:
+        params = RendezvousParameters.from_rdzv_conf(
+            backend,
+            endpoint,
+            run_id,
+            min_nodes,
+            max_nodes,
+            rdzv_conf=args.rdzv_conf,
+            local_addr=local_addr,
+        )
+        for key, value in extra.items():
+            params.config.setdefault(key, value)
+        if standalone:
+            params.config.setdefault("last_call_timeout", 0)
+        agent = ElasticAgent(spec, params)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, agent.request_stop, sig)
+        try:
+            log.info(
+                "starting %d worker(s) per node, nodes %d:%d, max restarts %d: %s",
+                nproc,
+                min_nodes,
+                max_nodes,
+                args.max_restarts,
+                " ".join(entrypoint),
+            )
+            result = await agent.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        level = logging.INFO if result.exit_code == 0 else logging.ERROR
+        log.log(level, "%s", result.summary())
+        return result.exit_code
+    finally:
+        if server is not None:
+            await server.stop()

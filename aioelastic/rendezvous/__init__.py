@@ -1,0 +1,66 @@
+"""Rendezvous: rounds of membership for elastic jobs, over any store backend.
+
+``DynamicRendezvousHandler`` (elastic, ``min..max`` nodes) and ``StaticRendezvousHandler`` (fixed
+ranks) implement the async :class:`RendezvousHandler`; ``create_handler(RendezvousParameters(...))``
+builds one from torchrun-style parameters through the registry. See ``docs/rendezvous.md``.
+"""
+
+from __future__ import annotations
+
+from ..errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from ._backends import register_builtin_backends, store_url_for
+from .api import (
+    RendezvousEvent,
+    RendezvousEventKind,
+    RendezvousHandler,
+    RendezvousHandlerCreator,
+    RendezvousHandlerRegistry,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousResult,
+    RendezvousStatistics,
+    RendezvousStatus,
+    RendezvousStoreInfo,
+    create_handler,
+    handler_registry,
+    parse_rdzv_conf,
+)
+from .dynamic import DynamicRendezvousHandler, assign_ranks
+from .static import StaticRendezvousHandler
+
+__all__ = [
+    "DynamicRendezvousHandler",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousEvent",
+    "RendezvousEventKind",
+    "RendezvousGracefulExitError",
+    "RendezvousHandler",
+    "RendezvousHandlerCreator",
+    "RendezvousHandlerRegistry",
+    "RendezvousInfo",
+    "RendezvousParameters",
+    "RendezvousResult",
+    "RendezvousStateError",
+    "RendezvousStatistics",
+    "RendezvousStatus",
+    "RendezvousStoreInfo",
+    "RendezvousTimeoutError",
+    "StaticRendezvousHandler",
+    "assign_ranks",
+    "create_handler",
+    "handler_registry",
+    "parse_rdzv_conf",
+    "register_builtin_backends",
+    "store_url_for",
+]
+
+register_builtin_backends()

@@ -1,0 +1,397 @@
+"""Rendezvous benchmark: N nodes in one process (one event loop, one store client each) over the
+memory store, an ``aioelastic serve`` process, or a real etcd.
+
+Prints, for the dynamic handler:
+- exact-size rounds (min=max=N): time from all nodes started to all returned;
+- elastic rounds (min < N < max): completion lateness after the last-call deadline;
+- a new node joining a completed round of N: time until every member has seen it
+  (NODES_WAITING), and until the N+1 round (max allows it at once) has completed;
+- a dead node (no keep-alive, lease not revoked): time until every survivor has seen it;
+- round record size per member.
+With ``--torch`` and torch installed, it times torch's c10d DynamicRendezvousHandler (TCPStore,
+one thread per node) for the same exact-size rounds and prints the ratio.
+
+    PYTHONPATH=. python benchmarks/rendezvous.py [--store memory|http|etcd] [--sizes 2,8,64]
+        [--repeat 3] [--torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
+from aioelastic.rendezvous._state import RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore, Store, open_store
+
+Result = tuple[float, ...]
+
+
+class Stores:
+    """Where the nodes' store clients come from: one shared memory engine per run, or one
+    client per node of a real server (``http://...`` from ``aioelastic serve``, ``etcd://...``)."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.kind = "memory" if url is None else url.split("://")[0]
+
+    async def open(self, n: int) -> list[Store]:
+        if self.url is None:
+            engine = MemoryEngine()
+            return [MemoryStore(engine) for _ in range(n)]
+        return list(await asyncio.gather(*(open_store(self.url) for _ in range(n))))
+
+
+STORES = Stores(None)
+
+
+async def make(n: int, min_nodes: int, max_nodes: int, **kw: Any) -> list[DynamicRendezvousHandler]:
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    stores = await STORES.open(n)
+    return [
+        DynamicRendezvousHandler(
+            store, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", owns_store=True, **kw
+        )
+        for store in stores
+    ]
+
+
+async def close_all(handlers: Sequence[DynamicRendezvousHandler]) -> None:
+    await asyncio.gather(*(h.aclose() for h in handlers))
+
+
+async def exact_round(n: int) -> tuple[float, int]:
+    """Seconds from all N started to all returned; round-record bytes."""
+    handlers = await make(n, n, n)
+    start = time.perf_counter()
+    results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    elapsed = time.perf_counter() - start
+    assert sorted(r.rank for r in results) == list(range(n))
+    record = await handlers[0].store.get(RunKeys(handlers[0].run_id).round)
+    assert record is not None
+    await close_all(handlers)
+    return elapsed, len(record.value)
+
+
+async def elastic_round(n: int, last_call: float) -> float:
+    """Seconds after the last-call deadline at which the last of N nodes returned (min 1)."""
+    handlers = await make(n, 1, n + 1, last_call_timeout=last_call)
+    await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    stats = [h.statistics() for h in handlers]
+    deadlines = [st.last_call_deadline for st in stats if st.rounds_driven]
+    completed = [st.completed_at for st in stats]
+    assert len(deadlines) == 1
+    assert deadlines[0] is not None
+    assert all(t is not None for t in completed)
+    await close_all(handlers)
+    return max(t for t in completed if t is not None) - deadlines[0]
+
+
+async def new_node(n: int) -> tuple[float, float]:
+    """A node joins a completed round of N: (all members saw it, the N+1 round completed)."""
+    # min=N, no last call: the first round forms at N; the N+1 round (max) forms at once
+    handlers = await make(n + 1, n, n + 1, last_call_timeout=0.0)
+    members, late = handlers[:n], handlers[n]
+    await asyncio.gather(*(h.next_rendezvous() for h in members))
+    loop = asyncio.get_running_loop()
+    seen: list[float] = []
+    done: list[float] = []
+
+    async def member(h: DynamicRendezvousHandler) -> None:
+        event = await h.wait_for_change()
+        assert event.kind is RendezvousEventKind.NODES_WAITING, event
+        seen.append(loop.time())
+        await h.next_rendezvous()
+        done.append(loop.time())
+
+    watchers = [loop.create_task(member(h)) for h in members]
+    await asyncio.sleep(0.01)  # every member waits on its watch
+    start = loop.time()
+    result = await late.next_rendezvous()
+    done.append(loop.time())
+    await asyncio.gather(*watchers)
+    assert result.world_size == n + 1
+    await close_all(handlers)
+    return max(seen) - start, max(done) - start
+
+
+async def dead_node(n: int, ttl: float) -> float:
+    """Seconds after the lease TTL at which every survivor saw a SIGKILLed-like node go."""
+    handlers = await make(n, n, n, lease_ttl=ttl)
+    await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    victim, survivors = handlers[0], handlers[1:]
+    loop = asyncio.get_running_loop()
+    seen: list[float] = []
+
+    async def watch(h: DynamicRendezvousHandler) -> None:
+        event = await h.wait_for_change()
+        assert event.kind is RendezvousEventKind.PARTICIPANT_LOST, event
+        seen.append(loop.time())
+
+    watchers = [loop.create_task(watch(h)) for h in survivors]
+    await asyncio.sleep(0.01)
+    lease = victim.lease
+    assert lease is not None
+    status = await victim.store.lease_time_to_live(lease.id)
+    expires_at = loop.time() + status.remaining  # the last keep-alive + TTL
+    await lease.aclose(revoke=False)  # dies: no more keep-alives, no revoke
+    await victim.store.aclose()
+    await asyncio.gather(*watchers)
+    await close_all(survivors)
+    return max(seen) - expires_at
+
+
+def torch_exact_round(n: int) -> float | None:
+    """torch 2.13's c10d DynamicRendezvousHandler, min=max=N, one thread per node."""
+    import threading
+    from datetime import timedelta
+
+    try:
+        c10d = importlib.import_module("torch.distributed")
+        backends = importlib.import_module(
+            "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+        )
+        dynamic = importlib.import_module("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    except ImportError:
+        return None
+    tcp_store = c10d.TCPStore
+    store = tcp_store("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=120))
+    port = store.port
+    run_id = f"bench{n}-{time.monotonic_ns()}"
+    handlers: list[Any] = []
+    for _ in range(n):
+        client = tcp_store("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+        backend = backends.C10dRendezvousBackend(client, run_id)
+        handlers.append(
+            dynamic.DynamicRendezvousHandler.from_backend(
+                run_id, client, backend, n, n, local_addr="127.0.0.1"
+            )
+        )
+    errors: list[BaseException] = []
+
+    def run(h: Any) -> None:
+        try:
+            h.next_rendezvous()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(h,)) for h in handlers]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for h in handlers:
+        h.shutdown()
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+async def process_node(url: str, run_id: str, n: int) -> None:
+    """One node of ``--processes``: ready, wait for the go key, rendezvous, print timestamps."""
+    store = await open_store(url)
+    # warm up this process's code paths and connections with a round of one
+    warm = DynamicRendezvousHandler(store, f"{run_id}-warm-{os.getpid()}", 1, 1)
+    await warm.next_rendezvous()
+    await warm.aclose()
+    handler = DynamicRendezvousHandler(store, run_id, n, n, local_addr="127.0.0.1", owns_store=True)
+    go = f"bench-go/{run_id}"
+    async with store.watch(go) as events:
+        print("READY", flush=True)
+        if await store.get(go) is None:
+            await events.__anext__()
+    result = await handler.next_rendezvous()
+    print("DONE", time.time(), result.rank, flush=True)
+    await handler.aclose()
+
+
+async def process_round(url: str, n: int) -> float:
+    """N node processes: seconds from the go signal to the last node returned (wall clock)."""
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--node",
+            url,
+            run_id,
+            str(n),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(n)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await proc.stdout.readline()
+            assert line.startswith(b"READY"), line
+        async with open_store(url) as store:
+            start = time.time()
+            await store.put(f"bench-go/{run_id}", b"go")
+        ends = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await proc.stdout.readline()
+            assert line.startswith(b"DONE"), line
+            ends.append(float(line.split()[1]))
+        for proc in procs:
+            await proc.wait()
+        return max(ends) - start
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+def summary(values: Sequence[float], scale: float = 1000.0) -> str:
+    return (
+        f"min {min(values) * scale:8.2f}  median {statistics.median(values) * scale:8.2f}  "
+        f"max {max(values) * scale:8.2f} ms"
+    )
+
+
+def repeat(count: int, fn: Callable[[int], float], n: int) -> list[float]:
+    return [fn(n) for _ in range(count)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="2,4,8,16,32,64,128,256,512,1000")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--last-call", type=float, default=0.2)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--torch", action="store_true", help="also time torch's c10d handler")
+    parser.add_argument("--torch-sizes", default="2,4,8,16")
+    parser.add_argument(
+        "--store",
+        choices=["memory", "http", "etcd"],
+        default="memory",
+        help="memory (in-process), http (starts `aioelastic serve`), etcd (starts a real etcd)",
+    )
+    parser.add_argument("--url", help="use this running store instead (http://..., etcd://...)")
+    parser.add_argument(
+        "--processes",
+        default="",
+        help="also time exact-size rounds of N node processes (e.g. 2,8,32; http/etcd only)",
+    )
+    parser.add_argument("--node", nargs=3, help=argparse.SUPPRESS)  # URL RUN_ID N: one node
+    args = parser.parse_args(argv)
+    if args.node:
+        url, run_id, n = args.node
+        asyncio.run(process_node(url, run_id, int(n)))
+        return 0
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(serve(args.store))
+        global STORES
+        STORES = Stores(url)
+        return run(args)
+
+
+@contextlib.contextmanager
+def serve(kind: str) -> Iterator[str | None]:
+    """Start the store server the benchmark talks to; yield its URL (None for memory)."""
+    if kind == "memory":
+        yield None
+    elif kind == "http":
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                match = re.search(r"listening on (\S+)", line)
+                if match:
+                    break
+            else:
+                raise RuntimeError("aioelastic serve did not start")
+            yield match.group(1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    else:
+        from aioelastic.etcd_server import EtcdServer
+
+        server = EtcdServer()
+        asyncio.run(server.start())
+        try:
+            yield server.url
+        finally:
+            asyncio.run(server.stop())
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    where = STORES.url or "the memory store"
+    print(f"aioelastic rendezvous over {where}, python {sys.version.split()[0]}")
+    print("\n== exact-size round (min=max=N), all started -> all returned")
+    exact: dict[int, float] = {}
+    for n in sizes:
+        runs = [asyncio.run(exact_round(n)) for _ in range(args.repeat)]
+        times = [t for t, _ in runs]
+        size = runs[0][1]
+        exact[n] = min(times)
+        print(f"N={n:5d}  {summary(times)}   round record {size} B = {size / n:.1f} B/member")
+
+    print(
+        f"\n== elastic round (min=1, max=N+1, last_call={args.last_call}s): lateness after deadline"
+    )
+    for n in [s for s in sizes if s <= 256]:
+        late = repeat(args.repeat, lambda k: asyncio.run(elastic_round(k, args.last_call)), n)
+        print(f"N={n:5d}  {summary(late)}")
+
+    print("\n== a new node joins a completed round of N (max=N+1)")
+    for n in [s for s in sizes if s <= 256]:
+        joins = [asyncio.run(new_node(n)) for _ in range(args.repeat)]
+        seen = [s for s, _ in joins]
+        formed = [d for _, d in joins]
+        print(f"N={n:5d}  seen by all: {summary(seen)}   N+1 round: {summary(formed)}")
+
+    print(f"\n== dead node (lease TTL {args.ttl}s): seen by every survivor after TTL +")
+    for n in [s for s in sizes if 2 <= s <= 256]:
+        after = repeat(args.repeat, lambda k: asyncio.run(dead_node(k, args.ttl)), n)
+        print(f"N={n:5d}  {summary(after)}")
+
+    if args.processes and STORES.url is not None:
+        print(f"\n== exact-size round of N node processes over {STORES.kind}: go -> all returned")
+        for n in [int(x) for x in args.processes.split(",")]:
+            url = STORES.url
+            times = [asyncio.run(process_round(url, n)) for _ in range(args.repeat)]
+            print(f"N={n:5d}  {summary(times)}")
+
+    if args.torch:
+        print("\n== torch 2.x c10d DynamicRendezvousHandler (TCPStore, thread per node), min=max=N")
+        for n in [int(s) for s in args.torch_sizes.split(",")]:
+            elapsed = torch_exact_round(n)
+            if elapsed is None:
+                print("torch is not installed")
+                break
+            ours = exact.get(n)
+            if ours is None:
+                ours = min(asyncio.run(exact_round(n))[0] for _ in range(args.repeat))
+            print(
+                f"N={n:5d}  torch {elapsed * 1000:9.1f} ms   aioelastic {ours * 1000:7.2f} ms   "
+                f"ratio {elapsed / ours:8.0f}x"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""The torchrun plugin: torch's own agent (``torch.distributed.run``) rendezvousing through
+aioelastic (``--rdzv-backend aioelastic``) on loopback. Skipped when torch is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from agent_helpers import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of, out
+
+from aioelastic.store import MemoryEngine, MemoryStore, Store
+from aioelastic.store.http.server import HttpStoreServer
+
+__all__ = ["out"]  # the fixture
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None, reason="torch is not installed (optional)"
+    ),
+]
+
+# torchrun with the backend registered by hand (the entry point needs the package installed)
+LAUNCH = (
+    "import sys; from aioelastic.torchrun import register; register(); "
+    "from torch.distributed.run import main; sys.exit(main())"
+)
+
+
+async def _torchrun(*args: str) -> asyncio.subprocess.Process:
+    env = _env()
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return await asyncio.create_subprocess_exec(
+        PY,
+        "-c",
+        LAUNCH,
+        "--rdzv-backend=aioelastic",
+        "--local-addr=127.0.0.1",
+        "--monitor-interval=0.1",
+        *args,
+        env=env,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        stdout, stderr = await proc.communicate()
+        raise AssertionError(f"torchrun did not finish in {timeout}s:\n{stderr.decode()}") from None
+    assert proc.returncode is not None
+    return proc.returncode, stdout.decode(), stderr.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
+    example = str(ROOT / "examples" / "torch_allreduce.py")
+    async with HttpStoreServer(port=0) as server:
+        args = (
+            f"--rdzv-endpoint={server.url}",
+            "--rdzv-id=torchrun-two",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            example,
+        )
+        nodes = [await _torchrun(*args) for _ in range(2)]
+        results = [await _finish(node, 120) for node in nodes]
+    for code, _stdout, stderr in results:
+        assert code == 0, stderr
+    outputs = "".join(stdout for _code, stdout, _stderr in results)
+    assert outputs.count("all_reduce(sum of rank+1) = 3") == 2, outputs
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
+    async with HttpStoreServer(port=0) as server:
+        args = (
+            f"--rdzv-endpoint=127.0.0.1:{server.port}",
+            "--rdzv-id=torchrun-shrink",
+            "--nnodes=1:2",
+            "--nproc-per-node=2",
+            "--rdzv-conf=last_call_timeout=3,keep_alive_interval=0.3,keep_alive_max_attempt=3",
+            WORKER,
+            "elastic",
+            str(out),
+        )
+        nodes = [await _torchrun(*args) for _ in range(2)]
+        victim_workers: set[int] = set()
+        try:
+            deadline = time.monotonic() + 60
+            while (
+                len(big := [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "4"]) < 4
+            ):
+                assert time.monotonic() < deadline, "the 2-node round did not start"
+                await asyncio.sleep(0.05)
+            (out / "shrink").touch()
+            group = big[-1]["GROUP_RANK"]
+            victim_workers = {s["pid"] for s in big if s["GROUP_RANK"] == group}
+            parents = {_parent_of(pid) for pid in victim_workers}
+            (victim,) = [n for n in nodes if n.pid in parents]
+            (survivor,) = [n for n in nodes if n is not victim]
+            victim.send_signal(signal.SIGKILL)
+            code, _stdout, stderr = await _finish(survivor, 120)
+            await victim.wait()
+        finally:
+            for node in nodes:
+                if node.returncode is None:
+                    node.kill()
+                    await node.wait()
+            # torch's agent gives its workers no death signal: its orphans are cleaned up here
+            for pid in victim_workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert code == 0, stderr
+    small = [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "2"]
+    assert sorted(s["RANK"] for s in small) == ["0", "1"]
+    _assert_no_orphans(str(out))
+
+
+def test_torch_store_adapter_semantics() -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from aioelastic.torchrun import TorchStore, _LoopThread
+
+    loop = _LoopThread()
+    try:
+        store = TorchStore(loop.run(_memory_store()), loop)
+        assert isinstance(store, dist.Store)
+        store.set("a", "1")
+        store.set("b", b"\x00\xff")
+        assert store.get("a") == b"1"
+        assert store.multi_get(["a", "b"]) == [b"1", b"\x00\xff"]
+        store.multi_set(["c", "d"], ["3", b"4"])
+        assert store.check(["c", "d"])
+        assert not store.check(["c", "missing"])
+        assert store.add("n", 2) == 2
+        assert store.add("n", 3) == 5
+        # torch's compare_set: absent + empty expected sets; a mismatch returns the current value
+        assert store.compare_set("k", "", "v1") == b"v1"
+        assert store.compare_set("k", "nope", "v2") == b"v1"
+        assert store.compare_set("k", "v1", "v2") == b"v2"
+        assert store.compare_set("absent", "x", "y") == b"x"
+        assert store.get("k") == b"v2"
+        assert store.delete_key("k") is True
+        assert store.delete_key("k") is False
+        assert store.num_keys() == 5  # a, b, c, d, n
+        store.set_timeout(timedelta(seconds=0.2))
+        started = time.monotonic()
+        with pytest.raises(dist.DistStoreError, match="missing"):
+            store.get("missing")
+        assert time.monotonic() - started < 5
+        with pytest.raises(dist.DistStoreError):
+            store.wait(["missing"], timedelta(seconds=0.1))
+        store.wait(["a"])
+        # a PrefixStore over it, as torch's agent may use
+        prefixed = dist.PrefixStore("p", store)
+        prefixed.set("x", "1")
+        assert prefixed.get("x") == b"1"
+    finally:
+        loop.close()
+
+
+async def _memory_store() -> Store:
+    return MemoryStore(MemoryEngine())
+
+
+def test_errors_are_translated_for_torch() -> None:
+    from torch.distributed.elastic.rendezvous import api as torch_api
+
+    from aioelastic import errors
+    from aioelastic.torchrun import _translate
+
+    cases = [
+        (errors.RendezvousGracefulExitError("x"), torch_api.RendezvousGracefulExitError),
+        (errors.RendezvousClosedError("x"), torch_api.RendezvousClosedError),
+        (errors.RendezvousTimeoutError("x"), torch_api.RendezvousTimeoutError),
+        (errors.RendezvousConnectionError("x"), torch_api.RendezvousConnectionError),
+        (errors.StoreConnectionError("x"), torch_api.RendezvousConnectionError),
+        (errors.RendezvousStateError("x"), torch_api.RendezvousStateError),
+    ]
+    for ours, theirs in cases:
+        assert type(_translate(ours)) is theirs
+    other = ValueError("x")
+    assert _translate(other) is other
+
+
+def test_handler_creator_and_registration() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    from aioelastic.torchrun import BACKEND, create_torch_handler, handler_creator, register
+
+    assert handler_creator() is create_torch_handler
+    register()
+    register()  # idempotent
+    assert rendezvous_handler_registry._registry[BACKEND] is create_torch_handler

@@ -1,0 +1,590 @@
+"""Unit tests of every transition of the dynamic rendezvous, on the memory store in virtual time.
+
+Each test runs on aioelastic's virtual-time loop: lease TTLs, last-call windows and join timeouts
+take no real time, and ``loop.time()`` tells exactly when something happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+from aioelastic.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEventKind,
+    RendezvousResult,
+    RendezvousStatus,
+)
+from aioelastic.rendezvous._state import RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.testing import run_virtual
+
+T = TypeVar("T")
+
+TTL = 6.0
+
+
+def virtual(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Run an async test body on the virtual-time loop."""
+
+    async def bounded() -> None:
+        async with asyncio.timeout(3600):  # virtual seconds: a hang fails fast
+            await fn()
+
+    def run() -> None:
+        run_virtual(bounded())
+
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def handlers(
+    engine: MemoryEngine, n: int, min_nodes: int, max_nodes: int, **kw: Any
+) -> list[DynamicRendezvousHandler]:
+    kw.setdefault("lease_ttl", TTL)
+    kw.setdefault("last_call_timeout", 10.0)
+    kw.setdefault("join_timeout", 100.0)
+    return [
+        DynamicRendezvousHandler(MemoryStore(engine), "job", min_nodes, max_nodes, **kw)
+        for _ in range(n)
+    ]
+
+
+async def crash(handler: DynamicRendezvousHandler) -> None:
+    """Simulate the node's process dying: no more keep-alives, no clean leave, no client."""
+    if handler.lease is not None:
+        await handler.lease.aclose(revoke=False)
+    await handler.store.aclose()
+
+
+def spawn(coro: Awaitable[T]) -> asyncio.Task[T]:
+    async def wrap() -> T:
+        return await coro
+
+    return asyncio.get_running_loop().create_task(wrap())
+
+
+async def settle() -> None:
+    """Let every ready task run (virtual time does not advance while work is ready)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def check_round(results: Sequence[RendezvousResult]) -> None:
+    assert results
+    first = results[0]
+    assert sorted(r.rank for r in results) == list(range(first.world_size))
+    assert len(results) == first.world_size
+    for r in results:
+        assert (r.round, r.participants, r.world_size) == (
+            first.round,
+            first.participants,
+            first.world_size,
+        )
+        assert r.participants[r.rank] == r.node_id
+
+
+async def close_all(hs: Sequence[DynamicRendezvousHandler]) -> None:
+    for h in hs:
+        await h.aclose()
+
+
+# -- forming a round ------------------------------------------------------------------------------
+
+
+@virtual
+async def test_exact_size_round_completes_at_once() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 4, 4, 4)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    assert loop.time() == start  # no wait of any kind
+    check_round(results)
+    assert results[0].round == 0
+    assert all(h.status is RendezvousStatus.ACTIVE and h.is_active for h in hs)
+    info = results[0].bootstrap_store_info
+    assert info.master_addr
+    assert 0 < info.master_port < 65536
+    assert {r.bootstrap_store_info for r in results} == {info}
+    await close_all(hs)
+
+
+@virtual
+async def test_single_node_round() -> None:
+    engine = MemoryEngine()
+    (h,) = handlers(engine, 1, 1, 1)
+    result = await h.next_rendezvous()
+    assert (result.rank, result.world_size, result.participants) == (0, 1, (h.node_id,))
+    await h.aclose()
+
+
+@virtual
+async def test_elastic_round_completes_at_last_call_deadline() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 2, 4, last_call_timeout=10.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = [spawn(h.next_rendezvous()) for h in hs[:2]]
+    await asyncio.sleep(4)  # the third arrives inside the window and is included
+    tasks.append(spawn(hs[2].next_rendezvous()))
+    results = await asyncio.gather(*tasks)
+    assert loop.time() - start == pytest.approx(10.0)  # from when min (2) was reached
+    check_round(results)
+    assert results[0].world_size == 3
+    stats = [h.statistics() for h in hs]
+    (driver,) = [st for st in stats if st.rounds_driven]
+    assert driver.last_call_deadline == pytest.approx(start + 10.0)
+    assert all(st.completed_at == loop.time() and st.round == 0 and st.joins == 1 for st in stats)
+    assert all(st.world_size == 3 and st.lease_id for st in stats)
+    await close_all(hs)
+
+
+@virtual
+async def test_reaching_max_completes_before_the_deadline() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 2, 3, last_call_timeout=10.0)
+    loop = asyncio.get_running_loop()
+    tasks = [spawn(h.next_rendezvous()) for h in hs[:2]]
+    await asyncio.sleep(3)
+    start = loop.time()
+    tasks.append(spawn(hs[2].next_rendezvous()))
+    results = await asyncio.gather(*tasks)
+    assert loop.time() == start
+    check_round(results)
+    await close_all(hs)
+
+
+@virtual
+async def test_below_min_waits_then_join_timeout_withdraws() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 3, 3, join_timeout=20.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    outcomes = await asyncio.gather(*(h.next_rendezvous() for h in hs), return_exceptions=True)
+    assert all(isinstance(o, RendezvousTimeoutError) for o in outcomes)
+    assert isinstance(outcomes[0], TimeoutError)  # also the builtin
+    assert loop.time() - start == pytest.approx(20.0)
+    keys = RunKeys("job")
+    assert (await hs[0].store.range(keys.nodes)).count == 0  # both withdrew
+    assert all(h.status is RendezvousStatus.ACTIVE for h in hs)  # a timeout is no error
+    await close_all(hs)
+
+
+@virtual
+async def test_node_leaving_before_completion_leaves_the_forming_round() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 3, 3)
+    loop = asyncio.get_running_loop()
+    first = spawn(hs[0].next_rendezvous())
+    gone = spawn(hs[1].next_rendezvous())
+    await settle()
+    await crash(hs[1])
+    with pytest.raises(RendezvousConnectionError):
+        await gone
+    start = loop.time()
+    keys = RunKeys("job")
+    watch = hs[0].store.watch(keys.nodes_of(0))
+    async with watch:
+        event = await watch.__anext__()  # the dead node's record goes at its lease expiry
+    assert event.kv.key == keys.node(0, hs[1].node_id)
+    assert loop.time() - start == pytest.approx(TTL)
+    third = spawn(hs[2].next_rendezvous())
+    await settle()
+    assert not third.done()  # two of three: the dead node is no longer counted
+    late = handlers(engine, 1, 3, 3)[0]
+    results = await asyncio.gather(first, third, late.next_rendezvous())
+    check_round(results)
+    assert hs[1].node_id not in results[0].participants
+    await close_all([hs[0], hs[2], late])
+
+
+@virtual
+async def test_cancelling_next_rendezvous_withdraws_the_registration() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    task = spawn(hs[0].next_rendezvous())
+    await settle()
+    keys = RunKeys("job")
+    assert (await hs[0].store.range(keys.nodes_of(0))).count == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await hs[0].store.range(keys.nodes_of(0))).count == 0
+    assert await hs[0].store.get(keys.driver) is None
+    await close_all(hs)
+
+
+@virtual
+async def test_aclose_ends_a_pending_join() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    task = spawn(hs[0].next_rendezvous())
+    await settle()
+    await hs[0].aclose()
+    with pytest.raises(RendezvousClosedError, match="closed while joining"):
+        await task
+    assert (await hs[1].store.range(RunKeys("job").nodes)).count == 0
+    assert hs[0].status is RendezvousStatus.CLOSED
+    await close_all(hs)
+
+
+@virtual
+async def test_driver_crash_is_taken_over() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 4, 3, 3)
+    keys = RunKeys("job")
+    driver_task = spawn(hs[0].next_rendezvous())
+    await settle()
+    kv = await hs[0].store.get(keys.driver)
+    assert kv is not None
+    assert hs[0].node_id in kv.value.decode()
+    others = [spawn(hs[1].next_rendezvous())]
+    await settle()
+    await crash(hs[0])
+    with pytest.raises(RendezvousConnectionError):
+        await driver_task
+    # after the driver's lease expires, a waiting node drives; the fourth completes the round
+    results = await asyncio.gather(*others, hs[2].next_rendezvous(), hs[3].next_rendezvous())
+    check_round(results)
+    assert hs[0].node_id not in results[0].participants
+    await close_all(hs[1:])
+
+
+# -- surplus nodes, late nodes, rounds ------------------------------------------------------------
+
+
+@virtual
+async def test_surplus_node_is_a_standby_without_timeout_and_exits_gracefully_on_close() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 4, 3, 3, join_timeout=5.0)
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs[:3]))
+    check_round(results)
+    standby = spawn(hs[3].next_rendezvous())
+    await asyncio.sleep(50)  # ten join timeouts: a standby does not time out
+    assert not standby.done()
+    assert await hs[0].num_nodes_waiting() == 0  # the round is full: restarting cannot take it
+    await hs[0].set_closed()
+    with pytest.raises(RendezvousGracefulExitError):
+        await standby
+    assert hs[3].status is RendezvousStatus.CLOSED
+    await close_all(hs)
+
+
+@virtual
+async def test_surplus_in_one_forming_round_waits_for_the_next() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 5, 2, 4)
+    tasks = [spawn(h.next_rendezvous()) for h in hs]
+    done, pending = await asyncio.wait(tasks, timeout=30)
+    assert len(done) == 4
+    assert len(pending) == 1
+    check_round([t.result() for t in done])
+    members = [h for h, t in zip(hs, tasks, strict=True) if t in done]
+    # a member dies: the standby counts as waiting now, and the next round takes it
+    await crash(members[-1])
+    assert await members[0].num_nodes_waiting() == 0  # lease still running
+    event = await members[0].wait_for_change()
+    assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
+    assert event.node_id == members[-1].node_id
+    assert event.num_nodes_waiting == 1
+    results = await asyncio.gather(*(m.next_rendezvous() for m in members[:-1]), *pending)
+    check_round(results)
+    assert results[0].world_size == 4
+    assert results[0].round == 1
+    await close_all(hs)
+
+
+@virtual
+async def test_late_node_is_waiting_and_next_round_takes_it_keeping_ranks() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 2, 4, last_call_timeout=0.0)
+    loop = asyncio.get_running_loop()
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]))
+    check_round(first)
+    joined_at = loop.time()
+    late = spawn(hs[2].next_rendezvous())
+    for h in hs[:2]:
+        event = await h.wait_for_change()
+        assert event.kind is RendezvousEventKind.NODES_WAITING
+        assert event.num_nodes_waiting == 1
+        assert event.node_id == hs[2].node_id
+        assert loop.time() == joined_at  # seen at once: a watch event, no poll interval
+    assert await hs[0].num_nodes_waiting() == 1
+    second = await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]), late)
+    check_round(second)
+    assert second[0].round == 1
+    assert second[0].world_size == 3
+    for old, new in zip(first, second[:2], strict=True):
+        assert new.rank == old.rank  # stayed, kept its rank
+    assert second[2].rank == 2
+    await close_all(hs)
+
+
+@virtual
+async def test_new_round_waits_for_every_member_of_the_previous_round() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 1, 3, last_call_timeout=0.0)
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    check_round(first)
+    rejoin = [spawn(h.next_rendezvous()) for h in hs[:2]]
+    await asyncio.sleep(30)
+    assert not any(t.done() for t in rejoin)  # hs[2] is still in round 0: no node in two rounds
+    event = await hs[2].wait_for_change()
+    assert event.kind is RendezvousEventKind.NODES_WAITING
+    second = await asyncio.gather(*rejoin, hs[2].next_rendezvous())
+    check_round(second)
+    assert [r.rank for r in second] == [r.rank for r in first]
+    await close_all(hs)
+
+
+@virtual
+async def test_member_crash_after_completion_is_an_event_for_every_member() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 2, 3)
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    start = loop.time()
+    await crash(hs[1])
+    for h in (hs[0], hs[2]):
+        event = await h.wait_for_change()
+        assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
+        assert event.node_id == hs[1].node_id
+    assert loop.time() - start <= TTL + 0.001
+    # an agent that polls num_nodes_waiting (as torch's does) is told to restart (torch #111646)
+    assert await hs[0].num_nodes_waiting() == 1
+    # survivors re-form
+    second = await asyncio.gather(hs[0].next_rendezvous(), hs[2].next_rendezvous())
+    check_round(second)
+    assert second[0].world_size == 2
+    await close_all([hs[0], hs[2]])
+
+
+@virtual
+async def test_events_iterator_ends_with_closed() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 3, last_call_timeout=0.0)
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+
+    async def collect() -> list[RendezvousEventKind]:
+        return [event.kind async for event in hs[0].events()]
+
+    task = spawn(collect())
+    await settle()
+    extra = handlers(engine, 1, 2, 3)[0]
+    joiner = spawn(extra.next_rendezvous())
+    await settle()
+    await hs[1].set_closed()
+    assert await task == [RendezvousEventKind.NODES_WAITING, RendezvousEventKind.CLOSED]
+    with pytest.raises(RendezvousClosedError):
+        await joiner
+    await close_all([*hs, extra])
+
+
+@virtual
+async def test_lease_loss_puts_the_handler_in_error_and_it_can_rejoin() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    lease = hs[0].lease
+    assert lease is not None
+    await hs[0].store.lease_revoke(lease.id)  # e.g. an operator, or a partition past the TTL
+    event = await hs[0].wait_for_change()
+    assert event.kind is RendezvousEventKind.ERROR
+    assert hs[0].has_error
+    assert hs[0].status is RendezvousStatus.ERROR
+    message = hs[0].get_error_message()
+    assert message is not None
+    assert "LeaseExpiredError" in message
+    lost = await hs[1].wait_for_change()
+    assert lost.kind is RendezvousEventKind.PARTICIPANT_LOST
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    check_round(results)
+    assert hs[0].is_active
+    assert hs[0].error is None
+    await close_all(hs)
+
+
+# -- closing --------------------------------------------------------------------------------------
+
+
+@virtual
+async def test_close_wakes_waiting_nodes_and_is_sticky() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 3, 3)
+    waiting = [spawn(h.next_rendezvous()) for h in hs[:2]]
+    await settle()
+    assert not await hs[2].is_closed()
+    await hs[2].close()
+    for task in waiting:
+        with pytest.raises(RendezvousClosedError):
+            await task
+    assert all(h.status is RendezvousStatus.CLOSED for h in hs)
+    with pytest.raises(RuntimeError):  # torch code catches RuntimeError
+        await hs[0].next_rendezvous()
+    newcomer = handlers(engine, 1, 3, 3)[0]
+    assert await newcomer.is_closed()
+    with pytest.raises(RendezvousClosedError):
+        await newcomer.next_rendezvous()
+    assert (await hs[0].store.range(RunKeys("job").nodes)).count == 0  # all withdrew
+    await close_all([*hs, newcomer])
+
+
+@virtual
+async def test_leaving_does_not_close_and_a_restarted_agent_rejoins() -> None:
+    """torch #147064: an interrupted agent closed the run for everyone. Leaving never closes."""
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await hs[1].aclose()  # Ctrl+C: leave
+    event = await hs[0].wait_for_change()
+    assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
+    assert not await hs[0].is_closed()
+    with pytest.raises(RendezvousClosedError):  # the handler itself is done
+        await hs[1].next_rendezvous()
+    restarted = handlers(engine, 1, 2, 2)[0]
+    results = await asyncio.gather(hs[0].next_rendezvous(), restarted.next_rendezvous())
+    check_round(results)
+    assert results[0].round == 1
+    assert results[0].rank == 0
+    await close_all([hs[0], restarted])
+
+
+@virtual
+async def test_shutdown_closes_the_run_like_torch() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    assert await hs[0].shutdown() is True
+    event = await hs[1].wait_for_change()
+    assert event.kind is RendezvousEventKind.CLOSED
+    assert await hs[1].is_closed()
+    await hs[1].aclose()
+
+
+@virtual
+async def test_reopen_closed_starts_a_new_generation_for_new_handlers_only() -> None:
+    engine = MemoryEngine()
+    old = handlers(engine, 2, 2, 2)
+    first = await asyncio.gather(*(h.next_rendezvous() for h in old))
+    await old[0].set_closed()
+    plain = handlers(engine, 1, 2, 2)[0]
+    with pytest.raises(RendezvousClosedError):
+        await plain.next_rendezvous()
+    fresh = handlers(engine, 2, 2, 2, reopen_closed=True)
+    results = await asyncio.gather(*(h.next_rendezvous() for h in fresh))
+    check_round(results)
+    assert results[0].round > first[0].round  # rounds stay monotonic across generations
+    assert await old[1].is_closed()  # it saw the close: it stays closed
+    with pytest.raises(RendezvousClosedError):
+        await old[1].next_rendezvous()
+    await close_all([*old, plain, *fresh])
+
+
+# -- state validation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x80\x04\x95 pickle",
+        b"[]",
+        b'{"v": 1, "kind": "node", "r": 0, "m": ["a"], "ma": "h", "mp": 1}',
+        b'{"v": 2, "kind": "round", "r": 0, "m": ["a"], "ma": "h", "mp": 1}',
+        b'{"v": 1, "kind": "round", "r": -3, "m": ["a"], "ma": "h", "mp": 1}',
+        b'{"v": 1, "kind": "round", "r": 0, "m": ["a", "a"], "ma": "h", "mp": 1}',
+        b'{"v": 1, "kind": "round", "r": 0, "m": ["a/b"], "ma": "h", "mp": 1}',
+    ],
+)
+def test_corrupt_or_foreign_round_record_is_a_state_error(value: bytes) -> None:
+    async def body() -> None:
+        engine = MemoryEngine()
+        (h,) = handlers(engine, 1, 1, 1)
+        await h.store.put(RunKeys("job").round, value)
+        with pytest.raises(RendezvousStateError, match="aioelastic/rdzv/job/c/round"):
+            await h.next_rendezvous()
+        assert h.status is RendezvousStatus.ERROR
+        assert isinstance(h.error, RendezvousStateError)
+        await h.aclose()
+
+    run_virtual(body())
+
+
+@virtual
+async def test_corrupt_node_record_fails_the_driver_and_the_join() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    store = hs[0].store
+    await store.put(RunKeys("job").node(0, "intruder"), b'{"v":1,"kind":"node","id":"other"}')
+    with pytest.raises(RendezvousStateError):
+        await hs[0].next_rendezvous()
+    await close_all(hs)
+
+
+@virtual
+async def test_duplicate_node_id_is_refused() -> None:
+    engine = MemoryEngine()
+    a, b = handlers(engine, 2, 3, 3, node_id="node-a")
+    task = spawn(a.next_rendezvous())
+    await settle()
+    with pytest.raises(RendezvousError, match="already registered"):
+        await b.next_rendezvous()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await close_all([a, b])
+
+
+@virtual
+async def test_store_failure_is_a_connection_error_and_error_status() -> None:
+    engine = MemoryEngine()
+    (h,) = handlers(engine, 1, 1, 1)
+    await h.store.aclose()
+    with pytest.raises(RendezvousConnectionError):
+        await h.next_rendezvous()
+    assert h.has_error
+    await h.aclose()
+
+
+@virtual
+async def test_result_store_is_namespaced_per_round() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await results[0].store.put("k", b"v")
+    kv = await results[1].store.get("k")
+    assert kv is not None
+    assert kv.value == b"v"
+    assert await hs[0].store.get("aioelastic/rdzv-data/job/0/k") is not None
+    second = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    assert await second[0].store.get("k") is None
+    assert await hs[0].store.get("aioelastic/rdzv-data/job/0/k") is None  # garbage collected
+    await close_all(hs)
+
+
+def test_constructor_validates_arguments() -> None:
+    store = MemoryStore()
+    with pytest.raises(ValueError, match="min_nodes"):
+        DynamicRendezvousHandler(store, "job", 0, 1)
+    with pytest.raises(ValueError, match="max_nodes"):
+        DynamicRendezvousHandler(store, "job", 3, 2)
+    with pytest.raises(ValueError, match="run_id"):
+        DynamicRendezvousHandler(store, "a/b", 1, 1)
+    with pytest.raises(ValueError, match="node_id"):
+        DynamicRendezvousHandler(store, "job", 1, 1, node_id="x y")
+    with pytest.raises(ValueError, match="join_timeout"):
+        DynamicRendezvousHandler(store, "job", 1, 1, join_timeout=0)
+    with pytest.raises(TypeError, match="lease_ttl"):
+        DynamicRendezvousHandler(store, "job", 1, 1, lease_ttl="5")  # type: ignore[arg-type]
