@@ -207,3 +207,17 @@ def test_handler_creator_and_registration() -> None:
     register()
     register()  # idempotent
     assert rendezvous_handler_registry._registry[BACKEND] is create_torch_handler
+
+
+def test_torchrun_finds_the_backend_through_its_entry_point() -> None:
+    """torchrun loads rendezvous plugins from the ``torchrun.handlers`` entry-point group."""
+    from importlib.metadata import entry_points
+
+    from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
+
+    (entry,) = [e for e in entry_points(group="torchrun.handlers") if e.name == "aioelastic"]
+    assert entry.value == "aioelastic.torchrun:handler_creator"
+    _register_out_of_tree_handlers()
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    assert rendezvous_handler_registry._registry.get("aioelastic") is not None
