@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 
 from aioelastic.agent.worker import WorkerEnv, configure_timers, open_worker_store
 from aioelastic.timer import expires
@@ -31,11 +32,12 @@ async def main() -> None:
         await client.aclose()
     expected = sum(rank * rank for rank in range(env.world_size))
     assert total == expected, (total, expected)
-    print(
+    # One write per line, so that lines of workers sharing the terminal never interleave.
+    sys.stdout.write(
         f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, "
-        f"pid {os.getpid()}, restart {env.restart_count}): sum of squares = {total}",
-        flush=True,
+        f"pid {os.getpid()}, restart {env.restart_count}): sum of squares = {total}\n"
     )
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -490,3 +490,23 @@ async def test_watch_streams_are_limited() -> None:
             pass
         for watch in watches[1:]:
             await watch.aclose()
+
+
+@pytest.mark.asyncio
+async def test_server_runs_without_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base install (no `server` extra) still serves; only /metrics says what is missing."""
+    import sys
+
+    import aiohttp
+
+    from aioelastic.store.http.server import HttpStoreServer
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import now raises ImportError
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as session:
+        async with session.put(f"{server.url}/v1/kv/a", data=b"1") as response:
+            assert response.status == 200
+        async with session.get(f"{server.url}/metrics") as response:
+            assert response.status == 501
+            body = await response.json()
+        assert body["error"] == "metrics_unavailable"
+        assert "aioelastic[server]" in body["message"]

@@ -267,7 +267,7 @@ class _App:
         token: str | None,
         limits: _Limits,
         data: DataDir | None,
-        metrics: _Metrics,
+        metrics: _Metrics | _NoMetrics,
     ) -> None:
         self.engine = engine
         self.token = token.encode() if token is not None else None
@@ -744,13 +744,7 @@ class _Metrics:
     process)."""
 
     def __init__(self, engine: MemoryEngine) -> None:
-        try:
-            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-        except ImportError:
-            raise ImportError(
-                "the HTTP store server needs prometheus-client for /metrics: "
-                "pip install 'aioelastic[server]'"
-            ) from None
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -796,6 +790,37 @@ class _Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+class _Unset:
+    def set_function(self, function: Callable[[], float]) -> None:
+        pass
+
+
+class _NoMetrics:
+    """Without prometheus-client the server runs as usual; ``/metrics`` answers 501 and says
+    which extra to install."""
+
+    watchers = connections = _Unset()
+
+    def observe(self, op: str, status: int, seconds: float) -> None:
+        pass
+
+    def render(self) -> tuple[bytes, str]:
+        raise _ApiError(
+            501,
+            "metrics_unavailable",
+            "this server has no metrics: install prometheus-client (pip install "
+            "'aioelastic[server]') and restart it",
+        )
+
+
+def _metrics_for(engine: MemoryEngine) -> _Metrics | _NoMetrics:
+    try:
+        return _Metrics(engine)
+    except ImportError:
+        log.info("prometheus-client is not installed: /metrics is disabled")
+        return _NoMetrics()
+
+
 def make_app(
     engine: MemoryEngine,
     *,
@@ -815,7 +840,7 @@ def make_app(
         raise ValueError(
             "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
         )
-    metrics = _Metrics(engine)
+    metrics = _metrics_for(engine)
     state = _App(
         engine,
         token=token,
