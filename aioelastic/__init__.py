@@ -43,6 +43,15 @@ from .errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
+from .rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousHandler,
+    RendezvousParameters,
+    RendezvousResult,
+    RendezvousStatus,
+    StaticRendezvousHandler,
+    create_handler,
+)
 from .store import (
     CasResult,
     EventType,
@@ -57,6 +66,7 @@ from .store import (
     WatchEvent,
     open_store,
 )
+from .timer import TimerGuard, TimerRequest, expires
 
 __version__ = "0.1.0.dev0"
 
@@ -65,6 +75,7 @@ __all__ = [
     "CasResult",
     "CompactedError",
     "ConfigError",
+    "DynamicRendezvousHandler",
     "EventType",
     "JobStateError",
     "KeyValue",
@@ -81,8 +92,13 @@ __all__ = [
     "RendezvousConnectionError",
     "RendezvousError",
     "RendezvousGracefulExitError",
+    "RendezvousHandler",
+    "RendezvousParameters",
+    "RendezvousResult",
     "RendezvousStateError",
+    "RendezvousStatus",
     "RendezvousTimeoutError",
+    "StaticRendezvousHandler",
     "Store",
     "StoreAuthError",
     "StoreClosedError",
@@ -94,11 +110,15 @@ __all__ = [
     "TimeoutException",
     "TimerError",
     "TimerExpiredError",
+    "TimerGuard",
+    "TimerRequest",
     "ValueTooLargeError",
     "Watch",
     "WatchEvent",
     "WriteOutcomeUnknownError",
     "WriteTimeoutError",
     "__version__",
+    "create_handler",
+    "expires",
     "open_store",
 ]
