@@ -399,6 +399,28 @@ class RendezvousParameters:
 RendezvousHandlerCreator = Callable[[RendezvousParameters], Awaitable[RendezvousHandler]]
 
 
+class _HandlerStatusFlags:
+    """``status`` and ``error`` of the built-in handlers, from three flags they keep: CLOSED once
+    the run was seen closed or this handler was closed, else ERROR while an error stands, else
+    ACTIVE."""
+
+    _closed_seen: bool
+    _handler_closed: bool
+    _error: BaseException | None
+
+    @property
+    def status(self) -> RendezvousStatus:
+        if self._closed_seen or self._handler_closed:
+            return RendezvousStatus.CLOSED
+        if self._error is not None:
+            return RendezvousStatus.ERROR
+        return RendezvousStatus.ACTIVE
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+
 class RendezvousHandlerRegistry:
     """Backend name -> ``async creator(params) -> RendezvousHandler``.
 

@@ -73,8 +73,8 @@ from .api import (
     RendezvousHandler,
     RendezvousResult,
     RendezvousStatistics,
-    RendezvousStatus,
     RendezvousStoreInfo,
+    _HandlerStatusFlags,
 )
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class _Control:
             self.closed = ClosedRecord.decode(kv.key, kv.value) if put else None
 
 
-class DynamicRendezvousHandler(RendezvousHandler):
+class DynamicRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
     """The elastic rendezvous over any :class:`~aioelastic.store.Store` (see the module doc).
 
     ``lease_ttl`` is how long a dead node's records outlive it (default: torch's
@@ -291,18 +291,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def lease(self) -> LeaseKeeper | None:
         """The lease that keeps this node's records alive (None before the first join)."""
         return self._keeper
-
-    @property
-    def status(self) -> RendezvousStatus:
-        if self._closed_seen or self._handler_closed:
-            return RendezvousStatus.CLOSED
-        if self._error is not None:
-            return RendezvousStatus.ERROR
-        return RendezvousStatus.ACTIVE
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
 
     def statistics(self) -> RendezvousStatistics:
         """A snapshot of this handler (times in event-loop time)."""

@@ -30,8 +30,8 @@ from .api import (
     RendezvousEventKind,
     RendezvousHandler,
     RendezvousResult,
-    RendezvousStatus,
     RendezvousStoreInfo,
+    _HandlerStatusFlags,
 )
 from .dynamic import _default_addr, _free_port
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["StaticRendezvousHandler"]
 
 
-class StaticRendezvousHandler(RendezvousHandler):
+class StaticRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
     """A fixed-size rendezvous: ``rank`` in ``0..world_size-1`` is given, not assigned.
 
     ``master_addr``/``master_port`` override what rank 0 publishes (default: its address and a
@@ -107,18 +107,6 @@ class StaticRendezvousHandler(RendezvousHandler):
     @property
     def run_id(self) -> str:
         return self._keys.run_id
-
-    @property
-    def status(self) -> RendezvousStatus:
-        if self._closed_seen or self._handler_closed:
-            return RendezvousStatus.CLOSED
-        if self._error is not None:
-            return RendezvousStatus.ERROR
-        return RendezvousStatus.ACTIVE
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
 
     def _check_usable(self) -> None:
         if self._handler_closed:
