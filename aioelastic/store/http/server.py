@@ -213,7 +213,7 @@ def _written(revision: int, kv: KeyValue) -> web.Response:
 
 
 #: A JSON string literal, escaped exactly as the (``ensure_ascii``) encoder above escapes it.
-_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
 # -- parsing -------------------------------------------------------------------------------------
