@@ -54,16 +54,22 @@ __all__ = ["HttpStore", "open_http_store"]
 TOKEN_ENV = "AIOELASTIC_TOKEN"
 #: A watch line longer than this is refused (a revision's events, base64).
 MAX_WATCH_LINE = 256 * 1024 * 1024
+#: How many built request URLs a store keeps (the cache is emptied when full).
+_URL_CACHE_SIZE = 4096
 
 _Headers = CIMultiDictProxy[str]
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~-]+")
+_PLAIN_KEY_WITH_SLASHES = re.compile(r"[A-Za-z0-9_.~/-]+")
 
 
 def _quote_key(key: str) -> str:
     if _PLAIN_KEY.fullmatch(key):
         return key  # nothing to escape (the common case: a fast path)
+    if _PLAIN_KEY_WITH_SLASHES.fullmatch(key):
+        # Hierarchical keys ("job/rank/0"): only the slashes need escaping, as quote() would.
+        return key.replace("/", "%2F")
     try:
         return quote(key, safe="")
     except UnicodeEncodeError:
@@ -179,12 +185,21 @@ class HttpStore(Store):
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._watches: set[_HttpWatch] = set()
+        # Built URLs by path: a job re-reads and re-writes the same keys (heartbeats, rendezvous
+        # state), and building a URL costs more than the rest of our side of a request.
+        self._urls: dict[str, URL] = {}
 
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
 
     def _url(self, path: str) -> URL:
-        return self._origin.with_path(self._base_path + path, encoded=True)
+        url = self._urls.get(path)
+        if url is None:
+            url = self._origin.with_path(self._base_path + path, encoded=True)
+            if len(self._urls) >= _URL_CACHE_SIZE:
+                self._urls.clear()
+            self._urls[path] = url
+        return url
 
     # -- requests
 
