@@ -15,7 +15,7 @@ from typing import Self
 
 import anyio
 
-from ..errors import LeaseExpiredError, SyncTimeoutError
+from ..errors import LeaseExpiredError, StoreError, SyncTimeoutError
 from ..store import EventType, KeyValue, LeaseKeeper, Store
 from ._common import (
     HeldLease,
@@ -103,7 +103,7 @@ class Barrier:
         with anyio.move_on_after(5, shield=True):
             try:
                 return str(await self.count())
-            except Exception:
+            except StoreError:  # only for the timeout's message: the timeout is the error
                 pass
         return "an unknown number"
 
