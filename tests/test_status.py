@@ -342,3 +342,31 @@ def test_cli_watch_prints_a_new_frame_after_a_change(server: ServerThread) -> No
                 await asyncio.wait_for(proc.communicate(), 30)
 
     asyncio.run(body())
+
+
+@pytest.mark.timeout(120)
+def test_cli_store_that_never_answers_times_out_with_exit_2() -> None:
+    async def body() -> None:
+        held: list[asyncio.StreamWriter] = []
+
+        async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)  # accept the connection, never answer
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            code, _, err = await _run(
+                "--endpoint", f"127.0.0.1:{port}", "--run-id", "job", "--timeout", "1"
+            )
+        finally:
+            for writer in held:
+                writer.close()
+            server.close()
+            await server.wait_closed()
+        assert code == 2, err
+        assert (
+            err.strip()
+            == f"aioelastic status: no answer from the store at http://127.0.0.1:{port} within 1s"
+        )
+
+    asyncio.run(body())
