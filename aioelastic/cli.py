@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "etcd": "aioelastic._etcd.cli",
     "run": "aioelastic.agent._cli",
     "serve": "aioelastic.store.http._cli",
+    "status": "aioelastic.rendezvous._status_cli",
 }
 
 

@@ -24,6 +24,7 @@ argument, as Python users expect::
     │   ├── RendezvousTimeoutError (also TimeoutError)
     │   ├── RendezvousConnectionError
     │   ├── RendezvousStateError
+    │   ├── RendezvousNotFoundError (also LookupError)  no rendezvous state for the run id
     │   └── RendezvousGracefulExitError
     ├── TimerError
     │   └── TimerExpiredError (also TimeoutError; alias TimeoutException)
@@ -52,6 +53,7 @@ __all__ = [
     "RendezvousConnectionError",
     "RendezvousError",
     "RendezvousGracefulExitError",
+    "RendezvousNotFoundError",
     "RendezvousStateError",
     "RendezvousTimeoutError",
     "StoreAuthError",
@@ -190,6 +192,10 @@ class RendezvousConnectionError(RendezvousError):
 
 class RendezvousStateError(RendezvousError):
     """The rendezvous state in the store is corrupt or foreign."""
+
+
+class RendezvousNotFoundError(RendezvousError, LookupError):
+    """The store holds no rendezvous state for the run id (never created, or a typo)."""
 
 
 class RendezvousGracefulExitError(RendezvousError):

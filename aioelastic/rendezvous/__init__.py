@@ -2,7 +2,9 @@
 
 ``DynamicRendezvousHandler`` (elastic, ``min..max`` nodes) and ``StaticRendezvousHandler`` (fixed
 ranks) implement the async :class:`RendezvousHandler`; ``create_handler(RendezvousParameters(...))``
-builds one from torchrun-style parameters through the registry. See ``docs/rendezvous.md``.
+builds one from torchrun-style parameters through the registry; ``read_run_status`` /
+``watch_run_status`` observe a run from outside (``aioelastic status``). See
+``docs/rendezvous.md``.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from ..errors import (
     RendezvousConnectionError,
     RendezvousError,
     RendezvousGracefulExitError,
+    RendezvousNotFoundError,
     RendezvousStateError,
     RendezvousTimeoutError,
 )
 from ._backends import register_builtin_backends, store_url_for
+from ._status import MemberStatus, NodeStatus, RunStatus, read_run_status, watch_run_status
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
@@ -37,6 +41,8 @@ from .static import StaticRendezvousHandler
 
 __all__ = [
     "DynamicRendezvousHandler",
+    "MemberStatus",
+    "NodeStatus",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
@@ -47,6 +53,7 @@ __all__ = [
     "RendezvousHandlerCreator",
     "RendezvousHandlerRegistry",
     "RendezvousInfo",
+    "RendezvousNotFoundError",
     "RendezvousParameters",
     "RendezvousResult",
     "RendezvousStateError",
@@ -54,13 +61,16 @@ __all__ = [
     "RendezvousStatus",
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
+    "RunStatus",
     "StaticRendezvousHandler",
     "assign_ranks",
     "create_handler",
     "handler_registry",
     "parse_rdzv_conf",
+    "read_run_status",
     "register_builtin_backends",
     "store_url_for",
+    "watch_run_status",
 ]
 
 register_builtin_backends()
