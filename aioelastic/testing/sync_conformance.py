@@ -60,8 +60,13 @@ class SyncEnv:
         self.suite = suite
         self.config = suite.config
         self.slack = suite.timing_slack
+        self._settle_factor = suite.settle_factor
         self._stack = stack
         self._namespace = f"sync-conformance/{uuid.uuid4().hex}/"
+
+    async def settle(self, seconds: float) -> None:
+        """Let a step land before the next (a few store round trips), scaled for the backend."""
+        await anyio.sleep(seconds * self._settle_factor)
 
     async def client(self) -> FaultInjectingStore:
         """A new client (a separate "process"), namespaced to this test."""
@@ -100,6 +105,9 @@ class SyncConformance:
     config: ClassVar[LeaseConfig] = LeaseConfig(ttl=3.0, renew_deadline=2.0, retry_period=0.5)
     #: Allowed lateness of a timed event, in seconds (generous for real servers under load).
     timing_slack: ClassVar[float] = 1.0
+    #: Scales the short pauses that let a step land before the next (3x for real servers, whose
+    #: round trips stretch on a loaded machine; free on a virtual-time loop).
+    settle_factor: ClassVar[float] = 3.0
     #: Run each test on a virtual-time loop (only for in-process backends).
     virtual_time: ClassVar[bool] = False
     #: Bound on each test, in (loop) seconds.
@@ -134,13 +142,13 @@ class SyncConformance:
                 assert len(inside) == 1, f"two holders: {inside}"
                 order.append(index)
                 tokens.append(lock.fencing_token)
-                await anyio.sleep(0.05)
+                await env.settle(0.05)
                 inside.remove(index)
 
         async with anyio.create_task_group() as tg:
             for index in range(4):
                 tg.start_soon(worker, index)
-                await anyio.sleep(0.02)  # enqueue in index order
+                await env.settle(0.02)  # enqueue in index order
         assert order == [0, 1, 2, 3]
         assert tokens == sorted(tokens)
         assert len(set(tokens)) == 4
@@ -197,21 +205,21 @@ class SyncConformance:
         async with anyio.create_task_group() as tg:
             for index in range(1, 6):
                 tg.start_soon(waiter, index)
-                await anyio.sleep(0.02)
-            await anyio.sleep(0.2)
+                await env.settle(0.02)
+            await env.settle(0.2)
             reads = sum(s.calls["range"] + s.calls["get"] for s in stores)
             await anyio.sleep(env.config.retry_period * 3)  # idle: only keep-alives happen
             assert sum(s.calls["range"] + s.calls["get"] for s in stores) == reads, "polling"
             await holder.release()
             with anyio.fail_after(env.slack + 1):
                 await got[1].wait()
-            await anyio.sleep(0.2)
+            await env.settle(0.2)
             assert acquired == [1]
             reads_after = [s.calls["range"] for s in stores]
             release[1].set()
             with anyio.fail_after(env.slack + 1):
                 await got[2].wait()
-            await anyio.sleep(0.1)
+            await env.settle(0.1)
             woke = [i for i, s in enumerate(stores) if s.calls["range"] != reads_after[i]]
             assert woke == [2], f"release woke {woke}, expected only the next waiter"
             for event in release:
@@ -270,7 +278,7 @@ class SyncConformance:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
-            await anyio.sleep(0.1)
+            await env.settle(0.1)
             b.partition()  # shorter than the renew deadline: the waiter must not give up
             await holder.release()
             await anyio.sleep(env.config.renew_deadline / 4)
@@ -309,7 +317,7 @@ class SyncConformance:
         assert me.text() == "node-a"
         assert await eb.leader() == me
         campaign = asyncio.ensure_future(eb.campaign(b"node-b"))
-        await anyio.sleep(0.2)
+        await env.settle(0.2)
         assert not campaign.done()
         proclaimed = await ea.proclaim("node-a2")
         assert proclaimed.term == me.term
@@ -335,8 +343,10 @@ class SyncConformance:
             await ea.campaign("a")
             with anyio.fail_after(env.slack + 1):
                 seen.append(await changes.__anext__())
-            campaign = asyncio.ensure_future(eb.campaign("b"))
-            await anyio.sleep(0.1)
+            async with watcher.watch(ea.prefix) as queue:
+                campaign = asyncio.ensure_future(eb.campaign("b"))
+                with anyio.fail_after(env.slack + 1):
+                    await queue.__anext__()  # b is queued behind a (not a sleep: a race on etcd)
             await ea.proclaim("a2")
             with anyio.fail_after(env.slack + 1):
                 seen.append(await changes.__anext__())
@@ -390,7 +400,7 @@ class SyncConformance:
         async with anyio.create_task_group() as tg:
             tg.start_soon(party, 0)
             tg.start_soon(party, 1)
-            await anyio.sleep(0.3)
+            await env.settle(0.3)
             assert passed == []
             tg.start_soon(party, 2)
         assert sorted(passed) == [0, 1, 2]
@@ -419,12 +429,12 @@ class SyncConformance:
                     await party(dead, "dead")
 
             tg.start_soon(dying)
-            await anyio.sleep(0.2)
+            await env.settle(0.2)
             dead.partition()
             doomed.cancel()  # the process dies; its lease must expire before it stops counting
             await anyio.sleep(env.config.ttl + env.slack)
             tg.start_soon(party, a, "a")
-            await anyio.sleep(0.3)
+            await env.settle(0.3)
             assert passed == [], "a dead party counted"
             tg.start_soon(party, b, "b")
         assert sorted(passed) == ["a", "b"]
@@ -458,7 +468,7 @@ class SyncConformance:
         assert (await sub.wait("started", timeout=1)) == early  # published before the wait
         waiting = asyncio.ensure_future(sub.wait("saved", timeout=30))
         async with sub.stream() as stream:
-            await anyio.sleep(0.1)
+            await env.settle(0.1)
             assert not waiting.done()
             saved = await pub.publish("saved", {"step": 100, "path": "/ckpt/100"})
             with anyio.fail_after(env.slack + 1):
@@ -537,7 +547,7 @@ class SyncConformance:
         assert (await view.get()).state is JobState.PENDING
         running = asyncio.ensure_future(view.wait("running", timeout=30))
         final = asyncio.ensure_future(view.wait_final(timeout=30))
-        await anyio.sleep(0.1)
+        await env.settle(0.1)
         await record.set(JobState.RUNNING)
         with anyio.fail_after(env.slack + 1):
             assert (await running).state is JobState.RUNNING
