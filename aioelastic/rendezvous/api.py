@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from ..errors import ConfigError, RendezvousError
+from ..errors import ConfigError, RendezvousClosedError, RendezvousError
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -399,10 +399,10 @@ class RendezvousParameters:
 RendezvousHandlerCreator = Callable[[RendezvousParameters], Awaitable[RendezvousHandler]]
 
 
-class _HandlerStatusFlags:
-    """``status`` and ``error`` of the built-in handlers, from three flags they keep: CLOSED once
-    the run was seen closed or this handler was closed, else ERROR while an error stands, else
-    ACTIVE."""
+class _BuiltinHandler(RendezvousHandler):
+    """What the built-in handlers share: ``status`` and ``error`` from three flags they keep
+    (CLOSED once the run was seen closed or this handler was closed, else ERROR while an error
+    stands, else ACTIVE), and the check that the handler is still usable."""
 
     _closed_seen: bool
     _handler_closed: bool
@@ -419,6 +419,12 @@ class _HandlerStatusFlags:
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    def _check_usable(self) -> None:
+        if self._handler_closed:
+            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
+        if self._closed_seen:
+            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
 
 
 class RendezvousHandlerRegistry:

@@ -70,11 +70,10 @@ from ._state import (
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
-    RendezvousHandler,
     RendezvousResult,
     RendezvousStatistics,
     RendezvousStoreInfo,
-    _HandlerStatusFlags,
+    _BuiltinHandler,
 )
 
 if TYPE_CHECKING:
@@ -167,7 +166,7 @@ class _Control:
             self.closed = ClosedRecord.decode(kv.key, kv.value) if put else None
 
 
-class DynamicRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
+class DynamicRendezvousHandler(_BuiltinHandler):
     """The elastic rendezvous over any :class:`~aioelastic.store.Store` (see the module doc).
 
     ``lease_ttl`` is how long a dead node's records outlive it (default: torch's
@@ -309,12 +308,6 @@ class DynamicRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
         )
 
     # -- plumbing
-
-    def _check_usable(self) -> None:
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        if self._closed_seen:
-            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:

@@ -28,10 +28,9 @@ from ._state import ClosedRecord, NodeRecord, RunKeys
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
-    RendezvousHandler,
     RendezvousResult,
     RendezvousStoreInfo,
-    _HandlerStatusFlags,
+    _BuiltinHandler,
 )
 from .dynamic import _default_addr, _free_port
 
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["StaticRendezvousHandler"]
 
 
-class StaticRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
+class StaticRendezvousHandler(_BuiltinHandler):
     """A fixed-size rendezvous: ``rank`` in ``0..world_size-1`` is given, not assigned.
 
     ``master_addr``/``master_port`` override what rank 0 publishes (default: its address and a
@@ -107,12 +106,6 @@ class StaticRendezvousHandler(_HandlerStatusFlags, RendezvousHandler):
     @property
     def run_id(self) -> str:
         return self._keys.run_id
-
-    def _check_usable(self) -> None:
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        if self._closed_seen:
-            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
