@@ -682,11 +682,7 @@ class _App:
                         await response.write(_frame({"type": "progress", "revision": revision}))
                         progress.sent()
                         continue
-                    watcher.waiter = loop.create_future()
-                    try:
-                        await watcher.waiter
-                    finally:
-                        watcher.waiter = None
+                    await engine.wait(watcher)
             finally:
                 progress.cancel()
             await response.write_eof()
