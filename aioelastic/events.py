@@ -23,7 +23,7 @@ slow destination (a network filesystem, a socket), write a sink that queues.
 A line looks like::
 
     {"ts": "2026-11-30T04:05:07.123456Z", "time": 1795939507.123456, "kind":
-     "rendezvous.round_completed", "run_id": "job1", "node": "a1b2c3", "pid": 4242,
+     "rendezvous.round_completed", "run_id": "job1", "node": "a1b2c3", "emitter_pid": 4242,
      "round": 0, "rank": 0, "world_size": 2, ...}
 
 See ``docs/observability.md`` for every kind and its fields.
@@ -62,7 +62,7 @@ log = logging.getLogger("aioelastic.events")
 EVENTS_ENV = "AIOELASTIC_EVENTS"
 
 #: Keys every line has; an event's fields cannot override them.
-_RESERVED = frozenset({"ts", "time", "kind", "run_id", "node", "pid"})
+_RESERVED = frozenset({"ts", "time", "kind", "run_id", "node", "emitter_pid"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +71,8 @@ class Event:
 
     ``kind`` is dotted (``rendezvous.round_completed``, ``timer.reaped``, ...); ``time`` is the
     wall-clock time (epoch seconds) it happened; ``run_id`` and ``node`` say where (None when
-    the emitter does not know); ``fields`` hold the rest (JSON-serialisable values; anything
-    else is written as its ``str``).
+    the emitter does not know); ``emitter_pid`` is the emitting process; ``fields`` hold the
+    rest (JSON-serialisable values; anything else is written as its ``str``).
     """
 
     kind: str
@@ -80,7 +80,7 @@ class Event:
     node: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
     time: float = field(default_factory=_time.time)
-    pid: int = field(default_factory=os.getpid)
+    emitter_pid: int = field(default_factory=os.getpid)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -96,14 +96,15 @@ class Event:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of one line: ``ts, time, kind, run_id, node, pid``, then the fields."""
+        """The JSON object of one line: ``ts, time, kind, run_id, node, emitter_pid``, then the
+        fields."""
         out: dict[str, Any] = {
             "ts": self.ts,
             "time": round(self.time, 6),
             "kind": self.kind,
             "run_id": self.run_id,
             "node": self.node,
-            "pid": self.pid,
+            "emitter_pid": self.emitter_pid,
         }
         out.update(self.fields)
         return out
@@ -216,7 +217,7 @@ class ContextSink:
                 event.node if event.node is not None else self.node,
                 event.fields,
                 event.time,
-                event.pid,
+                event.emitter_pid,
             )
         self.sink.emit(event)
 
