@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PREFIX",
-    "RUN_PREFIX_ROOT",
     "StoreTimerClient",
     "StoreTimerServer",
     "run_prefix",
