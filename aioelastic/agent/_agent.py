@@ -188,8 +188,8 @@ class ElasticAgent:
     ``store_url`` is passed to the workers (``AIOELASTIC_STORE_URL``); by default it is the
     rendezvous store's URL when that store is reachable from other processes.
 
-    ``event_sink`` receives the agent's structured events (``agent.*``) and, unless they have a
-    sink of their own, those of the rendezvous handler it creates and of its timer server (see
+    ``event_sink`` receives the agent's structured events (``agent.*``), those of the rendezvous
+    handler it creates (a handler passed in keeps its own sink) and of its timer server (see
     :mod:`aioelastic.events`; default: ``AIOELASTIC_EVENTS``, else none). ``metrics_port`` serves
     Prometheus metrics at ``http://metrics_host:metrics_port/metrics`` while the agent runs (0: a
     free port, see :attr:`metrics_url`; needs prometheus-client, the ``server`` extra).
@@ -376,8 +376,8 @@ class ElasticAgent:
         if self._handler is None:
             assert self._params is not None
             self._handler = await create_handler(self._params)
-            if isinstance(getattr(self._handler, "event_sink", None), _events.NullSink):
-                self._handler.event_sink = self.event_sink  # type: ignore[attr-defined]
+            if hasattr(self._handler, "event_sink"):  # ours: it reports where the agent does
+                self._handler.event_sink = self.event_sink
         handler = self._handler
         self._node = getattr(handler, "node_id", None)
         if isinstance(server.event_sink, _events.ContextSink):
