@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, quote
+from urllib.parse import SplitResult, quote, urlencode
 
 import aiohttp
-from multidict import CIMultiDictProxy
 from yarl import URL
 
 from ...errors import (
@@ -47,6 +46,7 @@ from .._types import (
     RangeResult,
     WatchEvent,
 )
+from . import _wire
 
 __all__ = ["HttpStore", "open_http_store"]
 
@@ -57,7 +57,17 @@ MAX_WATCH_LINE = 256 * 1024 * 1024
 #: How many built request URLs a store keeps (the cache is emptied when full).
 _URL_CACHE_SIZE = 4096
 
-_Headers = CIMultiDictProxy[str]
+
+def _ssl_context(ssl: _ssl.SSLContext | bool) -> _ssl.SSLContext:
+    """The context for ``ssl=``: a given one, the default (verifying) one, or, for ``False``,
+    one that checks nothing (tests only)."""
+    if isinstance(ssl, _ssl.SSLContext):
+        return ssl
+    context = _ssl.create_default_context()
+    if ssl is False:
+        context.check_hostname = False
+        context.verify_mode = _ssl.CERT_NONE
+    return context
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~-]+")
@@ -112,6 +122,16 @@ class _Answer(dict[str, Any]):
         raise StoreConnectionError(f"malformed answer from the server: no field {key!r}")
 
 
+def _parse_answer(body: bytes, what: str) -> _Answer:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise StoreConnectionError(f"{what}: the answer is not a JSON object")
+    return _Answer(parsed)
+
+
 class HttpStore(Store):
     """A client of ``aioelastic serve``. Usually made by ``open_store("http://host:port")``.
 
@@ -159,25 +179,38 @@ class HttpStore(Store):
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         self._connect_timeout = connect_timeout
         self._read_retries = read_retries
         self.progress_interval = float(progress_interval)
         self.reconnect_timeout = float(reconnect_timeout)
         ssl_arg: _ssl.SSLContext | bool = True if ssl is None else ssl
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=max_connections, ssl=ssl_arg, keepalive_timeout=30
-            ),
-            headers=self._headers,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
+        if token is not None and any(c in token for c in "\r\n\0"):
+            raise ValueError("token must not contain CR, LF or NUL characters")
+        # Unary requests go through our own small HTTP/1.1 client (see _wire.py: aiohttp's
+        # client costs more CPU per request than the server does answering it).
+        port = base.port or (443 if base.scheme == "https" else 80)
+        host = base.raw_host or ""
+        wire_host = f"[{host}]" if ":" in host else host
+        if base.port != (443 if base.scheme == "https" else 80):
+            wire_host += f":{port}"
+        self._pool = _wire.Pool(
+            host,
+            port,
+            ssl=_ssl_context(ssl_arg) if base.scheme == "https" else None,
+            connect_timeout=connect_timeout,
+            limit=max_connections,
+            keepalive=30.0,
         )
-        # aiohttp silently resends a PUT or DELETE once when a kept-alive connection drops
-        # (RFC 9112 calls them idempotent). A compare-and-swap is not: a resent CAS that had
-        # applied reports failure. Writes are never retried silently, so turn that off (there is
-        # no public switch; tests/test_http_client.py checks it stays off).
-        self._session._retry_connection = False
+        self._request_timeout = float(timeout)
+        self._wire_prefix = base.raw_path.rstrip("/")
+        self._head_tail = "".join(
+            f"\r\n{name}: {value}"
+            for name, value in (
+                ("Host", wire_host),
+                ("User-Agent", "aioelastic"),
+                *self._headers.items(),
+            )
+        ).encode("utf-8")
         self._watch_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ssl=ssl_arg, force_close=True),
             headers=self._headers,
@@ -213,46 +246,60 @@ class HttpStore(Store):
         data: bytes | None = None,
         json_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, _Headers, bytes]:
-        """Send one request; answer (status, headers, body) or raise an aioelastic error."""
-        url = self._url(path)
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request; answer (status, headers (lower-case names), body) or raise an
+        aioelastic error."""
+        target = self._wire_prefix + path
+        if params:
+            target += "?" + urlencode(params)
+        extra = ""
         if json_body is not None:
             data = json.dumps(json_body).encode()
-            headers = {**(headers or {}), "Content-Type": "application/json"}
+            extra = "\r\nContent-Type: application/json"
+        elif data is not None:
+            extra = "\r\nContent-Type: application/octet-stream"
+        if headers:
+            extra += "".join(f"\r\n{name}: {value}" for name, value in headers.items())
+        if data is not None or method in ("PUT", "POST"):
+            extra += f"\r\nContent-Length: {len(data) if data is not None else 0}"
+        request = b"".join(
+            (
+                f"{method} {target} HTTP/1.1".encode(),
+                self._head_tail,
+                extra.encode("latin-1"),
+                b"\r\n\r\n",
+                data or b"",
+            )
+        )
         attempts = 1 if write else 1 + self._read_retries
-        what = f"{method} {path[:200]}"
         for attempt in range(attempts):
             self._check_open()
             try:
-                async with self._session.request(
-                    method, url, params=params, data=data, headers=headers, timeout=self._timeout
-                ) as resp:
-                    body = await resp.read()
-                    return resp.status, resp.headers, body
-            except aiohttp.ClientConnectorError as exc:
+                return await self._pool.request(request, self._request_timeout)
+            except _wire.ConnectFailed as exc:
                 # Not connected: nothing was sent, so even a write had no effect.
                 error: StoreError = StoreConnectionError(f"cannot connect to {self.url}: {exc}")
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            except _wire.RequestTimeout:
+                what = f"{method} {path[:200]}"
                 if self._closed:
                     raise StoreClosedError(f"{self!r} was closed during {what}") from None
                 if write:
                     raise WriteOutcomeUnknownError(
                         f"{what} timed out after it was sent; it may or may not have applied"
-                    ) from exc
-                raise StoreTimeoutError(f"{what} timed out ({self.url})") from exc
-            except (aiohttp.ClientError, OSError) as exc:
+                    ) from None
+                raise StoreTimeoutError(f"{what} timed out ({self.url})") from None
+            except _wire.ConnectionLost as exc:
+                what = f"{method} {path[:200]}"
                 if self._closed:
                     raise StoreClosedError(f"{self!r} was closed during {what}") from None
                 if write:
                     raise WriteOutcomeUnknownError(
                         f"{what}: connection to {self.url} lost after the request was sent "
-                        f"({type(exc).__name__}: {exc}); it may or may not have applied"
-                    ) from exc
-                error = StoreConnectionError(
-                    f"{what}: connection to {self.url} lost ({type(exc).__name__}: {exc})"
-                )
+                        f"({exc}); it may or may not have applied"
+                    ) from None
+                error = StoreConnectionError(f"{what}: connection to {self.url} lost ({exc})")
             if self._closed:
-                raise StoreClosedError(f"{self!r} was closed during {what}")
+                raise StoreClosedError(f"{self!r} was closed during {method} {path[:200]}")
             if attempt + 1 < attempts:
                 await asyncio.sleep(0.05 * 2**attempt)
         raise error
@@ -286,13 +333,7 @@ class HttpStore(Store):
         status, _, body = await self._request(method, path, write=write, **kwargs)
         if status not in ok:
             raise self._fail(status, body, f"{method} {path[:200]}", write=write)
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise StoreConnectionError(f"{method} {path[:200]}: the answer is not a JSON object")
-        return status, _Answer(parsed)
+        return status, _parse_answer(body, f"{method} {path[:200]}")
 
     # -- the core
 
@@ -307,10 +348,10 @@ class HttpStore(Store):
             return KeyValue(
                 key,
                 body,
-                int(headers["X-Create-Revision"]),
-                int(headers["X-Mod-Revision"]),
-                int(headers["X-Version"]),
-                int(headers["X-Lease"]),
+                int(headers["x-create-revision"]),
+                int(headers["x-mod-revision"]),
+                int(headers["x-version"]),
+                int(headers["x-lease"]),
             )
         except (KeyError, ValueError):
             raise StoreConnectionError(f"get {key!r}: malformed answer from {self.url}") from None
@@ -333,10 +374,17 @@ class HttpStore(Store):
 
     async def _put(self, key: str, value: bytes, lease: int) -> int:
         params = {"lease": str(lease)} if lease else None
-        _, out = await self._call_json(
-            "PUT", "/v1/kv/" + _quote_key(key), write=True, params=params, data=value
+        path = "/v1/kv/" + _quote_key(key)
+        status, headers, body = await self._request(
+            "PUT", path, write=True, params=params, data=value
         )
-        return int(out["revision"])
+        if status != 200:
+            raise self._fail(status, body, f"PUT {path[:200]}", write=True)
+        # The revision of the write is the answer's ETag ("R"): no need to parse the body.
+        etag = headers.get("etag", "")
+        if len(etag) > 2 and etag[0] == etag[-1] == '"' and etag[1:-1].isdigit():
+            return int(etag[1:-1])
+        return int(_parse_answer(body, f"PUT {path[:200]}")["revision"])
 
     async def _delete(self, key: str, prefix: bool) -> int:
         route = "/v1/range/" if prefix else "/v1/kv/"
@@ -425,7 +473,7 @@ class HttpStore(Store):
     async def _aclose(self) -> None:
         for watch in list(self._watches):
             watch._abort()
-        await self._session.close()
+        self._pool.close()
         await self._watch_session.close()
 
 
