@@ -22,9 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import ssl as _ssl
-from typing import cast
+from collections import deque
+from typing import NamedTuple, cast
 
-__all__ = ["ConnectFailed", "ConnectionLost", "Pool", "RequestTimeout", "Response"]
+__all__ = [
+    "ConnectFailed",
+    "ConnectionLost",
+    "LineStream",
+    "Pool",
+    "RequestTimeout",
+    "Response",
+    "open_stream",
+]
 
 #: The largest response head (status line and headers) accepted.
 MAX_HEAD = 64 * 1024
@@ -47,6 +56,41 @@ class RequestTimeout(Exception):
 
 class _ProtocolError(Exception):
     """The peer's answer is not HTTP/1.1 as we read it."""
+
+
+class _Head(NamedTuple):
+    status: int
+    headers: dict[str, str]  # lower-case names
+    keep_alive: bool
+    length: int  # the body's length, -1: not given (chunked, or until the connection ends)
+    chunked: bool
+
+
+def _parse_head(head: bytes, no_body: bool) -> _Head:
+    """Parse a response's status line and headers (``no_body``: the answer to a HEAD)."""
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    code = rest[:3]
+    if not version.startswith(b"HTTP/1.") or not code.isdigit():
+        raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
+    status = int(code)
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise _ProtocolError(f"bad header line {line[:100]!r}")
+        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    keep_alive = version == b"HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if no_body or status == 204 or status == 304 or status < 200:
+        return _Head(status, headers, keep_alive, 0, False)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _Head(status, headers, keep_alive, -1, True)
+    raw = headers.get("content-length")
+    if raw is None:
+        return _Head(status, headers, keep_alive, -1, False)
+    if not raw.isdigit():
+        raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
+    return _Head(status, headers, keep_alive, int(raw), False)
 
 
 class _Connection(asyncio.Protocol):
@@ -162,36 +206,13 @@ class _Connection(asyncio.Protocol):
             if body is not None:
                 self._complete(body)
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
-        if not version.startswith(b"HTTP/1.") or not code.isdigit():
-            raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
-        self._status = int(code)
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise _ProtocolError(f"bad header line {line[:100]!r}")
-            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-        self._headers = headers
-        connection = headers.get("connection", "").lower()
-        self._keep_alive = version == b"HTTP/1.1" and connection != "close"
-        self._length = -1
-        self._chunked = self._until_close = False
-        status = self._status
-        if self._no_body or status == 204 or status == 304 or status < 200:
-            self._length = 0
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self._chunked = True
-        elif "content-length" in headers:
-            raw = headers["content-length"]
-            if not raw.isdigit():
-                raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
-            self._length = int(raw)
-        else:
-            self._until_close = True
+    def _parse_head(self, head_bytes: bytes) -> None:
+        head = _parse_head(head_bytes, self._no_body)
+        self._status, self._headers = head.status, head.headers
+        self._keep_alive = head.keep_alive
+        self._length = head.length
+        self._chunked = head.chunked
+        self._until_close = not head.chunked and head.length < 0
 
     def _dechunk(self, start: int) -> bytes | None:
         """The whole body once the last chunk (and trailers) arrived, else None."""
@@ -327,3 +348,250 @@ class Pool:
         for conn in self._open:
             conn.abort()
         self._open.clear()
+
+
+class LineStream(asyncio.Protocol):
+    """One streamed answer (a watch): its status and headers, then its body line by line.
+
+    The body is decoded from ``Transfer-Encoding: chunked`` (or taken as is until the connection
+    ends) as it arrives, in ``data_received``; complete lines wait in a queue for
+    :meth:`read_line`. A stream silent for ``silence`` seconds is dropped (:meth:`read_line`
+    raises :class:`RequestTimeout`): one timer per stream, re-armed only when it fires, so a busy
+    stream costs no timer work per line. An answer other than 200 is read whole (its body is
+    then :attr:`error_body`).
+    """
+
+    def __init__(self, max_line: int) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.error_body: bytes | None = None
+        self._max_line = max_line
+        self._raw = bytearray()  # received, not yet decoded
+        self._head_done = False
+        self._chunked = False
+        self._chunk_left = 0  # bytes of the current chunk still to come, -1: its CRLF is next
+        self._length = -1  # Content-Length of a non-200 answer
+        self._line = bytearray()  # the current (incomplete) line
+        self._lines: deque[bytes] = deque()
+        self._ended: Exception | None = None  # set once no more lines will come
+        self._eof = False  # the body ended cleanly
+        self._waiter: asyncio.Future[None] | None = None
+        self._silence = 0.0
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended is not None or self._eof:
+            return
+        if self._loop is not None:
+            self._last = self._loop.time()
+        raw = self._raw
+        raw += data
+        try:
+            if not self._head_done:
+                end = raw.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(raw) > MAX_HEAD:
+                        raise _ProtocolError("response head too large")
+                    return
+                head = _parse_head(bytes(raw[:end]), no_body=False)
+                del raw[: end + 4]
+                if 100 <= head.status < 200:
+                    self.data_received(b"")
+                    return
+                self._head_done = True
+                self.status, self.headers = head.status, head.headers
+                self._chunked = head.chunked
+                self._length = head.length
+                self._wake()
+            if self.status != 200:
+                self._error_answer()
+            elif self._chunked:
+                self._dechunk()
+            else:
+                self._split(bytes(raw))
+                raw.clear()
+        except _ProtocolError as exc:
+            self._end(ConnectionLost(f"malformed answer: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # close: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._head_done and self.status != 200 and self.error_body is None:
+            self.error_body = bytes(self._raw)
+        if self._head_done and not self._chunked and self.status == 200:
+            self._eof = True  # a body without framing ends with the connection
+            self._wake()
+        self._end(ConnectionLost(str(exc) if exc else "the server closed the connection"))
+
+    # -- decoding
+
+    def _error_answer(self) -> None:
+        raw = self._raw
+        if self._chunked:
+            return  # read until the connection ends (an error answer is small)
+        if self._length >= 0 and len(raw) >= self._length:
+            self.error_body = bytes(raw[: self._length])
+            self._eof = True
+            self._wake()
+
+    def _dechunk(self) -> None:
+        raw = self._raw
+        pos = 0
+        size = len(raw)
+        while pos < size:
+            left = self._chunk_left
+            if left > 0:
+                take = min(left, size - pos)
+                self._split(bytes(raw[pos : pos + take]))
+                pos += take
+                self._chunk_left = left - take
+                if self._chunk_left == 0:
+                    self._chunk_left = -1
+                continue
+            if left < 0:  # the CRLF after a chunk's data
+                if size - pos < 2:
+                    break
+                if raw[pos : pos + 2] != b"\r\n":
+                    raise _ProtocolError("chunk not followed by CRLF")
+                pos += 2
+                self._chunk_left = 0
+                continue
+            end = raw.find(b"\r\n", pos)
+            if end < 0:
+                if size - pos > 1024:
+                    raise _ProtocolError("chunk size line too long")
+                break
+            text = bytes(raw[pos:end]).partition(b";")[0].strip()
+            try:
+                chunk = int(text, 16)
+            except ValueError:
+                raise _ProtocolError(f"bad chunk size {text[:20]!r}") from None
+            pos = end + 2
+            if chunk == 0:  # the last chunk: the body is complete
+                self._eof = True
+                self._wake()
+                pos = size
+                break
+            self._chunk_left = chunk
+        del raw[:pos]
+
+    def _split(self, data: bytes) -> None:
+        line = self._line
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                line += data[start:]
+                if len(line) > self._max_line:
+                    raise _ProtocolError("line too long")
+                break
+            if line:
+                line += data[start:end]
+                self._lines.append(bytes(line))
+                line.clear()
+            else:
+                self._lines.append(data[start:end])
+            start = end + 1
+        if self._lines:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _end(self, exc: Exception) -> None:
+        if self._ended is None:
+            self._ended = exc
+        self._wake()
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- the silence timer
+
+    def watch_silence(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        """Drop the stream once nothing arrived for ``seconds`` (from now on)."""
+        self._loop = loop
+        self._silence = seconds
+        self._last = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_at(self._last + seconds, self._check_silence)
+
+    def _check_silence(self) -> None:
+        assert self._loop is not None
+        due = self._last + self._silence
+        if self._loop.time() >= due:
+            self._timer = None
+            self._end(RequestTimeout(f"nothing received for {self._silence}s"))
+        else:
+            self._timer = self._loop.call_at(due, self._check_silence)
+
+    # -- reading
+
+    async def read_head(self) -> None:
+        """Wait for the status and headers (and, for an answer other than 200, the body)."""
+        while not self._head_done or (self.status != 200 and not self._eof):
+            if self._ended is not None:
+                if self._head_done and self.error_body is not None:
+                    return
+                raise self._ended
+            await self._wait()
+
+    async def read_line(self) -> bytes | None:
+        """The next line of the body (without its newline), or None at its end."""
+        while not self._lines:
+            if self._eof:
+                return None
+            if self._ended is not None:
+                raise self._ended
+            await self._wait()
+        return self._lines.popleft()
+
+    async def _wait(self) -> None:
+        assert self._waiter is None or self._waiter.done()
+        loop = self._loop or asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        """Drop the connection (idempotent)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._end(ConnectionLost("closed"))
+
+
+async def open_stream(
+    host: str, port: int, ssl: _ssl.SSLContext | None, data: bytes, *, max_line: int
+) -> LineStream:
+    """Connect, send ``data`` (a whole request) and answer the :class:`LineStream` of its answer
+    (not yet read: await :meth:`LineStream.read_head`). Raises :class:`ConnectFailed`."""
+    loop = asyncio.get_running_loop()
+    try:
+        transport, stream = await loop.create_connection(
+            lambda: LineStream(max_line),
+            host,
+            port,
+            ssl=ssl,
+            server_hostname=host if ssl is not None else None,
+        )
+    except (OSError, _ssl.SSLError) as exc:
+        raise ConnectFailed(f"{type(exc).__name__}: {exc}") from None
+    stream.transport = transport
+    stream._loop = loop
+    transport.write(data)
+    return stream

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, quote, urlencode
 
-import aiohttp
 from yarl import URL
 
 from ...errors import (
@@ -193,10 +192,12 @@ class HttpStore(Store):
         wire_host = f"[{host}]" if ":" in host else host
         if base.port != (443 if base.scheme == "https" else 80):
             wire_host += f":{port}"
+        self._host, self._port = host, port
+        self._ssl_context = _ssl_context(ssl_arg) if base.scheme == "https" else None
         self._pool = _wire.Pool(
             host,
             port,
-            ssl=_ssl_context(ssl_arg) if base.scheme == "https" else None,
+            ssl=self._ssl_context,
             connect_timeout=connect_timeout,
             limit=max_connections,
             keepalive=30.0,
@@ -211,28 +212,10 @@ class HttpStore(Store):
                 *self._headers.items(),
             )
         ).encode("utf-8")
-        self._watch_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=ssl_arg, force_close=True),
-            headers=self._headers,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
         self._watches: set[_HttpWatch] = set()
-        # Built URLs by path: a job re-reads and re-writes the same keys (heartbeats, rendezvous
-        # state), and building a URL costs more than the rest of our side of a request.
-        self._urls: dict[str, URL] = {}
 
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
-
-    def _url(self, path: str) -> URL:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._origin.with_path(self._base_path + path, encoded=True)
-            if len(self._urls) >= _URL_CACHE_SIZE:
-                self._urls.clear()
-            self._urls[path] = url
-        return url
 
     # -- requests
 
@@ -249,28 +232,7 @@ class HttpStore(Store):
     ) -> tuple[int, dict[str, str], bytes]:
         """Send one request; answer (status, headers (lower-case names), body) or raise an
         aioelastic error."""
-        target = self._wire_prefix + path
-        if params:
-            target += "?" + urlencode(params)
-        extra = ""
-        if json_body is not None:
-            data = json.dumps(json_body).encode()
-            extra = "\r\nContent-Type: application/json"
-        elif data is not None:
-            extra = "\r\nContent-Type: application/octet-stream"
-        if headers:
-            extra += "".join(f"\r\n{name}: {value}" for name, value in headers.items())
-        if data is not None or method in ("PUT", "POST"):
-            extra += f"\r\nContent-Length: {len(data) if data is not None else 0}"
-        request = b"".join(
-            (
-                f"{method} {target} HTTP/1.1".encode(),
-                self._head_tail,
-                extra.encode("latin-1"),
-                b"\r\n\r\n",
-                data or b"",
-            )
-        )
+        request = self._build(method, path, params, data, json_body, headers)
         attempts = 1 if write else 1 + self._read_retries
         for attempt in range(attempts):
             self._check_open()
@@ -303,6 +265,39 @@ class HttpStore(Store):
             if attempt + 1 < attempts:
                 await asyncio.sleep(0.05 * 2**attempt)
         raise error
+
+    def _build(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        json_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """The bytes of one request (head and body, written at once)."""
+        target = self._wire_prefix + path
+        if params:
+            target += "?" + urlencode(params)
+        extra = ""
+        if json_body is not None:
+            data = json.dumps(json_body).encode()
+            extra = "\r\nContent-Type: application/json"
+        elif data is not None:
+            extra = "\r\nContent-Type: application/octet-stream"
+        if headers:
+            extra += "".join(f"\r\n{name}: {value}" for name, value in headers.items())
+        if data is not None or method in ("PUT", "POST"):
+            extra += f"\r\nContent-Length: {len(data) if data is not None else 0}"
+        return b"".join(
+            (
+                f"{method} {target} HTTP/1.1".encode(),
+                self._head_tail,
+                extra.encode("latin-1"),
+                b"\r\n\r\n",
+                data or b"",
+            )
+        )
 
     def _fail(self, status: int, body: bytes, what: str, *, write: bool = False) -> Exception:
         """The aioelastic error for an unexpected answer (raise it)."""
@@ -474,7 +469,6 @@ class HttpStore(Store):
         for watch in list(self._watches):
             watch._abort()
         self._pool.close()
-        await self._watch_session.close()
 
 
 class _HttpWatch(Watch):
@@ -483,8 +477,7 @@ class _HttpWatch(Watch):
     def __init__(self, store: HttpStore, prefix: str, start_revision: int | None) -> None:
         super().__init__(prefix, start_revision)
         self._store = store
-        self._resp: aiohttp.ClientResponse | None = None
-        self._buffer = bytearray()
+        self._stream: _wire.LineStream | None = None
         self._pending: deque[WatchEvent] = deque()
         self._start_revision: int | None = None
         self._next_revision = 0  # where a resumed stream starts: last revision received + 1
@@ -514,22 +507,37 @@ class _HttpWatch(Watch):
         params = {"progress_interval": repr(store.progress_interval)}
         if start is not None:
             params["start_revision"] = str(start)
-        url = store._url("/v1/watch/" + _quote_key(self.prefix))
+        request = store._build("GET", "/v1/watch/" + _quote_key(self.prefix), params)
         what = f"watch {self.prefix!r}"
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=store._connect_timeout, sock_read=None
-        )
+        loop = asyncio.get_running_loop()
+        silence = store.progress_interval * 3
         try:
-            async with asyncio.timeout(store._connect_timeout + store.progress_interval * 3):
-                resp = await store._watch_session.get(url, params=params, timeout=timeout)
-                if resp.status != 200:
-                    body = await resp.read()
-                    resp.release()
-                    raise store._fail(resp.status, body, what)
-                self._resp = resp
-                self._buffer.clear()
+            async with asyncio.timeout(store._connect_timeout + silence):
+                try:
+                    async with asyncio.timeout(store._connect_timeout):
+                        stream = await _wire.open_stream(
+                            store._host,
+                            store._port,
+                            store._ssl_context,
+                            request,
+                            max_line=MAX_WATCH_LINE,
+                        )
+                except TimeoutError:
+                    raise _wire.ConnectFailed("connecting timed out") from None
+                self._stream = stream
+                await stream.read_head()
+                if stream.status != 200:
+                    self._drop()
+                    raise store._fail(stream.status, stream.error_body or b"", what)
+                # From now on a stream silent for 3 progress intervals counts as lost.
+                stream.watch_silence(loop, silence)
                 frame = await self._read_frame()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (
+            _wire.ConnectFailed,
+            _wire.ConnectionLost,
+            _wire.RequestTimeout,
+            TimeoutError,
+        ) as exc:
             self._drop()
             if store.closed:
                 raise StoreClosedError(f"{store!r} was closed") from None
@@ -542,29 +550,21 @@ class _HttpWatch(Watch):
         self._next_revision = int(frame["start_revision"])
 
     async def _read_frame(self) -> dict[str, Any] | None:
-        """The next NDJSON frame, or None at the end of the stream."""
-        resp = self._resp
-        if resp is None:
+        """The next NDJSON frame, or None at the end of the stream; raises a ``_wire`` error
+        when the stream is lost, silent too long or malformed."""
+        stream = self._stream
+        if stream is None:
             return None
-        buffer = self._buffer
-        while True:
-            end = buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(buffer[:end])
-                del buffer[: end + 1]
-                try:
-                    frame = json.loads(line)
-                except ValueError:
-                    raise aiohttp.ClientPayloadError("malformed watch frame") from None
-                if not isinstance(frame, dict):
-                    raise aiohttp.ClientPayloadError("malformed watch frame")
-                return frame
-            if len(buffer) > MAX_WATCH_LINE:
-                raise aiohttp.ClientPayloadError("watch frame too large")
-            chunk = await resp.content.readany()
-            if not chunk:
-                return None
-            buffer += chunk
+        line = await stream.read_line()
+        if line is None:
+            return None
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            raise _wire.ConnectionLost("malformed watch frame") from None
+        if not isinstance(frame, dict):
+            raise _wire.ConnectionLost("malformed watch frame")
+        return frame
 
     async def _next(self) -> WatchEvent:
         store = self._store
@@ -575,9 +575,8 @@ class _HttpWatch(Watch):
                 raise StoreClosedError(f"{store!r} was closed")
             frame: dict[str, Any] | None = None
             try:
-                async with asyncio.timeout(store.progress_interval * 3):
-                    frame = await self._read_frame()
-            except (aiohttp.ClientError, OSError, TimeoutError):
+                frame = await self._read_frame()
+            except (_wire.ConnectionLost, _wire.RequestTimeout):
                 frame = None
             if self._closed:
                 raise StopAsyncIteration
@@ -641,9 +640,9 @@ class _HttpWatch(Watch):
             delay = min(delay * 2, 1.0)
 
     def _drop(self) -> None:
-        resp, self._resp = self._resp, None
-        if resp is not None:
-            resp.close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
     def _abort(self) -> None:
         """The store is closing: end the stream so a pending ``_next`` wakes up."""
