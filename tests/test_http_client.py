@@ -310,7 +310,8 @@ def test_the_client_runs_on_uvloop() -> None:
         async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
             assert await store.put("u/1", b"one") == 1
             kv = await store.get("u/1")
-            assert kv is not None and kv.value == b"one"
+            assert kv is not None
+            assert kv.value == b"one"
             assert (await store.compare_and_swap("u/1", 1, b"two")).succeeded
             async with store.watch("u/", start_revision=1) as events:
                 assert (await events.__anext__()).kv.value == b"one"

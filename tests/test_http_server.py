@@ -531,7 +531,8 @@ async def test_the_fast_path_answers_as_the_routed_path(server: HttpStoreServer)
             assert status == 200, body
             assert json.loads(body)["kv"]["key"] == key
             kv = server.engine.get(key)
-            assert kv is not None and kv.value == value
+            assert kv is not None
+            assert kv.value == value
             status, body, got = await _raw("GET", base + raw_key, headers=headers)
             assert (status, body) == (200, value)
             assert got["X-Mod-Revision"] == str(kv.mod_revision)
