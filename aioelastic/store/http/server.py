@@ -541,11 +541,17 @@ class _App:
             raise _ApiError(
                 413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
             )
-        content = request.content
-        if length is not None and content.is_eof():
-            # The whole (announced, within limits) body has arrived with the headers, as a small
-            # write's does: take it in one call rather than ``read()``'s loop of ``readany()``s.
+        if length is not None:
+            # Take what has arrived in one call (a small write's whole body comes with its
+            # headers, though aiohttp may not have seen its end yet), then wait for the rest:
+            # cheaper than ``read()``'s loop of ``readany()``s.
+            content = request.content
             value = content.read_nowait()
+            if len(value) < length:
+                try:
+                    value += await content.readexactly(length - len(value))
+                except asyncio.IncompleteReadError:
+                    raise _bad("the request body ended before its Content-Length") from None
         else:
             value = await request.read()
         if len(value) > self.limits.max_value_bytes:
