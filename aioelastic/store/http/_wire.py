@@ -451,7 +451,7 @@ class LineStream(asyncio.Protocol):
         size = len(raw)
         while pos < size:
             left = self._chunk_left
-            if left > 0:
+            if left > 0:  # inside a chunk that arrived in pieces
                 take = min(left, size - pos)
                 self._split(bytes(raw[pos : pos + take]))
                 pos += take
@@ -477,17 +477,32 @@ class LineStream(asyncio.Protocol):
                 chunk = int(text, 16)
             except ValueError:
                 raise _ProtocolError(f"bad chunk size {text[:20]!r}") from None
-            pos = end + 2
             if chunk == 0:  # the last chunk: the body is complete
                 self._eof = True
                 self._wake()
                 pos = size
                 break
+            start = end + 2
+            stop = start + chunk
+            if stop + 2 <= size:  # the whole chunk is here (the usual case): one step
+                if raw[stop : stop + 2] != b"\r\n":
+                    raise _ProtocolError("chunk not followed by CRLF")
+                self._split(bytes(raw[start:stop]))
+                pos = stop + 2
+                continue
+            pos = start
             self._chunk_left = chunk
-        del raw[:pos]
+        if pos >= size:
+            raw.clear()
+        else:
+            del raw[:pos]
 
     def _split(self, data: bytes) -> None:
         line = self._line
+        if data and not line and data.find(b"\n") == len(data) - 1:  # one line (the usual case)
+            self._lines.append(data[:-1])
+            self._wake()
+            return
         start = 0
         while True:
             end = data.find(b"\n", start)
