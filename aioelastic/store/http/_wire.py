@@ -260,7 +260,8 @@ class Pool:
         self._keepalive = keepalive
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
-        self._slots = asyncio.Semaphore(limit)
+        # At most ``limit`` requests (and so connections) at once; 0: no limit.
+        self._slots = asyncio.Semaphore(limit if limit > 0 else 2**31)
         self.closed = False
 
     async def request(self, data: bytes, timeout: float, *, no_body: bool = False) -> Response:

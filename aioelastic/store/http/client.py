@@ -1,11 +1,12 @@
 """The HTTP store client: ``open_store("http://host:29400")`` / ``https://``.
 
-One pooled aiohttp session carries every request over keep-alive connections (lease keep-alives
-included); watch streams use a second, unlimited pool so that many watches never starve ordinary
-requests. Reads are retried on connection errors; writes never are: a write whose request may
-have reached the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`. Watches
-reconnect after a lost stream and resume from the last revision seen + 1, so no event is lost or
-repeated. Every aiohttp and socket error is translated to aioelastic's errors here.
+Requests go through a small HTTP/1.1 client of our own (:mod:`._wire`), not aiohttp's: one pool
+of keep-alive connections carries every unary request (lease keep-alives included), and each
+watch stream has a connection of its own, so that many watches never starve ordinary requests.
+Reads are retried on connection errors; writes never are: a write whose request may have reached
+the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`. Watches reconnect after a
+lost stream and resume from the last revision seen + 1, so no event is lost or repeated. Every
+socket, TLS and protocol error is translated to aioelastic's errors here.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ class HttpStore(Store):
     ``progress_interval``: how often (s) the server reports progress on an idle watch; a watch
     stream silent for ``3 * progress_interval`` counts as lost. ``reconnect_timeout``: how long
     (s) a watch tries to resume before raising :class:`~aioelastic.errors.StoreConnectionError`.
+    ``max_connections``: requests in flight at once (each on its own pooled connection; watches
+    not included); 0: no limit.
     """
 
     def __init__(
@@ -172,6 +175,14 @@ class HttpStore(Store):
             raise ValueError(f"progress_interval must be in [0.05, 300] s, got {progress_interval}")
         if isinstance(read_retries, bool) or not isinstance(read_retries, int) or read_retries < 0:
             raise ValueError(f"read_retries must be an int >= 0, got {read_retries!r}")
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 0
+        ):
+            raise ValueError(
+                f"max_connections must be an int >= 0 (0: no limit), got {max_connections!r}"
+            )
         self.url = str(base).rstrip("/")
         self._base_path = base.path.rstrip("/")
         self._origin = base.origin()
