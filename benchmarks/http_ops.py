@@ -127,21 +127,22 @@ async def sequential(url: str, ops: int, pid: int) -> list[tuple[str, float, str
     return rows
 
 
+async def _work(n: int, store: Store, ops: int) -> None:
+    """One client of the concurrent rows: ``ops`` operations on its key, half puts."""
+    for i in range(ops):
+        if i % 2:
+            await store.get(f"c/{n}")
+        else:
+            await store.put(f"c/{n}", b"v" * 64)
+
+
 async def concurrent(url: str, clients: int, ops_each: int, pid: int) -> tuple[float, str]:
     stores = [await open_store(url) for _ in range(clients)]
     try:
-
-        async def work(n: int, store: Store) -> None:
-            for i in range(ops_each):
-                if i % 2:
-                    await store.get(f"c/{n}")
-                else:
-                    await store.put(f"c/{n}", b"v" * 64)
-
         await asyncio.gather(*(store.put(f"c/{n}", b"") for n, store in enumerate(stores)))
         with CpuMeter(pid) as cpu:
             start = time.perf_counter()
-            await asyncio.gather(*(work(n, s) for n, s in enumerate(stores)))
+            await asyncio.gather(*(_work(n, s, ops_each) for n, s in enumerate(stores)))
             elapsed = time.perf_counter() - start
         return clients * ops_each / elapsed, cpu.per_op(clients * ops_each)
     finally:
@@ -153,19 +154,11 @@ async def _child(url: str, first: int, clients: int, ops_each: int) -> None:
     """One client process of the multi-process row: ready, wait for go, work, report."""
     stores = [await open_store(url) for _ in range(clients)]
     try:
-
-        async def work(n: int, store: Store) -> None:
-            for i in range(ops_each):
-                if i % 2:
-                    await store.get(f"c/{n}")
-                else:
-                    await store.put(f"c/{n}", b"v" * 64)
-
         await asyncio.gather(*(s.put(f"c/{first + n}", b"") for n, s in enumerate(stores)))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        await asyncio.gather(*(work(first + n, s) for n, s in enumerate(stores)))
+        await asyncio.gather(*(_work(first + n, s, ops_each) for n, s in enumerate(stores)))
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
         print(f"done {cpu}", flush=True)
