@@ -68,19 +68,20 @@ class _Head(NamedTuple):
 
 def _parse_head(head: bytes, no_body: bool) -> _Head:
     """Parse a response's status line and headers (``no_body``: the answer to a HEAD)."""
-    lines = head.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code = rest[:3]
-    if not version.startswith(b"HTTP/1.") or not code.isdigit():
-        raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
+    lines = head.decode("latin-1").split("\r\n")
+    first = lines[0]
+    version = first[:8]
+    code = first[9:12]
+    if version[:7] != "HTTP/1." or first[8:9] != " " or not code.isdigit():
+        raise _ProtocolError(f"bad status line {first[:100]!r}")
     status = int(code)
     headers: dict[str, str] = {}
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
+        name, sep, value = line.partition(":")
         if not sep:
             raise _ProtocolError(f"bad header line {line[:100]!r}")
-        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-    keep_alive = version == b"HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        headers[name.strip().lower()] = value.strip()
+    keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
     if no_body or status == 204 or status == 304 or status < 200:
         return _Head(status, headers, keep_alive, 0, False)
     if "chunked" in headers.get("transfer-encoding", "").lower():
