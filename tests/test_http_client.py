@@ -384,3 +384,16 @@ async def test_a_request_is_sent_in_one_write_and_keys_are_escaped() -> None:
     assert body == b"value"  # head and body arrived together
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
+
+
+@pytest.mark.asyncio
+async def test_max_connections_bounds_requests_in_flight() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        HttpStore("http://127.0.0.1:1", max_connections=-1)
+    async with HttpStoreServer(port=0) as server:
+        for limit, connections in ((1, 1), (0, 8)):
+            async with open_store(server.url, max_connections=limit) as store:
+                await asyncio.gather(*(store.put(f"m/{i}", b"v") for i in range(8)))
+                assert len(server.engine) == 8
+                assert isinstance(store, HttpStore)
+                assert len(store._pool._open) <= connections
