@@ -282,7 +282,7 @@ class Pool:
         else:
             await slots.acquire()
         try:
-            conn = await self._connection(loop, deadline)
+            conn = self._idle_connection(loop.time()) or await self._connect(loop, deadline)
             waiter: asyncio.Future[Response] = loop.create_future()
             timer = loop.call_at(deadline, conn.timed_out)
             try:
@@ -304,9 +304,9 @@ class Pool:
         finally:
             slots.release()
 
-    async def _connection(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:
+    def _idle_connection(self, now: float) -> _Connection | None:
+        """The most recently used idle connection still fit for a request, if any."""
         idle = self._idle
-        now = loop.time()
         while idle:
             conn = idle.pop()
             transport = conn.transport
@@ -320,8 +320,13 @@ class Pool:
                 self._open.discard(conn)
                 continue
             return conn
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:
+        """A new connection (connecting within ``connect_timeout`` and the deadline)."""
         if self.closed:
             raise ConnectFailed("the client is closed")
+        now = loop.time()
         try:
             async with asyncio.timeout_at(min(deadline, now + self._connect_timeout)):
                 transport, conn = await loop.create_connection(
