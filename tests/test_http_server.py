@@ -154,6 +154,22 @@ async def test_openapi_healthz_and_metrics(server: HttpStoreServer) -> None:
     assert "aioelastic_connections " in text
 
 
+@pytest.mark.asyncio
+async def test_a_watch_the_client_closed_is_not_a_server_error(server: HttpStoreServer) -> None:
+    async with open_store(server.url) as store:
+        async with store.watch("w/") as events:
+            await store.put("w/1", b"1")
+            await events.__anext__()
+        # the server learns of the close asynchronously: wait for its stream count to drop
+        async with asyncio.timeout(10):
+            while server.engine.watcher_count:
+                await asyncio.sleep(0.01)
+    _, body, _ = await _raw("GET", f"{server.url}/metrics")
+    text = body.decode()
+    assert 'aioelastic_requests_total{code="499",op="watch"} 1.0' in text
+    assert 'code="500"' not in text
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 

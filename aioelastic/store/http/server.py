@@ -419,6 +419,11 @@ class _App:
             status = 500
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
             return _error_response(500, "storage_error", f"the data directory failed: {exc}")
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when the client goes away (a watch it closed): not a
+            # server error; counted as 499, nginx's "client closed request"
+            status = 499
+            raise
         finally:
             self.metrics.observe(metered, status, time.perf_counter() - start)
 
