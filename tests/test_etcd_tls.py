@@ -95,3 +95,24 @@ async def test_tls_refusals_are_clear_errors(etcd_mtls: EtcdServer, certs: Path)
         async with open_store(url, timeout=5, connect_timeout=2, **options) as store:
             with anyio.fail_after(20), pytest.raises(StoreConnectionError, match="connect"):
                 await store.get("tls/k")
+
+
+def test_server_tls_with_password_auth_and_no_client_certificates(certs: Path) -> None:
+    """TLS on the client port with a CA to verify it by, but no client certificates: etcd must
+    not be handed --trusted-ca-file (it would demand client certificates), and a client with the
+    CA and a password gets in over an etcds:// URL."""
+
+    with running_etcd(
+        auth=("root", "pw"),
+        tls_cert=certs / "server.crt",
+        tls_key=certs / "server.key",
+        tls_ca=certs / "ca.crt",
+    ) as server:
+
+        async def main() -> None:
+            url = f"{server.url.replace('etcds://', 'etcds://root:pw@')}?ca_file={certs / 'ca.crt'}"
+            async with open_store(url) as store:
+                revision = await store.put("tls/server-only", b"v")
+                assert (await store.get("tls/server-only")).mod_revision == revision  # type: ignore[union-attr]
+
+        anyio.run(main)
