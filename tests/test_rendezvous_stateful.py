@@ -10,9 +10,14 @@ public runner is exercised too.
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import HealthCheck, given, settings
 
+from aioelastic.errors import RendezvousClosedError
+from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import MemoryEngine, MemoryStore, Store
+from aioelastic.testing import run_virtual
 from aioelastic.testing.faults import FaultInjectingStore
 from aioelastic.testing.rendezvous_machine import RendezvousMachine, run_rendezvous_scenario
 from aioelastic.testing.strategies import RendezvousScenario, rendezvous_scenarios
@@ -46,3 +51,25 @@ def test_scenarios_over_a_slow_store(scenario: RendezvousScenario) -> None:
         return slow
 
     run_rendezvous_scenario(scenario, open_store=open_slow_store)
+
+
+def test_aclose_while_a_join_is_granting_its_lease_ends_the_join_at_once() -> None:
+    """Found by ``test_scenarios_over_a_slow_store``: ``aclose()`` that arrives while a pending
+    ``next_rendezvous()`` is still granting its lease (a slow store call) must end the join with
+    ``RendezvousClosedError`` at once, not leave it waiting until ``join_timeout``."""
+
+    async def scenario() -> None:
+        slow = FaultInjectingStore(MemoryStore(MemoryEngine()))
+        slow.latency = 0.01
+        handler = DynamicRendezvousHandler(slow, "job", 2, 2, join_timeout=400, owns_store=True)
+        join = asyncio.ensure_future(handler.next_rendezvous())
+        await asyncio.sleep(0.005)  # the join is inside lease_grant now
+        assert slow.calls["lease_grant"] == 1
+        assert not join.done()
+        start = asyncio.get_running_loop().time()
+        await handler.aclose()
+        await asyncio.wait([join])
+        assert isinstance(join.exception(), RendezvousClosedError)
+        assert asyncio.get_running_loop().time() - start < 1.0
+
+    run_virtual(scenario())
