@@ -357,18 +357,43 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             self._check_usable()
             await self._close_member_watch()
             with self._translate("next_rendezvous"):
-                keeper = await self._ensure_lease()
-                with keeper.guard():  # our records vanish with the lease: stop waiting then
-                    result = await self._join(keeper)
+                result = await self._join()
             self._error = None
             return result
 
-    async def _join(self, keeper: LeaseKeeper) -> RendezvousResult:
+    async def _join(self) -> RendezvousResult:
+        """Open the control watch and read the control records while the lease is granted (a
+        first join costs one round trip less), then take part in rounds under the lease."""
         loop = asyncio.get_running_loop()
         self._joins += 1
         self._join_started = loop.time()
         store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
+        keeper = self._keeper
+        granting = None
+        if keeper is None or keeper.lost:
+            granting = loop.create_task(self._ensure_lease(), name="aioelastic-rdzv-lease")
+        try:
+            async with store.watch(keys.ctl) as events:
+                snapshot = await store.range(keys.ctl)
+                if granting is not None:
+                    keeper = await granting
+                assert keeper is not None
+                with keeper.guard():  # our records vanish with the lease: stop waiting then
+                    return await self._take_part(keeper, events, snapshot, deadline)
+        finally:
+            if granting is not None and not granting.done():
+                granting.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([granting])
+            if granting is not None and not granting.cancelled():
+                granting.exception()  # retrieved: a failure was raised above, or is moot
+
+    async def _take_part(
+        self, keeper: LeaseKeeper, events: Watch, snapshot: RangeResult, deadline: float
+    ) -> RendezvousResult:
+        loop = asyncio.get_running_loop()
+        keys = self._keys
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
@@ -376,79 +401,83 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             closing.set_result(None)  # aclose() came before the future existed (lease grant)
         driver: asyncio.Task[None] | None = None
         driven: int | None = None  # the round our driver task ran for
-        next_event: asyncio.Task[WatchEvent] | None = None
         completed = False
+        # read control events from now on, also while we register (see the drain below)
+        next_event: asyncio.Task[WatchEvent] | None = loop.create_task(events.__anext__())
         try:
-            async with store.watch(keys.ctl) as events:
-                snapshot = await store.range(keys.ctl)
-                ctl = _Control(keys)
-                ctl.load(snapshot)
-                seen = snapshot.revision
-                while True:
-                    blocked = ctl.closed is not None and self._closed_by(ctl.closed)
-                    if blocked and ctl.closed_kv is not None:
-                        if self._reopen_closed and self._is_new() and not self._closed_seen:
-                            await self._reopen(ctl.closed_kv)  # its write arrives as an event
-                        else:
-                            self._closed_seen = True
-                            if self._standby:
-                                raise RendezvousGracefulExitError(
-                                    f"the rendezvous {self.run_id!r} closed while this node "
-                                    "was a standby"
-                                )
-                            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
-                    latest = ctl.round
-                    if (
-                        latest is not None
-                        and ctl.round_kv is not None
-                        and latest.round > self._round
-                        and latest.round == self._record_round
-                        and self._node_id in latest.members
-                    ):
-                        completed = True
-                        return self._completed(latest, ctl.round_kv.mod_revision)
-                    target = 0 if latest is None else latest.round + 1
-                    if not blocked and self._record_round != target:
-                        self._standby = await self._is_standby(latest)
-                        await self._register(target, keeper)
-                    if driver is not None and driver.done():
-                        driver.result()  # a driver that failed fails the join
-                        driver = None
-                    if (
-                        not blocked
-                        and driver is None
-                        and driven != target
-                        and await self._claim_driver(ctl, target, keeper)
-                    ):
-                        driven = target
-                        driver = loop.create_task(
-                            self._drive(target, ctl.round_kv),
-                            name=f"aioelastic-rdzv-driver-{target}",
-                        )
-                    # wait for a control event, the driver's end, or the join deadline
-                    if next_event is None:
-                        next_event = loop.create_task(events.__anext__())
-                    waiters: set[asyncio.Future[Any]] = {next_event, closing}
-                    if driver is not None:
-                        waiters.add(driver)
-                    timeout = None if self._standby else max(0.0, deadline - loop.time())
-                    done, _ = await asyncio.wait(
-                        waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            ctl = _Control(keys)
+            ctl.load(snapshot)
+            seen = snapshot.revision
+            while True:
+                if next_event is not None and next_event.done():
+                    event = next_event.result()
+                    next_event = None
+                    if event.revision > seen:
+                        ctl.apply(event.type, event.kv)
+                blocked = ctl.closed is not None and self._closed_by(ctl.closed)
+                if blocked and ctl.closed_kv is not None:
+                    if self._reopen_closed and self._is_new() and not self._closed_seen:
+                        await self._reopen(ctl.closed_kv)  # its write arrives as an event
+                    else:
+                        self._closed_seen = True
+                        if self._standby:
+                            raise RendezvousGracefulExitError(
+                                f"the rendezvous {self.run_id!r} closed while this node "
+                                "was a standby"
+                            )
+                        raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
+                latest = ctl.round
+                if (
+                    latest is not None
+                    and ctl.round_kv is not None
+                    and latest.round > self._round
+                    and latest.round == self._record_round
+                    and self._node_id in latest.members
+                ):
+                    completed = True
+                    return self._completed(latest, ctl.round_kv.mod_revision)
+                target = 0 if latest is None else latest.round + 1
+                if not blocked and self._record_round != target:
+                    self._standby = await self._is_standby(latest)
+                    await self._register(target, keeper)
+                if driver is not None and driver.done():
+                    driver.result()  # a driver that failed fails the join
+                    driver = None
+                if next_event is not None and next_event.done():
+                    # An event arrived while we registered: apply it (above) before deciding
+                    # to claim the driver, so that nodes joining together do not all send a
+                    # claim doomed to fail once the first one has landed.
+                    continue
+                if (
+                    not blocked
+                    and driver is None
+                    and driven != target
+                    and await self._claim_driver(ctl, target, keeper)
+                ):
+                    driven = target
+                    driver = loop.create_task(
+                        self._drive(target, ctl.round_kv),
+                        name=f"aioelastic-rdzv-driver-{target}",
                     )
-                    if closing in done:
-                        raise RendezvousClosedError(
-                            f"the rendezvous handler for {self.run_id!r} was closed while joining"
-                        )
-                    if not done:
-                        raise RendezvousTimeoutError(
-                            f"the rendezvous {self.run_id!r} did not complete within "
-                            f"join_timeout={self._join_timeout}s"
-                        )
-                    if next_event in done:
-                        event = next_event.result()
-                        next_event = None
-                        if event.revision > seen:
-                            ctl.apply(event.type, event.kv)
+                # wait for a control event, the driver's end, or the join deadline
+                if next_event is None:
+                    next_event = loop.create_task(events.__anext__())
+                waiters: set[asyncio.Future[Any]] = {next_event, closing}
+                if driver is not None:
+                    waiters.add(driver)
+                timeout = None if self._standby else max(0.0, deadline - loop.time())
+                done, _ = await asyncio.wait(
+                    waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if closing in done:
+                    raise RendezvousClosedError(
+                        f"the rendezvous handler for {self.run_id!r} was closed while joining"
+                    )
+                if not done:
+                    raise RendezvousTimeoutError(
+                        f"the rendezvous {self.run_id!r} did not complete within "
+                        f"join_timeout={self._join_timeout}s"
+                    )
         finally:
             for task in (next_event, driver):
                 if task is not None and not task.done():
