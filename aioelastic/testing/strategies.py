@@ -199,7 +199,7 @@ class Range(StoreOp):
 class CompareAndSwap(StoreOp):
     """Swap ``key`` to ``value`` if its ``mod_revision`` is what ``expect`` says: ``current``
     (read first: succeeds unless another writer intervened), ``absent`` (0: only if absent) or
-    ``stale`` (an older revision: fails unless the key is absent and that revision is 0)."""
+    ``stale`` (a revision the key does not have: always fails)."""
 
     key: str
     value: bytes
@@ -211,7 +211,7 @@ class CompareAndSwap(StoreOp):
         expected = {
             "current": revision,
             "absent": 0,
-            "stale": max(revision - 1, 1) if current is not None else 1,
+            "stale": revision + 1,  # never the key's revision (and not 0 when absent)
         }[self.expect]
         return await store.compare_and_swap(self.key, expected, self.value)
 
