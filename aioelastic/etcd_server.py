@@ -403,10 +403,12 @@ class EtcdServer:
             command += ["--listen-metrics-urls", f"http://{h}:{m.metrics_port}"]
         if self.tls_cert is not None and self.tls_key is not None:
             command += ["--cert-file", self.tls_cert, "--key-file", self.tls_key]
-            if self.tls_ca is not None:
-                command += ["--trusted-ca-file", self.tls_ca]
+            # etcd turns on client-certificate auth whenever --trusted-ca-file is given, so the
+            # CA goes to etcd only when client certificates are wanted; otherwise it is only what
+            # clients verify the server with.
             if self.client_cert_auth:
-                command.append("--client-cert-auth")
+                assert self.tls_ca is not None
+                command += ["--trusted-ca-file", self.tls_ca, "--client-cert-auth"]
         if self.unsafe_no_fsync:
             command.append("--unsafe-no-fsync")
         if self.fast_election:

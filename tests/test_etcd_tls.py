@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 import pytest
@@ -15,6 +20,8 @@ from aioelastic.etcd_server import EtcdServer
 from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
+
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -95,3 +102,59 @@ async def test_tls_refusals_are_clear_errors(etcd_mtls: EtcdServer, certs: Path)
         async with open_store(url, timeout=5, connect_timeout=2, **options) as store:
             with anyio.fail_after(20), pytest.raises(StoreConnectionError, match="connect"):
                 await store.get("tls/k")
+
+
+def test_server_tls_with_password_auth_and_no_client_certificates(certs: Path) -> None:
+    """TLS on the client port with a CA to verify it by, but no client certificates: etcd must
+    not be handed --trusted-ca-file (it would demand client certificates), and a client with the
+    CA and a password gets in over an etcds:// URL."""
+
+    with running_etcd(
+        auth=("root", "pw"),
+        tls_cert=certs / "server.crt",
+        tls_key=certs / "server.key",
+        tls_ca=certs / "ca.crt",
+    ) as server:
+
+        async def main() -> None:
+            url = f"{server.url.replace('etcds://', 'etcds://root:pw@')}?ca_file={certs / 'ca.crt'}"
+            async with open_store(url) as store:
+                revision = await store.put("tls/server-only", b"v")
+                assert (await store.get("tls/server-only")).mod_revision == revision  # type: ignore[union-attr]
+
+        anyio.run(main)
+
+
+@pytest.mark.asyncio
+async def test_cli_serves_tls_and_prints_a_url_with_the_ca(certs: Path) -> None:
+    """``aioelastic etcd --tls-cert ... --tls-ca ... --auth``: the printed store URL carries the
+    CA file, so it can be pasted as it is (credentials apart)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aioelastic", "etcd", "--auth", "root:pw",
+        "--tls-cert", str(certs / "server.crt"), "--tls-key", str(certs / "server.key"),
+        "--tls-ca", str(certs / "ca.crt"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        with anyio.fail_after(60):
+            while not lines or not lines[-1].startswith("press Ctrl-C"):
+                line = (await process.stdout.readline()).decode()
+                assert line, "".join(lines)
+                lines.append(line.strip())
+        url = next(line.split(": ", 1)[1] for line in lines if line.startswith("store url:"))
+        assert url.startswith("etcds://")
+        assert f"ca_file={quote(str(certs / 'ca.crt'), safe='')}" in url
+        assert "tls: on" in lines
+        async with open_store(url, username="root", password="pw") as store:
+            await store.put("tls/from-cli", b"yes")
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            await process.stdout.read()
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

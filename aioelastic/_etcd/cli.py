@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+if TYPE_CHECKING:
+    from ..etcd_server import EtcdServer
 
 HELP = "start a local etcd (one member or a cluster) and print its endpoints"
 
@@ -53,6 +59,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fsync", action="store_true", help="fsync writes (default off: throwaway dev data)"
     )
+    tls = parser.add_argument_group("TLS on the client port")
+    tls.add_argument("--tls-cert", metavar="FILE", help="the server certificate (names the host)")
+    tls.add_argument("--tls-key", metavar="FILE", help="its private key")
+    tls.add_argument(
+        "--tls-ca", metavar="FILE", help="the CA that signed it (what clients verify with)"
+    )
+    tls.add_argument(
+        "--client-cert-auth",
+        action="store_true",
+        help="demand client certificates signed by --tls-ca (give --client-cert/--client-key "
+        "for the server's own connections)",
+    )
+    tls.add_argument("--client-cert", metavar="FILE", help="a client certificate for mutual TLS")
+    tls.add_argument("--client-key", metavar="FILE", help="its private key")
+
+
+def _store_url(server: EtcdServer) -> str:
+    """The URL to paste: ``etcds://...?ca_file=...`` (and the client certificate) with TLS."""
+    options = {
+        k: v for k, v in server.store_options().items() if k in ("ca_file", "cert_file", "key_file")
+    }
+    if not options:
+        return server.url
+    return server.url + "?" + urlencode({k: os.path.abspath(v) for k, v in options.items()})
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -67,6 +97,12 @@ async def _serve(args: argparse.Namespace) -> int:
         log_file=args.log_file,
         log_level=args.log_level,
         unsafe_no_fsync=not args.fsync,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        client_cert_auth=args.client_cert_auth,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -81,7 +117,9 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"etcd with {args.members} member(s) is ready", flush=True)
         print(f"endpoints: {','.join(server.endpoints)}")
         print(f"client urls: {','.join(server.client_urls)}")
-        print(f"store url: {server.url}")
+        print(f"store url: {_store_url(server)}")
+        if server.tls:
+            print("tls: on" + (" (client certificates required)" if args.client_cert_auth else ""))
         if args.auth:
             print(f"auth: on (user {args.auth[0]!r})")
         if args.metrics:
@@ -104,7 +142,7 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_serve(args))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"aioelastic etcd: {exc}", file=sys.stderr)
         return 2
     except (RuntimeError, TimeoutError) as exc:

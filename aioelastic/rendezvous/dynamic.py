@@ -448,6 +448,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
+        if self._handler_closed and not closing.done():
+            closing.set_result(None)  # aclose() came before the future existed (lease grant)
         driver: asyncio.Task[None] | None = None
         driven: int | None = None  # the round our driver task ran for
         completed = False

@@ -29,17 +29,16 @@ from hypothesis.stateful import (
 
 from ..errors import LeaseNotFoundError
 from ..store import CasResult, EventType, KeyValue, Store, Watch
+from . import strategies
 from ._virtual_time import VirtualTimeLoop
+from .strategies import KEYS, PREFIXES
 
 __all__ = ["KEYS", "PREFIXES", "StoreMachine", "StoreModel"]
 
 T = TypeVar("T")
 
-#: Keys chosen to collide on prefixes.
-KEYS = ["a", "a/b", "a/c", "ab", "b", "b/a"]
-PREFIXES = ["", "a", "a/", "b"]
-keys = st.sampled_from(KEYS)
-values = st.binary(max_size=8)
+keys = strategies.keys()
+values = strategies.values()
 
 
 @dataclass
@@ -193,12 +192,12 @@ class StoreMachine(RuleBasedStateMachine):
     def delete(self, key: str) -> None:
         assert self.run(self.s.delete(key)) == self.model.delete([key])
 
-    @rule(prefix=st.sampled_from(PREFIXES))
+    @rule(prefix=strategies.prefixes())
     def delete_prefix(self, prefix: str) -> None:
         matching = [k for k in self.model.data if k.startswith(prefix)]
         assert self.run(self.s.delete_prefix(prefix)) == self.model.delete(matching)
 
-    @rule(prefix=st.sampled_from(PREFIXES), limit=st.none() | st.integers(1, 4))
+    @rule(prefix=strategies.prefixes(), limit=strategies.range_limits())
     def range(self, prefix: str, limit: int | None) -> None:
         result = self.run(self.s.range(prefix, limit=limit))
         expected = sorted((k, kv) for k, kv in self.model.data.items() if k.startswith(prefix))
@@ -208,7 +207,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert result.more == (len(shown) < len(expected))
         assert result.revision == self.model.revision
 
-    @rule(key=keys, value=values, which=st.sampled_from(["current", "absent", "stale"]))
+    @rule(key=keys, value=values, which=strategies.cas_expectations())
     def compare_and_swap(self, key: str, value: bytes, which: str) -> None:
         current = self.model.data.get(key)
         expected_rev = {
@@ -239,14 +238,14 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert result.kv == current
 
-    @rule(key=st.sampled_from(["n1", "n2"]), delta=st.integers(-5, 5))
+    @rule(key=st.sampled_from(["n1", "n2"]), delta=strategies.add_deltas())
     def add(self, key: str, delta: int) -> None:
         current = self.model.data.get(key)
         total = (int(current.value) if current else 0) + delta
         assert self.run(self.s.add(key, delta)) == total
         self.model.put(key, str(total).encode(), current.lease if current else 0)
 
-    @rule(target=leases, ttl=st.integers(2, 8))
+    @rule(target=leases, ttl=strategies.lease_ttls())
     def grant(self, ttl: int) -> int:
         self.grants += 1
         # A per-grant offset keeps every deadline distinct, so the expiry order is defined.
