@@ -11,6 +11,7 @@ import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -156,14 +157,20 @@ async def test_openapi_healthz_and_metrics(server: HttpStoreServer) -> None:
 
 @pytest.mark.asyncio
 async def test_a_watch_the_client_closed_is_not_a_server_error(server: HttpStoreServer) -> None:
+    # the server learns of the close asynchronously: wait until its stream removes its watcher
+    removed = asyncio.Event()
+    remove_watcher = server.engine.remove_watcher
+
+    def remove(watcher: Any) -> None:
+        remove_watcher(watcher)
+        removed.set()
+
+    server.engine.remove_watcher = remove  # type: ignore[method-assign]
     async with open_store(server.url) as store:
         async with store.watch("w/") as events:
             await store.put("w/1", b"1")
             await events.__anext__()
-        # the server learns of the close asynchronously: wait for its stream count to drop
-        async with asyncio.timeout(10):
-            while server.engine.watcher_count:
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(removed.wait(), 10)
     _, body, _ = await _raw("GET", f"{server.url}/metrics")
     text = body.decode()
     assert 'aioelastic_requests_total{code="499",op="watch"} 1.0' in text
