@@ -17,7 +17,11 @@ from agent_helpers import PY, ROOT, WORKER, _alive_with, _assert_no_orphans, _li
 from aioelastic.agent import AgentState, ElasticAgent, Std, WorkerSpec, parse_std
 from aioelastic.agent._cli import build_entrypoint, parse_nnodes, parse_nproc
 from aioelastic.agent.worker import WorkerEnv
-from aioelastic.rendezvous import RendezvousParameters
+from aioelastic.errors import StoreConnectionError
+from aioelastic.events import Event
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
+from aioelastic.store import MemoryStore
+from aioelastic.testing.faults import FaultInjectingStore
 
 __all__ = ["out"]  # the fixture
 
@@ -191,3 +195,46 @@ async def test_node_joining_restarts_the_group_without_counting_a_restart(out: P
     worlds = sorted(s["WORLD_SIZE"] for s in _lines(out / "starts.jsonl"))
     assert worlds == ["2", "2", "4", "4", "4", "4"]
     assert len(_lines(out / "terms.jsonl")) == 2  # the first group was stopped gracefully
+
+
+def _flaky_handler(failures: int, run_id: str) -> tuple[DynamicRendezvousHandler, MemoryStore]:
+    """A handler whose first ``failures`` joins find the store unreachable (lease grant)."""
+    inner = MemoryStore()
+    store = FaultInjectingStore(inner)
+    for _ in range(failures):
+        store.fail_next("lease_grant", StoreConnectionError("store unreachable (injected)"))
+    handler = DynamicRendezvousHandler(store, run_id, 1, 1, last_call_timeout=0, owns_store=True)
+    return handler, inner
+
+
+@pytest.mark.asyncio
+async def test_agent_rejoins_while_the_store_is_unreachable(out: Path) -> None:
+    handler, _ = _flaky_handler(2, "flaky")
+    sink = _ListSink()
+    agent = ElasticAgent(_spec("ok", out), handler, event_sink=sink)
+    result = await asyncio.wait_for(agent.run(), 60)
+    assert result.state is AgentState.SUCCEEDED, result.summary()
+    assert result.rounds == 1
+    retries = [e for e in sink.events if e.kind == "agent.rendezvous_retry"]
+    assert len(retries) == 2
+    assert "unreachable" in str(retries[0].fields["error"])
+    await handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_agent_gives_up_after_the_retry_timeout(out: Path) -> None:
+    handler, _ = _flaky_handler(1, "flaky-no-retry")
+    agent = ElasticAgent(_spec("ok", out, rendezvous_retry_timeout=0), handler)
+    result = await asyncio.wait_for(agent.run(), 60)
+    assert result.state is AgentState.FAILED
+    assert "rendezvous_retry_timeout=0" in result.message
+    assert result.rounds == 0
+    await handler.aclose()
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)

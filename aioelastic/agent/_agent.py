@@ -32,7 +32,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .. import events as _events
-from ..errors import RendezvousClosedError, RendezvousError, RendezvousGracefulExitError
+from ..errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+)
 from ..rendezvous import (
     RendezvousEvent,
     RendezvousEventKind,
@@ -77,6 +82,9 @@ class WorkerSpec:
     redirected and no ``log_dir`` is given). ``stop_timeout`` is the grace between SIGTERM and
     SIGKILL when the agent stops its workers; ``exit_barrier_timeout`` how long a node whose
     workers all succeeded waits for the other nodes' workers before leaving.
+    ``rendezvous_retry_timeout``: how long the agent keeps rejoining after the store was
+    unreachable (``RendezvousConnectionError``: an etcd leader election, a restarted store
+    server) before it gives up; 0 gives up at the first such error.
     """
 
     entrypoint: Sequence[str]
@@ -90,6 +98,7 @@ class WorkerSpec:
     stop_timeout: float = 30.0
     exit_barrier_timeout: float = 300.0
     monitor_interval: float = 0.1
+    rendezvous_retry_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, str) or not self.entrypoint:
@@ -104,7 +113,12 @@ class WorkerSpec:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("stop_timeout", "exit_barrier_timeout", "monitor_interval"):
+        for name in (
+            "stop_timeout",
+            "exit_barrier_timeout",
+            "monitor_interval",
+            "rendezvous_retry_timeout",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -174,6 +188,11 @@ class RunResult:
         ]
         lines += [f"  {failure.describe()}" for failure in self.failures]
         return "\n".join(lines)
+
+
+#: Backoff between rejoins while the store is unreachable (seconds, doubling).
+_RETRY_FIRST = 0.1
+_RETRY_MAX = 2.0
 
 
 class _Stop(Exception):
@@ -460,6 +479,8 @@ class ElasticAgent:
             )
 
         restart_reason: str | None = None
+        unreachable_since: float | None = None  # the store failed the joins since then
+        backoff = _RETRY_FIRST
 
         while True:
             try:
@@ -472,8 +493,30 @@ class ElasticAgent:
                 return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
             except RendezvousClosedError as exc:
                 return result(AgentState.CLOSED, 1, f"the run was closed: {exc}")
+            except RendezvousConnectionError as exc:
+                # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
+                now = loop.time()
+                if unreachable_since is None:
+                    unreachable_since = now
+                left = unreachable_since + spec.rendezvous_retry_timeout - now
+                if left <= 0:
+                    return result(
+                        AgentState.FAILED,
+                        1,
+                        f"rendezvous failed: {exc} (the store stayed unreachable for "
+                        f"rendezvous_retry_timeout={spec.rendezvous_retry_timeout}s)",
+                    )
+                delay, backoff = min(backoff, left), min(backoff * 2, _RETRY_MAX)
+                log.warning("rendezvous failed, rejoining in %.2fs: %s", delay, exc)
+                self._emit("agent.rendezvous_retry", error=str(exc), delay=delay)
+                try:
+                    await self._until_stop(asyncio.sleep(delay))  # a backoff, not a poll
+                except _Stop:
+                    return self._interrupted(result)
+                continue
             except RendezvousError as exc:
                 return result(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
+            unreachable_since, backoff = None, _RETRY_FIRST
             self.rounds += 1
             self.round, self.group_rank = rdzv.round, rdzv.rank
             self.world_size = rdzv.world_size * spec.nproc_per_node
