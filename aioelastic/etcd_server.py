@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
+from ._proc import die_with_parent
 from .errors import StoreError
 
 if TYPE_CHECKING:
@@ -424,6 +425,7 @@ class EtcdServer:
             stdout=m.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop the members
+            preexec_fn=die_with_parent(signal.SIGTERM),  # no orphan etcd if we are SIGKILLed
         )
 
     def _log_tail(self, m: _Member, size: int = 2000) -> str:

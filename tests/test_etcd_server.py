@@ -192,3 +192,43 @@ async def test_a_port_taken_before_etcd_binds_it_is_retried(
                 await store.put("k", b"v")
     finally:
         squatter.close()
+
+
+_ORPHAN_PARENT = """
+import asyncio, sys, time
+from aioelastic.etcd_server import EtcdServer
+
+server = EtcdServer()
+asyncio.run(server.start())
+print(server._member(0).process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+async def test_members_die_with_a_sigkilled_parent() -> None:
+    _binary_or_skip()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _ORPHAN_PARENT, stdout=subprocess.PIPE, env=env
+    )
+    assert parent.stdout is not None
+    try:
+        with anyio.fail_after(60):
+            member = int(await parent.stdout.readline())
+        pidfd = os.pidfd_open(member)
+    finally:
+        parent.kill()
+        await parent.wait()
+    try:  # the member's exit makes its pidfd readable: wait for that, no polling
+        exited = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(pidfd, exited.set)
+        try:
+            with anyio.fail_after(30):
+                await exited.wait()
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import enum
 import functools
 import os
@@ -22,35 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .._proc import _die_with_parent
+
 __all__ = ["Std", "WorkerProcess", "kill_groups", "parse_std", "spawn_worker", "stop_workers"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-# resolved in the parent, before any fork: the child only calls it
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the forked child
-    """Between fork and exec: SIGKILL this child when the agent dies (Linux)."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the agent died before prctl took effect
-        os._exit(1)
-
 
 class Std(enum.IntFlag):
     """Which streams of a worker go to its log files: torchrun's ``--redirects``/``--tee`` values
@@ -177,7 +150,7 @@ async def spawn_worker(
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            preexec_fn=functools.partial(_die_with_parent, os.getpid(), signal.SIGKILL),
         )
     except BaseException:
         for f in files:
