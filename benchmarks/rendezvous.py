@@ -355,12 +355,17 @@ def _node_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=root if not path else f"{root}{os.pathsep}{path}")
 
 
-async def _spawn(n: int, *args: str) -> list[asyncio.subprocess.Process]:
+async def _spawn(
+    n: int, *args: str, timeout: float = 120.0, batch: int = 8
+) -> list[asyncio.subprocess.Process]:
+    """Start N node processes, ``batch`` at a time, each batch having said READY before the
+    next starts: 128 interpreters importing at once on 2 cores starve the store server and the
+    first nodes' lease keep-alives (start-up is not what is timed)."""
     script, env = os.path.abspath(__file__), _node_env()  # noqa: ASYNC240 (no I/O)
-    procs = []
+    procs: list[asyncio.subprocess.Process] = []
     try:
-        for _ in range(n):
-            procs.append(
+        while len(procs) < n:
+            started = [
                 await asyncio.create_subprocess_exec(
                     sys.executable,
                     script,
@@ -368,7 +373,11 @@ async def _spawn(n: int, *args: str) -> list[asyncio.subprocess.Process]:
                     stdout=asyncio.subprocess.PIPE,
                     env=env,
                 )
-            )
+                for _ in range(min(batch, n - len(procs)))
+            ]
+            procs += started
+            for proc in started:
+                await _expect(proc, b"READY", timeout)
     except BaseException:
         await _reap(procs)
         raise
@@ -410,11 +419,11 @@ async def process_rounds(
     the last node returned (wall clock). ``between(r)`` runs (in a thread) after round r, while
     the node processes wait for the next go: how the runner interleaves torch's rounds."""
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
-    procs = await _spawn(n, "--node", url, run_id, str(n), str(rounds))
+    procs = await _spawn(n, "--node", url, run_id, str(n), str(rounds), timeout=timeout)
     try:
         times = []
         for r in range(rounds):
-            for proc in procs:
+            for proc in procs if r else ():  # the first READY: read by _spawn
                 await _expect(proc, b"READY", timeout)
             rid = run_id if rounds == 1 else f"{run_id}-{r}"
             start = await _go(url, f"bench-go/{rid}")
@@ -443,10 +452,10 @@ async def process_failure(
     returned from its next round of N-1), wall clock across processes.
     """
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
-    procs = await _spawn(n, "--fail-node", url, run_id, str(n), str(ttl), str(last_call))
+    procs = await _spawn(
+        n, "--fail-node", url, run_id, str(n), str(ttl), str(last_call), timeout=timeout
+    )
     try:
-        for proc in procs:
-            await _expect(proc, b"READY", timeout)
         await _go(url, f"bench-go/{run_id}")
         for proc in procs:
             words = await _expect(proc, b"DONE", timeout)

@@ -317,7 +317,7 @@ def bench_elastic(ctx: Context) -> None:
 
 def bench_failure(ctx: Context) -> None:
     n = 3 if ctx.quick else 4
-    ttl = 1.5 if ctx.quick else 3.0
+    ttl = 1.0 if ctx.quick else 3.0
     attempts = 3
     last_call = 0.5
     ctx.settings["failure"] = {
