@@ -711,6 +711,46 @@ def markdown(rows: list[Row], skipped: list[dict[str, str]], header: str) -> str
     return "\n".join(lines)
 
 
+#: The rows of the README's headline table, in order (those the run measured).
+HEADLINE = [
+    "exact-processes-8",
+    "exact-processes-32",
+    "exact-processes-128",
+    "elastic-8",
+    "failure-again",
+    "timers-p50",
+    "store-get",
+    "store-concurrent",
+    "etcd-put",
+    "fanout-http-1000",
+]
+
+
+def headline(rows: list[Row], header: str) -> str:
+    """A short table for the README: the HEADLINE rows, aioelastic vs the reference."""
+    by_key = {r.key: r for r in rows}
+    lines = [
+        header,
+        "",
+        "| Measurement | aioelastic (median) | Reference (median) | aioelastic vs reference |",
+        "|---|---|---|---|",
+    ]
+    for key in HEADLINE:
+        r = by_key.get(key)
+        if r is None:
+            continue
+        theirs = (
+            f"{fmt(statistics.median(r.theirs), r.unit)} {r.unit} ({r.reference})"
+            if r.theirs
+            else "—"
+        )
+        lines.append(
+            f"| {TITLES[r.group].split(' (')[0].split(':')[0]}: {r.label} | "
+            f"{fmt(statistics.median(r.ours), r.unit)} {r.unit} | {theirs} | {speed_text(r)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plots(rows: list[Row], directory: Path, log: Callable[[str], None]) -> list[str]:
     """Write the PNGs; their file names (none when matplotlib is missing)."""
     try:
@@ -897,6 +937,8 @@ def main(argv: list[str] | None = None) -> int:
     md_path: Path = args.markdown or args.plots / "results.md"
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(table + "\n")
+    head_path = md_path.with_name("headline.md")
+    head_path.write_text(headline(ctx.rows, header))
     result = {
         "schema": SCHEMA,
         "date": date.isoformat(),
@@ -913,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": ctx.skipped,
         "plots": written,
         "markdown": str(md_path),
+        "headline": str(head_path),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

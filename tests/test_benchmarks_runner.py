@@ -81,6 +81,9 @@ def test_quick_store_run_writes_json_and_table(tmp_path: Path) -> None:
     assert table == proc.stdout
     assert "| 1 client, sequential put (set) |" in table
     assert "Store operations" in table
+    head = Path(result["headline"]).read_text()
+    assert head.startswith("Measured ")
+    assert "| Store operations: 1 client, sequential get |" in head
 
 
 def test_speedup_follows_which_way_is_better() -> None:
