@@ -174,6 +174,7 @@ def torch_handlers(
     last_call: float = 30.0,
     keep_alive_interval: float = 5.0,
     keep_alive_max_attempt: int = 3,
+    join_timeout: float = 600.0,
 ) -> tuple[Any, list[Any]]:
     """torch's c10d DynamicRendezvousHandler x N over one TCPStore server (this process), one
     TCPStore client per node, as ``torchrun --rdzv-backend c10d`` builds them.
@@ -202,7 +203,9 @@ def torch_handlers(
                 min_nodes,
                 max_nodes,
                 local_addr="127.0.0.1",
-                timeout=dynamic.RendezvousTimeout(last_call=timedelta(seconds=last_call)),
+                timeout=dynamic.RendezvousTimeout(
+                    join=timedelta(seconds=join_timeout), last_call=timedelta(seconds=last_call)
+                ),
                 keep_alive_interval=keep_alive_interval,
                 keep_alive_max_attempt=keep_alive_max_attempt,
             )
@@ -258,9 +261,12 @@ def torch_exact_round(n: int) -> float | None:
         del server
 
 
-def torch_elastic_round(n: int, last_call: float) -> float:
-    """torch, min=1, max=N+1: seconds from all N started to all returned, minus last_call."""
-    server, handlers = torch_handlers(n, 1, n + 1, last_call=last_call)
+def torch_elastic_round(n: int, last_call: float, join_timeout: float = 600.0) -> float:
+    """torch, min=1, max=N+1: seconds from all N started to all returned, minus last_call.
+
+    A node that joins after the round completed waits for the next one: with ``join_timeout``
+    it raises torch's RendezvousTimeoutError instead of waiting that long."""
+    server, handlers = torch_handlers(n, 1, n + 1, last_call=last_call, join_timeout=join_timeout)
     try:
         elapsed, results = torch_join_all(handlers)
         assert all(r.world_size == n for r in results)

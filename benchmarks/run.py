@@ -260,9 +260,11 @@ def parse_caps(text: str) -> dict[int, int]:
     return caps
 
 
-async def ours_elastic(n: int, last_call: float) -> float:
+async def ours_elastic(n: int, last_call: float, join_timeout: float) -> float:
     """N tasks, min=1, max=N+1: seconds from all started to all returned, minus last_call."""
-    handlers = await rendezvous.make(n, 1, n + 1, last_call_timeout=last_call)
+    handlers = await rendezvous.make(
+        n, 1, n + 1, last_call_timeout=last_call, join_timeout=join_timeout
+    )
     start = time.perf_counter()
     results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
     elapsed = time.perf_counter() - start
@@ -272,13 +274,17 @@ async def ours_elastic(n: int, last_call: float) -> float:
 
 
 def bench_elastic(ctx: Context) -> None:
-    sizes = [2, 4] if ctx.quick else [2, 8, 32]
-    last_call = 0.5
+    sizes = [2, 4] if ctx.quick else [2, 8, 16]
+    last_call = 1.0
+    join_timeout = 15.0
     ctx.settings["elastic"] = {
         "sizes": sizes,
         "min_nodes": 1,
         "max_nodes": "N + 1",
         "last_call_timeout_s": last_call,
+        "join_timeout_s": join_timeout,
+        "note": "a node joining after the round completed waits for the next one (both "
+        "sides); such a repeat ends at the join timeout and is reported as skipped",
         "timed": "all N started -> all N returned, minus last_call_timeout (so: completion "
         "after the deadline, plus the first node's join that starts the last call)",
         "ours": "aioelastic, N asyncio tasks, one HttpStore client each, aioelastic serve",
@@ -293,10 +299,18 @@ def bench_elastic(ctx: Context) -> None:
                 ctx.log(f"elastic: N={n}")
                 ours: list[float] = []
                 theirs: list[float] = []
-                for _ in range(ctx.repeat):
-                    ours.append(asyncio.run(ours_elastic(n, last_call)))
-                    if ctx.torch:
-                        theirs.append(rendezvous.torch_elastic_round(n, last_call))
+                for r in range(ctx.repeat):
+                    ours.append(asyncio.run(ours_elastic(n, last_call, join_timeout)))
+                    if not ctx.torch:
+                        continue
+                    try:
+                        theirs.append(rendezvous.torch_elastic_round(n, last_call, join_timeout))
+                    except Exception as exc:  # torch's RendezvousTimeoutError
+                        ctx.skip(
+                            "elastic",
+                            f"torch N={n} repeat {r + 1}",
+                            f"a node missed the last call and waited for a next round: {exc!r}",
+                        )
                 ctx.rows.append(
                     Row(
                         "elastic",
@@ -907,6 +921,60 @@ def quiet_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def write_outputs(
+    ctx: Context,
+    argv: list[str] | None,
+    info: dict[str, Any],
+    date: datetime.datetime,
+    final: bool,
+) -> None:
+    """The JSON, results.md and headline.md (and, when ``final``, the table on stdout and the
+    plots)."""
+    args = ctx.args
+    wall = time.perf_counter() - ctx.started
+    info["load_average_end"] = list(os.getloadavg())
+    command = "python -m benchmarks" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    header = (
+        f"Measured {date:%Y-%m-%d %H:%M} UTC on {machine_line(info)}; "
+        f"`{command}` took {wall / 60:.1f} min."
+    )
+    if not final:
+        header += " (Partial: the run did not finish.)"
+    table = markdown(ctx.rows, ctx.skipped, header)
+    written: list[str] = []
+    if final:
+        print(table)
+        written = plots(ctx.rows, args.plots, ctx.log)
+    md_path: Path = args.markdown or args.plots / "results.md"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(table + "\n")
+    head_path = md_path.with_name("headline.md")
+    head_path.write_text(headline(ctx.rows, header))
+    result = {
+        "schema": SCHEMA,
+        "date": date.isoformat(),
+        "command": command,
+        "complete": final,
+        "wall_seconds": round(wall, 1),
+        "quick": args.quick,
+        "repeat": ctx.repeat,
+        "groups": args.only,
+        "failed": ctx.failed,
+        "torch": {"used": ctx.torch, "why_not": ctx.torch_why or None},
+        "machine": info,
+        "settings": ctx.settings,
+        "rows": [r.to_json() for r in ctx.rows],
+        "skipped": ctx.skipped,
+        "plots": written,
+        "markdown": str(md_path),
+        "headline": str(head_path),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if final:
+        ctx.log(f"wrote {args.json}, {md_path}, {len(written)} plot(s) in {args.plots}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = Context(args)
@@ -924,42 +992,9 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 ctx.failed.append(group)
                 ctx.skip(group, "the rest of the group", f"failed: {exc!r}")
-    wall = time.perf_counter() - ctx.started
-    info["load_average_end"] = list(os.getloadavg())
-    command = "python -m benchmarks" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
-    header = (
-        f"Measured {date:%Y-%m-%d %H:%M} UTC on {machine_line(info)}; "
-        f"`{command}` took {wall / 60:.1f} min."
-    )
-    table = markdown(ctx.rows, ctx.skipped, header)
-    print(table)
-    written = plots(ctx.rows, args.plots, ctx.log)
-    md_path: Path = args.markdown or args.plots / "results.md"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(table + "\n")
-    head_path = md_path.with_name("headline.md")
-    head_path.write_text(headline(ctx.rows, header))
-    result = {
-        "schema": SCHEMA,
-        "date": date.isoformat(),
-        "command": command,
-        "wall_seconds": round(wall, 1),
-        "quick": args.quick,
-        "repeat": ctx.repeat,
-        "groups": args.only,
-        "failed": ctx.failed,
-        "torch": {"used": ctx.torch, "why_not": ctx.torch_why or None},
-        "machine": info,
-        "settings": ctx.settings,
-        "rows": [r.to_json() for r in ctx.rows],
-        "skipped": ctx.skipped,
-        "plots": written,
-        "markdown": str(md_path),
-        "headline": str(head_path),
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    ctx.log(f"wrote {args.json}, {md_path}, {len(written)} plot(s) in {args.plots}")
+            # what is done so far survives a later crash or Ctrl-C
+            write_outputs(ctx, argv, info, date, final=False)
+    write_outputs(ctx, argv, info, date, final=True)
     return 1 if ctx.failed else 0
 
 

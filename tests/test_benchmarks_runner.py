@@ -59,6 +59,7 @@ def test_quick_store_run_writes_json_and_table(tmp_path: Path) -> None:
     assert result["schema"] == 1
     assert result["groups"] == ["store"]
     assert result["failed"] == []
+    assert result["complete"] is True
     assert result["repeat"] == 2
     assert result["torch"] == {"used": False, "why_not": "--no-torch"}
     date = datetime.datetime.fromisoformat(result["date"])
