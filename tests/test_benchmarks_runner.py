@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import GROUPS, Row, markdown, parse_args
+from benchmarks.run import GROUPS, Row, main, markdown, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +85,10 @@ def test_quick_store_run_writes_json_and_table(tmp_path: Path) -> None:
     head = Path(result["headline"]).read_text()
     assert head.startswith("Measured ")
     assert "| Store operations: 1 client, sequential get |" in head
+    # --from-json rewrites the same tables from the JSON, measuring nothing
+    again = tmp_path / "again"
+    assert main(["--from-json", str(out), "--plots", str(again)]) == 0
+    assert (again / "results.md").read_text().splitlines()[1:] == table.splitlines()[1:]
 
 
 def test_speedup_follows_which_way_is_better() -> None:
