@@ -302,22 +302,33 @@ def torch_failure_round(n: int, ttl: float, last_call: float, attempts: int = 3)
         del server
 
 
-async def process_node(url: str, run_id: str, n: int, rounds: int = 1) -> None:
-    """One node of ``--processes``: per round, ready, wait for the go key, rendezvous, print the
-    wall-clock time it returned."""
+async def _warm_store(url: str, run_id: str) -> Store:
+    """A node process's store client, its code paths and connections warmed up with a round
+    of one."""
     store = await open_store(url)
-    # warm up this process's code paths and connections with a round of one
     warm = DynamicRendezvousHandler(store, f"{run_id}-warm-{os.getpid()}", 1, 1)
     await warm.next_rendezvous()
     await warm.aclose()
+    return store
+
+
+async def _ready_then_go(store: Store, run_id: str) -> None:
+    """Say READY (with the watch on the go key up), and return when the runner puts it."""
+    go = f"bench-go/{run_id}"
+    async with store.watch(go) as events:
+        print("READY", flush=True)
+        if await store.get(go) is None:
+            await events.__anext__()
+
+
+async def process_node(url: str, run_id: str, n: int, rounds: int = 1) -> None:
+    """One node of ``--processes``: per round, ready, wait for the go key, rendezvous, print the
+    wall-clock time it returned."""
+    store = await _warm_store(url, run_id)
     for r in range(rounds):
         rid = run_id if rounds == 1 else f"{run_id}-{r}"
         handler = DynamicRendezvousHandler(store, rid, n, n, local_addr="127.0.0.1")
-        go = f"bench-go/{rid}"
-        async with store.watch(go) as events:
-            print("READY", flush=True)
-            if await store.get(go) is None:
-                await events.__anext__()
+        await _ready_then_go(store, rid)
         result = await handler.next_rendezvous()
         print("DONE", time.time(), result.rank, flush=True)
         await handler.aclose()
@@ -327,10 +338,7 @@ async def process_node(url: str, run_id: str, n: int, rounds: int = 1) -> None:
 async def failure_node(url: str, run_id: str, n: int, ttl: float, last_call: float) -> None:
     """One node of the failure benchmark: a round of N (min 2), then report when this node saw
     a member lost and when its next round (without that member) returned."""
-    store = await open_store(url)
-    warm = DynamicRendezvousHandler(store, f"{run_id}-warm-{os.getpid()}", 1, 1)
-    await warm.next_rendezvous()
-    await warm.aclose()
+    store = await _warm_store(url, run_id)
     handler = DynamicRendezvousHandler(
         store,
         run_id,
@@ -341,11 +349,7 @@ async def failure_node(url: str, run_id: str, n: int, ttl: float, last_call: flo
         local_addr="127.0.0.1",
         owns_store=True,
     )
-    go = f"bench-go/{run_id}"
-    async with store.watch(go) as events:
-        print("READY", flush=True)
-        if await store.get(go) is None:
-            await events.__anext__()
+    await _ready_then_go(store, run_id)
     result = await handler.next_rendezvous()
     print("DONE", time.time(), result.world_size, flush=True)
     event = await handler.wait_for_change()

@@ -209,7 +209,8 @@ def bench_rendezvous(ctx: Context) -> None:
         assert url is not None
         for n in sizes:
             theirs: list[float] = []
-            ctx.log(f"rendezvous: N={n}, {n} node processes over http, torch interleaved")
+            also = ", torch interleaved" if ctx.torch else ""
+            ctx.log(f"rendezvous: N={n}, {n} node processes over http{also}")
 
             def between(r: int, n: int = n, theirs: list[float] = theirs) -> None:
                 torch_round(n, theirs)
@@ -793,6 +794,14 @@ def plots(rows: list[Row], directory: Path, log: Callable[[str], None]) -> list[
         high = [max(v) - m for m, v in zip(med, values, strict=True)]
         ax.errorbar(xs, med, yerr=[low, high], fmt=style, capsize=3, label=label)
 
+    def axes(ax: Any, base: int, xlabel: str, ylabel: str) -> None:
+        ax.set_xscale("log", base=base)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
         fig.savefig(directory / name, dpi=110, bbox_inches="tight")
@@ -816,13 +825,8 @@ def plots(rows: list[Row], directory: Path, log: Callable[[str], None]) -> list[
             xs = [r.params["n"] for r in torch_rows]
             vals = [r.theirs for r in torch_rows if r.theirs]
             series(ax, xs, vals, "torch c10d, TCPStore, thread per node", "D--")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("nodes N (min = max = N)")
-        ax.set_ylabel("all started -> all returned (ms, log)")
+        axes(ax, 2, "nodes N (min = max = N)", "all started -> all returned (ms, log)")
         ax.set_title("Exact-size rendezvous: median, min-max bars")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
         save(fig, "rendezvous_exact.png")
     elastic = [r for r in rows if r.group == "elastic"]
     if elastic:
@@ -832,26 +836,16 @@ def plots(rows: list[Row], directory: Path, log: Callable[[str], None]) -> list[
         if all(r.theirs for r in elastic):
             vals = [r.theirs for r in elastic if r.theirs]
             series(ax, xs, vals, "torch c10d, TCPStore, thread per node", "D--")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("nodes N (min = 1, max = N + 1)")
-        ax.set_ylabel("done after the last-call deadline (ms, log)")
+        axes(ax, 2, "nodes N (min = 1, max = N + 1)", "done after the last-call deadline (ms, log)")
         ax.set_title("Elastic rendezvous: lateness after the last call")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
         save(fig, "rendezvous_elastic.png")
     fan = [r for r in rows if r.group == "fanout" and r.params.get("store") == "http"]
     if fan:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         xs = [r.params["watchers"] for r in fan]
         series(ax, xs, [r.ours for r in fan], "aioelastic, http store", "o-")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("watchers")
-        ax.set_ylabel("put -> last watcher notified (ms, log)")
+        axes(ax, 10, "watchers", "put -> last watcher notified (ms, log)")
         ax.set_title("Watch fan-out (torch has no watch)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
         save(fig, "fanout.png")
     compared = [r for r in rows if r.speedup() is not None and r.group != "rendezvous"]
     compared += [r for r in rows if r.speedup() is not None and r.key.startswith("exact-proc")]
@@ -936,6 +930,39 @@ def quiet_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def make_header(
+    date: datetime.datetime, info: dict[str, Any], command: str, wall: float, complete: bool
+) -> str:
+    header = (
+        f"Measured {date:%Y-%m-%d %H:%M} UTC on {machine_line(info)}; "
+        f"`{command}` took {round(wall, 1) / 60:.1f} min."
+    )
+    return header if complete else header + " (Partial: the run did not finish.)"
+
+
+def write_tables(
+    args: argparse.Namespace,
+    rows: list[Row],
+    skipped: list[dict[str, str]],
+    header: str,
+    final: bool,
+    log: Callable[[str], None],
+) -> tuple[Path, Path, list[str]]:
+    """results.md and headline.md; when ``final``, the table on stdout and the plots too.
+    Returns (results.md, headline.md, the plots written)."""
+    table = markdown(rows, skipped, header)
+    written: list[str] = []
+    if final:
+        print(table)
+        written = plots(rows, args.plots, log)
+    md_path: Path = args.markdown or args.plots / "results.md"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(table + "\n")
+    head_path = md_path.with_name("headline.md")
+    head_path.write_text(headline(rows, header))
+    return md_path, head_path, written
+
+
 def write_outputs(
     ctx: Context,
     argv: list[str] | None,
@@ -950,22 +977,8 @@ def write_outputs(
     info["load_average_end"] = list(os.getloadavg())
     info.setdefault("load_average_samples", []).append(info["load_average_end"][0])
     command = "python -m benchmarks" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
-    header = (
-        f"Measured {date:%Y-%m-%d %H:%M} UTC on {machine_line(info)}; "
-        f"`{command}` took {wall / 60:.1f} min."
-    )
-    if not final:
-        header += " (Partial: the run did not finish.)"
-    table = markdown(ctx.rows, ctx.skipped, header)
-    written: list[str] = []
-    if final:
-        print(table)
-        written = plots(ctx.rows, args.plots, ctx.log)
-    md_path: Path = args.markdown or args.plots / "results.md"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(table + "\n")
-    head_path = md_path.with_name("headline.md")
-    head_path.write_text(headline(ctx.rows, header))
+    header = make_header(date, info, command, wall, final)
+    md_path, head_path, written = write_tables(args, ctx.rows, ctx.skipped, header, final, ctx.log)
     result = {
         "schema": SCHEMA,
         "date": date.isoformat(),
@@ -1010,19 +1023,9 @@ def rewrite(args: argparse.Namespace) -> int:
         for r in data["rows"]
     ]
     date = datetime.datetime.fromisoformat(data["date"])
-    header = (
-        f"Measured {date:%Y-%m-%d %H:%M} UTC on {machine_line(data['machine'])}; "
-        f"`{data['command']}` took {data['wall_seconds'] / 60:.1f} min."
-    )
-    if not data.get("complete", True):
-        header += " (Partial: the run did not finish.)"
-    table = markdown(rows, data["skipped"], header)
-    print(table)
-    md_path: Path = args.markdown or args.plots / "results.md"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(table + "\n")
-    md_path.with_name("headline.md").write_text(headline(rows, header))
-    plots(rows, args.plots, lambda m: print(m, file=sys.stderr))
+    complete = data.get("complete", True)
+    header = make_header(date, data["machine"], data["command"], data["wall_seconds"], complete)
+    write_tables(args, rows, data["skipped"], header, True, lambda m: print(m, file=sys.stderr))
     return 0
 
 
