@@ -4,12 +4,20 @@ Runs ``python -m aioelastic serve`` in a subprocess on 127.0.0.1 (so server and 
 separate cores) and prints:
 
 - one client, sequential: put/s and get/s;
-- 64 concurrent clients (one HttpStore each): aggregate ops/s (half puts, half gets);
+- 64 concurrent clients (one HttpStore each): aggregate ops/s (half puts, half gets), with all
+  clients in this one process (bound by one core of client CPU), and with the clients spread
+  over ``--procs`` processes (server-bound: on a 2-core machine the server and the clients then
+  share both cores);
 - one put seen by 1,000 watchers: latency until the last watcher has it (median and max);
 - the same operations on torch.distributed.TCPStore (C++), and the ratios.
 
-Usage: ``python benchmarks/http_ops.py [--ops N] [--watchers N] [--data-dir] [--loop L]``.
-Both the server and the clients use uvloop when it is installed, unless ``--loop asyncio``.
+Every throughput figure is the median of ``--repeat`` runs against the same server (the runs
+are listed after it): the machine may be shared, so compare medians from one session. The CPU
+each side spent per operation is printed too: unlike ops/s it barely depends on what else runs.
+
+Usage: ``python benchmarks/http_ops.py [--ops N] [--repeat N] [--procs N] [--watchers N]
+[--data-dir] [--loop L] [--no-torch]``. Both the server and the clients use uvloop when it is
+installed, unless ``--loop asyncio``.
 """
 
 from __future__ import annotations
@@ -119,26 +127,90 @@ async def sequential(url: str, ops: int, pid: int) -> list[tuple[str, float, str
     return rows
 
 
+async def _work(n: int, store: Store, ops: int) -> None:
+    """One client of the concurrent rows: ``ops`` operations on its key, half puts."""
+    for i in range(ops):
+        if i % 2:
+            await store.get(f"c/{n}")
+        else:
+            await store.put(f"c/{n}", b"v" * 64)
+
+
 async def concurrent(url: str, clients: int, ops_each: int, pid: int) -> tuple[float, str]:
     stores = [await open_store(url) for _ in range(clients)]
     try:
-
-        async def work(n: int, store: Store) -> None:
-            for i in range(ops_each):
-                if i % 2:
-                    await store.get(f"c/{n}")
-                else:
-                    await store.put(f"c/{n}", b"v" * 64)
-
         await asyncio.gather(*(store.put(f"c/{n}", b"") for n, store in enumerate(stores)))
         with CpuMeter(pid) as cpu:
             start = time.perf_counter()
-            await asyncio.gather(*(work(n, s) for n, s in enumerate(stores)))
+            await asyncio.gather(*(_work(n, s, ops_each) for n, s in enumerate(stores)))
             elapsed = time.perf_counter() - start
         return clients * ops_each / elapsed, cpu.per_op(clients * ops_each)
     finally:
         for store in stores:
             await store.aclose()
+
+
+async def _child(url: str, first: int, clients: int, ops_each: int) -> None:
+    """One client process of the multi-process row: ready, wait for go, work, report."""
+    stores = [await open_store(url) for _ in range(clients)]
+    try:
+        await asyncio.gather(*(s.put(f"c/{first + n}", b"") for n, s in enumerate(stores)))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.gather(*(_work(first + n, s, ops_each) for n, s in enumerate(stores)))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+        print(f"done {cpu}", flush=True)
+    finally:
+        for store in stores:
+            await store.aclose()
+
+
+def concurrent_procs(
+    url: str, clients: int, ops_each: int, procs: int, pid: int, loop: str
+) -> tuple[float, str]:
+    """The concurrent row with the clients spread over ``procs`` processes."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    children = []
+    share, extra = divmod(clients, procs)
+    first = 0
+    for p in range(procs):
+        count = share + (1 if p < extra else 0)
+        children.append(
+            subprocess.Popen(
+                [
+                    *(sys.executable, __file__, "--loop", loop, "--ops-each", str(ops_each)),
+                    *("--child", url, str(first), str(count)),
+                ],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+        first += count
+    try:
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                raise SystemExit("a client process did not start")
+        with CpuMeter(pid) as cpu:
+            start = time.perf_counter()
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write("go\n")
+                child.stdin.flush()
+            client_cpu = 0.0
+            for child in children:
+                assert child.stdout is not None
+                client_cpu += float(child.stdout.readline().split()[1])
+            elapsed = time.perf_counter() - start
+        cpu.client = client_cpu
+        return clients * ops_each / elapsed, cpu.per_op(clients * ops_each)
+    finally:
+        for child in children:
+            child.wait(timeout=60)
 
 
 async def fan_out(url: str, watchers: int, rounds: int, pid: int) -> tuple[list[float], str]:
@@ -243,17 +315,33 @@ def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None
         del server
 
 
+def _median(runs: list[tuple[float, str]]) -> tuple[float, str, str]:
+    """(median ops/s, the CPU/op text of the median run, all runs) of repeated measurements."""
+    ordered = sorted(runs, key=lambda run: run[0])
+    middle = ordered[len(ordered) // 2]
+    spread = ", ".join(f"{ops:,.0f}" for ops, _ in runs)
+    return middle[0], middle[1], spread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=5000, help="sequential ops per kind")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--ops-each", type=int, default=200, help="ops per concurrent client")
+    parser.add_argument(
+        "--procs", type=int, default=2, help="client processes of the multi-process row (0: none)"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median shown)")
     parser.add_argument("--watchers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5, help="fan-out rounds")
     parser.add_argument(
         "--data-dir", action="store_true", help="also measure with --data-dir (fsync always)"
     )
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
+    parser.add_argument("--no-torch", action="store_true", help="skip the TCPStore comparison")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("URL", "FIRST", "CLIENTS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     loop = args.loop
     if loop == "auto":
@@ -262,6 +350,10 @@ def main() -> None:
             loop = "uvloop"
         except ImportError:
             loop = "asyncio"
+    if args.child:
+        url, first, count = args.child
+        run(_child(url, int(first), int(count), args.ops_each), loop)
+        return
 
     configs: list[tuple[str, tuple[str, ...]]] = [("in memory", ("--loop", loop))]
     tmp = None
@@ -269,25 +361,50 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory()
         configs.append(("data dir, fsync always", ("--loop", loop, "--data-dir", tmp.name)))
     print(
-        f"aioelastic HTTP store on 127.0.0.1 ({os.cpu_count()} CPUs), "
-        f"Python {sys.version.split()[0]}, {loop} event loop (server and clients)"
+        f"aioelastic HTTP store on 127.0.0.1 ({os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}), Python {sys.version.split()[0]}, {loop} event loop (server "
+        f"and clients), median of {args.repeat} runs"
     )
     ours: dict[str, float] = {}
     for label, extra in configs:
         proc, url = start_server(*extra)
         try:
-            rows = run(sequential(url, args.ops, proc.pid), loop)
-            agg, agg_cpu = run(concurrent(url, args.clients, args.ops_each, proc.pid), loop)
+            puts: list[tuple[float, str]] = []
+            gets: list[tuple[float, str]] = []
+            one: list[tuple[float, str]] = []
+            many: list[tuple[float, str]] = []
+            for _ in range(args.repeat):
+                (_, put_s, put_cpu), (_, get_s, get_cpu) = run(
+                    sequential(url, args.ops, proc.pid), loop
+                )
+                puts.append((put_s, put_cpu))
+                gets.append((get_s, get_cpu))
+                one.append(run(concurrent(url, args.clients, args.ops_each, proc.pid), loop))
+                if args.procs > 0:
+                    many.append(
+                        concurrent_procs(
+                            url, args.clients, args.ops_each, args.procs, proc.pid, loop
+                        )
+                    )
             print(f"[{label}]")
-            for name, ops_s, cpu in rows:
-                print(f"  1 client sequential {name}        {ops_s:>10,.0f} ops/s   {cpu}")
-            print(
-                f"  {args.clients} clients concurrent (½ put) {agg:>10,.0f} ops/s   {agg_cpu} "
-                "(aggregate)"
-            )
-            puts, gets = rows[0][1], rows[1][1]
+            rows = [
+                ("1 client sequential put", puts),
+                ("1 client sequential get", gets),
+                (f"{args.clients} clients, 1 process (½ put)", one),
+            ]
+            if many:
+                rows.append((f"{args.clients} clients, {args.procs} processes", many))
+            figures = {}
+            for name, runs in rows:
+                ops_s, cpu, spread = _median(runs)
+                figures[name] = ops_s
+                print(f"  {name:<32} {ops_s:>8,.0f} ops/s   {cpu}   (runs: {spread})")
             if not ours:
-                ours = {"put": puts, "get": gets, "concurrent": agg}
+                ours = {
+                    "put": _median(puts)[0],
+                    "get": _median(gets)[0],
+                    "concurrent": max(_median(one)[0], _median(many)[0] if many else 0.0),
+                }
                 lat, fan_cpu = run(fan_out(url, args.watchers, args.rounds, proc.pid), loop)
                 print(
                     f"  1 put -> {args.watchers} watchers         median "
@@ -298,6 +415,8 @@ def main() -> None:
             stop_server(proc)
     if tmp is not None:
         tmp.cleanup()
+    if args.no_torch:
+        return
     theirs = torch_rows(args.ops, args.clients, args.ops_each)
     if theirs is None:
         print("torch is not installed: no TCPStore comparison")

@@ -298,3 +298,102 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
         assert server.engine.lease_count == 0  # revoked on exit
     finally:
         await server.stop()
+
+
+# -- the client's own HTTP/1.1 reader (_wire) ----------------------------------------------------
+
+
+def test_the_client_runs_on_uvloop() -> None:
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> None:
+        async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
+            assert await store.put("u/1", b"one") == 1
+            kv = await store.get("u/1")
+            assert kv is not None
+            assert kv.value == b"one"
+            assert (await store.compare_and_swap("u/1", 1, b"two")).succeeded
+            async with store.watch("u/", start_revision=1) as events:
+                assert (await events.__anext__()).kv.value == b"one"
+                assert (await events.__anext__()).kv.value == b"two"
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+@pytest.mark.asyncio
+async def test_answers_framed_by_chunks_or_by_the_end_of_the_connection_are_read() -> None:
+    body = b'{"revision": 7, "compact_revision": 0}'
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)  # chunked, in pieces, with an extension and a trailer
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"%x;ext=1\r\n%s\r\n" % (5, body[:5]))
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b"%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n" % (len(body) - 5, body[5:]))
+        await _read_request(reader)  # then an HTTP/1.0-style answer ended by closing
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+        await writer.drain()
+
+    async with _fake_server(answer) as (url, connections), open_store(url) as store:
+        assert await store.current_revision() == 7
+        assert await store.current_revision() == 7
+        assert connections[0] == 1  # the chunked answer left the connection reusable
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_answer_is_a_connection_error() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"SMTP ready\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async with _fake_server(garbage) as (url, _), open_store(url, read_retries=0) as store:
+        with pytest.raises(StoreConnectionError, match="malformed") as info:
+            await store.get("k")
+        assert not isinstance(info.value, WriteOutcomeUnknownError)
+        with pytest.raises(WriteOutcomeUnknownError, match="malformed"):
+            await store.put("k", b"v")
+
+
+@pytest.mark.asyncio
+async def test_a_request_is_sent_in_one_write_and_keys_are_escaped() -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return
+            seen.append(data)
+            answer = b'{"revision":3,"kv":{"key":"x"}}'
+            writer.write(
+                b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "3"\r\n\r\n%s'
+                % (len(answer), answer)
+            )
+            await writer.drain()
+
+    async with _fake_server(record) as (url, _), open_store(url, token="s3cret") as store:
+        assert await store.put("a/b c%", b"value", lease=0) == 3
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"PUT /v1/kv/a%2Fb%20c%25 HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer s3cret" in head
+    assert b"\r\nContent-Length: 5" in head
+    assert body == b"value"  # head and body arrived together
+    with pytest.raises(ValueError, match="token"):
+        HttpStore(url, token="bad\r\nX-Injected: 1")
+
+
+@pytest.mark.asyncio
+async def test_max_connections_bounds_requests_in_flight() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        HttpStore("http://127.0.0.1:1", max_connections=-1)
+    async with HttpStoreServer(port=0) as server:
+        for limit, connections in ((1, 1), (0, 8)):
+            async with open_store(server.url, max_connections=limit) as store:
+                await asyncio.gather(*(store.put(f"m/{i}", b"v") for i in range(8)))
+                assert len(server.engine) == 8
+                assert isinstance(store, HttpStore)
+                assert len(store._pool._open) <= connections

@@ -510,3 +510,36 @@ async def test_server_runs_without_prometheus_client(monkeypatch: pytest.MonkeyP
             body = await response.json()
         assert body["error"] == "metrics_unavailable"
         assert "aioelastic[server]" in body["message"]
+
+
+@pytest.mark.asyncio
+async def test_the_fast_path_answers_as_the_routed_path(server: HttpStoreServer) -> None:
+    """GET/PUT /v1/kv/ skip aiohttp's router; a request with ``Expect`` takes the routed way.
+    Both must cut the same key from the path and answer the same."""
+    base = f"{server.url}/v1/kv/"
+    for raw_key, key in (
+        ("a%2Fb%25c", "a/b%c"),
+        ("x/y", "x/y"),
+        ("%C3%A9t%C3%A9", "été"),
+        ("sp%20ace", "sp ace"),
+        ("lit%252F", "lit%2F"),
+    ):
+        for expect in (False, True):
+            headers = {"Expect": "100-continue"} if expect else None
+            value = f"{key}/{expect}".encode()
+            status, body, _ = await _raw("PUT", base + raw_key, data=value, headers=headers)
+            assert status == 200, body
+            assert json.loads(body)["kv"]["key"] == key
+            kv = server.engine.get(key)
+            assert kv is not None
+            assert kv.value == value
+            status, body, got = await _raw("GET", base + raw_key, headers=headers)
+            assert (status, body) == (200, value)
+            assert got["X-Mod-Revision"] == str(kv.mod_revision)
+    for path, expected in (("", 400), ("%0A", 404), ("k", 404)):
+        for headers in (None, {"Expect": "100-continue"}):
+            status, body, _ = await _raw("GET", base + path, headers=headers)
+            assert status == expected, (path, body)
+            assert "error" in json.loads(body)
+    status, body, _ = await _raw("PUT", base + "big", data=b"x" * 1001)
+    assert (status, json.loads(body)["error"]) == (413, "value_too_large")

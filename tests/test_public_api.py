@@ -9,6 +9,7 @@ import pytest
 MODULES = [
     "aioelastic",
     "aioelastic.errors",
+    "aioelastic.events",
     "aioelastic.rendezvous",
     "aioelastic.agent",
     "aioelastic.store",

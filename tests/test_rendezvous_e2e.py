@@ -71,11 +71,29 @@ async def spawn(url: str, run_id: str, n: int, lo: int, hi: int) -> list[Node]:
 
 
 async def settled_round(nodes: list[Node], size: int) -> list[dict[str, Any]]:
-    """Each node's rounds until a round of ``size`` that all of them report."""
-    while True:
-        rounds = await asyncio.gather(*(n.next("ROUND") for n in nodes))
-        if all(r["world_size"] == size and r["round"] == rounds[0]["round"] for r in rounds):
-            return rounds
+    """Each node's rounds until a round of ``size`` that all of them report last.
+
+    Nodes need not report the same sequence of rounds: one that starts late (a loaded machine)
+    may skip the first round the others formed without it.
+    """
+    latest: dict[int, dict[str, Any]] = {}
+    reads = {asyncio.ensure_future(n.next("ROUND")): i for i, n in enumerate(nodes)}
+    try:
+        while True:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            for read in done:
+                i = reads.pop(read)
+                latest[i] = read.result()
+                reads[asyncio.ensure_future(nodes[i].next("ROUND"))] = i
+            rounds = [latest.get(i) for i in range(len(nodes))]
+            if all(r is not None and r["world_size"] == size for r in rounds) and (
+                len({r["round"] for r in rounds if r is not None}) == 1
+            ):
+                return [r for r in rounds if r is not None]
+    finally:
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
 
 
 async def scenario(url: str) -> None:

@@ -25,6 +25,7 @@ from aioelastic.rendezvous._status import format_run_status, read_run_status, wa
 from aioelastic.store import MemoryEngine, MemoryStore, open_store
 from aioelastic.testing import run_virtual
 from aioelastic.testing.http import ServerThread
+from aioelastic.timer import StoreTimerClient, run_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 TTL = 6.0
@@ -200,6 +201,62 @@ async def test_watch_yields_one_snapshot_per_change() -> None:
     await observer.aclose()
 
 
+@virtual
+async def test_active_store_timers_of_the_run_are_listed_and_watched() -> None:
+    engine = MemoryEngine()
+    observer = MemoryStore(engine)
+    a, b = (handler(MemoryStore(engine), n) for n in ("node-a", "node-b"))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    status = await read_run_status(observer, "job")
+    assert status.timers == ()
+    assert status.timers_prefix == run_prefix("job") == "aioelastic/run-timers/job/"
+    assert "timers: none under aioelastic/run-timers/job/" in format_run_status(status)
+
+    snapshots = watch_run_status(observer, "job")
+    assert (await anext(snapshots)).timers == ()
+    client = StoreTimerClient(MemoryStore(engine), "node-a:rank0", prefix=run_prefix("job"), pid=42)
+    await client.acquire("train/step", 300)
+    watched = await anext(snapshots)  # a timer write alone wakes the watch
+    assert [(t.worker_id, t.scope_id, t.pid) for t in watched.timers] == [
+        ("node-a:rank0", "train/step", 42)
+    ]
+    await client.acquire("checkpoint", 30)
+    other = StoreTimerClient(MemoryStore(engine), "elsewhere", prefix="aioelastic/timers/")
+    await other.acquire("not-this-run", 5)
+
+    status = await read_run_status(observer, "job")
+    assert [t.scope_id for t in status.timers] == ["checkpoint", "train/step"]  # soonest first
+    soon, late = status.timers
+    assert 25 < soon.time_left <= 30
+    assert 295 < late.time_left <= 300
+    assert late.expiration_time - soon.expiration_time == pytest.approx(270, abs=5)
+    assert soon.key == client.key("checkpoint")
+    text = format_run_status(status)
+    assert f"timers (2 under {run_prefix('job')}):" in text
+    assert "SCOPE" in text
+    assert "train/step" in text
+    assert "node-a:rank0" in text
+    data = json.loads(format_run_status(status, as_json=True))
+    assert [(t["scope_id"], t["pid"]) for t in data["timers"]] == [
+        ("checkpoint", 42),
+        ("train/step", 42),
+    ]
+    # another prefix, given explicitly
+    elsewhere = await read_run_status(observer, "job", timers_prefix="aioelastic/timers/")
+    assert [t.scope_id for t in elsewhere.timers] == ["not-this-run"]
+    with pytest.raises(ValueError, match="timers_prefix"):
+        await read_run_status(observer, "job", timers_prefix="")
+    # released timers vanish, and the watch sees it
+    await client.release("checkpoint")
+    while len(watched.timers) != 1:
+        watched = await anext(snapshots)
+    assert [t.scope_id for t in watched.timers] == ["train/step"]
+    await snapshots.aclose()
+    for h in (a, b):
+        await h.aclose()
+    await observer.aclose()
+
+
 # -- the CLI, end to end --------------------------------------------------------------------------
 
 
@@ -287,6 +344,55 @@ def test_cli_json_against_an_http_server(server: ServerThread) -> None:
             assert "RANK" in out
             assert "node-a" in out
             assert "node-b" in out
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(120)
+def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
+    async def body() -> None:
+        async with formed_round(server.url, "cli-timers"):
+            store = await open_store(server.url)
+            try:
+                client = StoreTimerClient(
+                    store, "node-a:0", prefix=run_prefix("cli-timers"), pid=1234
+                )
+                await client.acquire("epoch", 120)
+                custom = StoreTimerClient(store, "w9", prefix="custom/timers/")
+                await custom.acquire("slow", 60)
+                code, out, err = await _run("--endpoint", server.url, "--run-id", "cli-timers")
+                assert code == 0, err
+                assert "timers (1 under aioelastic/run-timers/cli-timers/):" in out
+                row = next(line for line in out.splitlines() if "epoch" in line)
+                assert "node-a:0" in row
+                assert "1234" in row
+                assert float(row.split()[-1].rstrip("s")) > 100  # time left
+                code, out, err = await _run(
+                    "--endpoint", server.url, "--run-id", "cli-timers", "--json"
+                )
+                assert code == 0, err
+                (timer,) = json.loads(out)["timers"]
+                assert (timer["worker_id"], timer["scope_id"], timer["pid"]) == (
+                    "node-a:0",
+                    "epoch",
+                    1234,
+                )
+                assert 100 < timer["time_left"] <= 120
+                code, out, err = await _run(
+                    "--endpoint",
+                    server.url,
+                    "--run-id",
+                    "cli-timers",
+                    "--json",
+                    "--timers-prefix",
+                    "custom/timers/",
+                )
+                assert code == 0, err
+                assert [t["scope_id"] for t in json.loads(out)["timers"]] == ["slow"]
+                await client.release("epoch")
+                await custom.release("slow")
+            finally:
+                await store.aclose()
 
     asyncio.run(body())
 

@@ -29,8 +29,9 @@ import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from .. import events as _events
 from ..errors import RendezvousClosedError, RendezvousError, RendezvousGracefulExitError
 from ..rendezvous import (
     RendezvousEvent,
@@ -43,6 +44,10 @@ from ..rendezvous import (
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
 from ._workers import WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
+
+if TYPE_CHECKING:
+    from ..events import EventSink
+    from ._metrics import AgentMetrics, MetricsServer
 
 __all__ = ["AgentState", "ElasticAgent", "RunResult", "WorkerFailure", "WorkerSpec"]
 
@@ -183,6 +188,12 @@ class ElasticAgent:
     ``store_url`` is passed to the workers (``AIOELASTIC_STORE_URL``); by default it is the
     rendezvous store's URL when that store is reachable from other processes.
 
+    ``event_sink`` receives the agent's structured events (``agent.*``), those of the rendezvous
+    handler it creates (a handler passed in keeps its own sink) and of its timer server (see
+    :mod:`aioelastic.events`; default: ``AIOELASTIC_EVENTS``, else none). ``metrics_port`` serves
+    Prometheus metrics at ``http://metrics_host:metrics_port/metrics`` while the agent runs (0: a
+    free port, see :attr:`metrics_url`; needs prometheus-client, the ``server`` extra).
+
     An async resource: ``async with ElasticAgent(...) as agent`` closes everything (timer server,
     rendezvous, workers: SIGKILL to their process groups) whatever happens. :meth:`request_stop`
     (what SIGTERM/SIGINT handlers call) stops the workers gracefully and ends :meth:`run`.
@@ -194,6 +205,9 @@ class ElasticAgent:
         rendezvous: RendezvousParameters | RendezvousHandler,
         *,
         store_url: str | None = None,
+        event_sink: EventSink | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if not isinstance(spec, WorkerSpec):
             raise TypeError(f"spec must be a WorkerSpec, got {type(spec).__name__}")
@@ -212,6 +226,19 @@ class ElasticAgent:
             url = store_url_for(self._params)
             store_url = None if url.startswith("memory:") else url
         self._store_url = store_url
+        self.event_sink: EventSink = _events.resolve_sink(event_sink)
+        if metrics_port is not None:
+            if isinstance(metrics_port, bool) or not isinstance(metrics_port, int):
+                raise TypeError(f"metrics_port must be an int, got {type(metrics_port).__name__}")
+            if not 0 <= metrics_port <= 65535:
+                raise ValueError(f"metrics_port must be 0-65535, got {metrics_port}")
+            from ._metrics import require_prometheus
+
+            require_prometheus("metrics_port")
+        self._metrics_port = metrics_port
+        self._metrics_host = metrics_host
+        self.metrics: AgentMetrics | None = None
+        self._metrics_server: MetricsServer | None = None
         self._redirects = parse_std(spec.redirects, spec.nproc_per_node, "redirects")
         self._tee = parse_std(spec.tee, spec.nproc_per_node, "tee")
         self._log_dir = spec.log_dir
@@ -224,6 +251,7 @@ class ElasticAgent:
         self._stop_pending = False
         self._running = False
         self._closed = False
+        self._node: str | None = None
         # observable progress
         self.round: int | None = None
         self.group_rank: int | None = None
@@ -259,6 +287,9 @@ class ElasticAgent:
         if self._closed:
             return
         self._closed = True
+        metrics_server, self._metrics_server = self._metrics_server, None
+        if metrics_server is not None:
+            await metrics_server.aclose()
         server, self._timer_server = self._timer_server, None
         if server is not None:
             await server.aclose()
@@ -280,6 +311,11 @@ class ElasticAgent:
     def timer_socket(self) -> str | None:
         """The path of the agent's timer server (set once :meth:`run` started)."""
         return None if self._timer_server is None else self._timer_server.path
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` while metrics are served (``metrics_port``), else None."""
+        return None if self._metrics_server is None else self._metrics_server.url
 
     @property
     def worker_pids(self) -> list[int]:
@@ -327,12 +363,44 @@ class ElasticAgent:
             # kept after the run (unlike the timer socket's directory): the summary points there
             self._log_dir = tempfile.mkdtemp(prefix="aioelastic-logs-")
             log.info("worker logs under %s", self._log_dir)
-        server = UnixTimerServer(os.path.join(self._tmpdir, "timer.sock"), reaper=self._reap_worker)
+        run_id = self._params.run_id if self._params is not None else None
+        if self._handler is not None:
+            run_id = self._handler.run_id
+        server = UnixTimerServer(
+            os.path.join(self._tmpdir, "timer.sock"),
+            reaper=self._reap_worker,
+            event_sink=_events.ContextSink(self.event_sink, run_id=run_id),
+        )
         await server.start()
         self._timer_server = server
         if self._handler is None:
             assert self._params is not None
             self._handler = await create_handler(self._params)
+            if hasattr(self._handler, "event_sink"):  # ours: it reports where the agent does
+                self._handler.event_sink = self.event_sink
+        handler = self._handler
+        self._node = getattr(handler, "node_id", None)
+        if isinstance(server.event_sink, _events.ContextSink):
+            server.event_sink.run_id, server.event_sink.node = handler.run_id, self._node
+        if self._metrics_port is not None:
+            from ._metrics import AgentMetrics, MetricsServer
+
+            self.metrics = AgentMetrics(
+                lambda: self.workers_up, run_id=handler.run_id, node=str(self._node or "")
+            )
+            metrics_server = MetricsServer(self.metrics, self._metrics_host, self._metrics_port)
+            await metrics_server.start()
+            self._metrics_server = metrics_server
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        handler = self._handler
+        _events.emit(
+            self.event_sink,
+            kind,
+            run_id=None if handler is None else handler.run_id,
+            node=self._node,
+            **fields,
+        )
 
     _signal_reaper = SignalReaper()
 
@@ -341,6 +409,7 @@ class ElasticAgent:
         pid = timer.pid if timer.pid is not None else timer.worker_id
         if isinstance(pid, int):
             self._reaped[pid] = timer.scope_id
+        self._emit("agent.worker_reaped", pid=pid, scope=timer.scope_id, round=self.round)
         log.warning("watchdog timer %r of worker pid %s expired: killing it", timer.scope_id, pid)
         self._signal_reaper(timer)
 
@@ -371,6 +440,14 @@ class ElasticAgent:
         loop = asyncio.get_running_loop()
 
         def result(state: AgentState, code: int, message: str = "") -> RunResult:
+            self._emit(
+                "agent.finished",
+                state=state.value,
+                exit_code=code,
+                restarts=self.restarts,
+                rounds=self.rounds,
+                message=message,
+            )
             return RunResult(
                 state,
                 code,
@@ -382,9 +459,12 @@ class ElasticAgent:
                 tuple(latencies),
             )
 
+        restart_reason: str | None = None
+
         while True:
             try:
                 log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
+                joined_at = loop.time()
                 rdzv = await self._until_stop(handler.next_rendezvous())
             except _Stop:
                 return self._interrupted(result)
@@ -397,6 +477,11 @@ class ElasticAgent:
             self.rounds += 1
             self.round, self.group_rank = rdzv.round, rdzv.rank
             self.world_size = rdzv.world_size * spec.nproc_per_node
+            if self.metrics is not None:
+                self.metrics.rendezvous_duration.observe(loop.time() - joined_at)
+                self.metrics.round.set(rdzv.round)
+                self.metrics.world_size.set(self.world_size)
+                self.metrics.node_world_size.set(rdzv.world_size)
             log.info(
                 "round %d: node rank %d of %d node(s), world size %d, restarts %d/%d",
                 rdzv.round,
@@ -410,11 +495,28 @@ class ElasticAgent:
                 await self._spawn(rdzv)
             except OSError as exc:
                 return result(AgentState.FAILED, 1, f"could not start the workers: {exc}")
+            ranks = [w.rank for w in self._workers]
+            self._emit(
+                "agent.workers_started",
+                round=rdzv.round,
+                group_rank=rdzv.rank,
+                world_size=self.world_size,
+                ranks=ranks,
+                pids=self.worker_pids,
+                restarts=self.restarts,
+            )
             if failed_at is not None:
                 latencies.append(loop.time() - failed_at)
                 failed_at = None
                 log.info("restarted in %.3f s", latencies[-1])
-            ranks = [w.rank for w in self._workers]
+                self._emit(
+                    "agent.workers_restarted",
+                    round=rdzv.round,
+                    reason=restart_reason,
+                    restarts=self.restarts,
+                    max_restarts=spec.max_restarts,
+                    latency=round(latencies[-1], 6),
+                )
             log.info(
                 "round %d: %d worker(s) up (ranks %d-%d)",
                 rdzv.round,
@@ -436,6 +538,19 @@ class ElasticAgent:
                 history.extend(failures)
                 for failure in failures:
                     log.error("worker failed: %s", failure.describe())
+                    self._emit(
+                        "agent.worker_failed",
+                        round=failure.round,
+                        rank=failure.rank,
+                        local_rank=failure.local_rank,
+                        pid=failure.pid,
+                        exitcode=failure.exitcode,
+                        signal=failure.signal_name,
+                        reaped_scope=failure.reaped_scope,
+                        log_path=failure.log_path,
+                    )
+                if self.metrics is not None:
+                    self.metrics.failures.inc(len(failures))
                 await self._stop_workers()
                 if self.restarts >= spec.max_restarts:
                     log.error(
@@ -446,6 +561,9 @@ class ElasticAgent:
                         AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted"
                     )
                 self.restarts += 1
+                if self.metrics is not None:
+                    self.metrics.restarts.inc()
+                restart_reason = "worker_failed"
                 log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
                 continue
             event: RendezvousEvent | BaseException = detail
@@ -459,6 +577,15 @@ class ElasticAgent:
                 _describe_event(event),
             )
             failed_at = loop.time()
+            restart_reason = "membership_change"
+            self._emit(
+                "agent.membership_change",
+                round=rdzv.round,
+                change=_describe_event(event),
+                event=event.kind.value if isinstance(event, RendezvousEvent) else "ERROR",
+            )
+            if self.metrics is not None:
+                self.metrics.reformations.inc()
             await self._stop_workers()
 
     def _interrupted(self, result: Any) -> RunResult:

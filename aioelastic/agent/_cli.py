@@ -147,6 +147,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds a node whose workers succeeded waits for the other nodes (default: 300)",
     )
     parser.add_argument(
+        "--events",
+        default=None,
+        metavar="FILE",
+        help="append structured events (rendezvous, timer reaps, worker failures and restarts) "
+        "as JSON lines to FILE; '-' for stderr (default: $AIOELASTIC_EVENTS, else none)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        dest="metrics_port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics while running (default: off; "
+        "needs prometheus-client, the 'server' extra)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        dest="metrics_host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port binds (default: 127.0.0.1)",
+    )
+    parser.add_argument(
         "-m",
         "--module",
         action="store_true",
@@ -220,7 +243,13 @@ def main(args: argparse.Namespace) -> int:
         entrypoint = build_entrypoint(args)
         nproc = parse_nproc(str(args.nproc_per_node))
         min_nodes, max_nodes = parse_nnodes(str(args.nnodes))
-    except ValueError as exc:
+        if args.metrics_port is not None:
+            if not 0 <= args.metrics_port <= 65535:
+                raise ValueError(f"--metrics-port must be 0-65535, got {args.metrics_port}")
+            from ._metrics import require_prometheus
+
+            require_prometheus("--metrics-port")
+    except (ValueError, ImportError) as exc:
         print(f"aioelastic run: error: {exc}", file=sys.stderr)
         return 2
     standalone = bool(args.standalone)
@@ -272,6 +301,7 @@ async def _run(
         monitor_interval=args.monitor_interval,
     )
     server: Any = None
+    opened: Any = None  # the --events file, closed at the end
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     local_addr = args.local_addr
     if standalone:
@@ -300,7 +330,18 @@ async def _run(
             params.config.setdefault(key, value)
         if standalone:
             params.config.setdefault("last_call_timeout", 0)
-        agent = ElasticAgent(spec, params)
+        from ..events import JsonLinesSink, default_sink, open_sink
+
+        sink = open_sink(args.events) if args.events is not None else default_sink()
+        if isinstance(sink, JsonLinesSink) and args.events is not None:
+            opened = sink
+        agent = ElasticAgent(
+            spec,
+            params,
+            event_sink=sink,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, agent.request_stop, sig)
@@ -323,3 +364,5 @@ async def _run(
     finally:
         if server is not None:
             await server.stop()
+        if opened is not None:
+            opened.close()

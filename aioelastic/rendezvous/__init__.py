@@ -19,7 +19,14 @@ from ..errors import (
     RendezvousTimeoutError,
 )
 from ._backends import register_builtin_backends, store_url_for
-from ._status import MemberStatus, NodeStatus, RunStatus, read_run_status, watch_run_status
+from ._status import (
+    MemberStatus,
+    NodeStatus,
+    RunStatus,
+    TimerStatus,
+    read_run_status,
+    watch_run_status,
+)
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
@@ -63,6 +70,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "RunStatus",
     "StaticRendezvousHandler",
+    "TimerStatus",
     "assign_ranks",
     "create_handler",
     "handler_registry",

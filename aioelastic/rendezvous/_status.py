@@ -10,12 +10,21 @@ The store cannot tell a standby from a waiting node by itself (it does not know 
 a node registered for the next round is reported as a **standby** while the latest round is intact
 (every member alive and none re-registered: no re-rendezvous is under way), and as **waiting**
 otherwise (no round yet, or a member has left, died or re-registered).
+
+Active watchdog timers of the run are listed too when they live in the store: the
+:class:`~aioelastic.timer.StoreTimerClient` keys under the run's conventional prefix
+(:func:`aioelastic.timer.run_prefix`, ``aioelastic/run-timers/<run_id>/``) or under the
+``timers_prefix`` given. They are read right after the rendezvous records (a second range: the two
+are not one atomic snapshot); ``time_left`` is against this host's wall clock at that moment.
+Timers on an agent's Unix-socket server are not in the store and are not listed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncGenerator, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +38,7 @@ __all__ = [
     "MemberStatus",
     "NodeStatus",
     "RunStatus",
+    "TimerStatus",
     "format_run_status",
     "read_run_status",
     "watch_run_status",
@@ -68,6 +78,23 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerStatus:
+    """An armed watchdog timer of the run, as kept in the store (not yet released nor reaped).
+
+    ``expiration_time`` is wall-clock (epoch seconds); ``time_left`` is seconds until it, from this
+    host's clock when read (negative: overdue, its server has not reaped it yet). ``pid`` is the
+    process a signal reaper would kill, when the worker gave one.
+    """
+
+    worker_id: int | str
+    scope_id: str
+    pid: int | None
+    expiration_time: float
+    time_left: float
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """A run's rendezvous state at store ``revision`` (see the module docstring).
 
@@ -75,7 +102,8 @@ class RunStatus:
     rank order; ``forming_round`` is the round nodes register for now and ``driver`` the node
     driving it (None when nobody does). ``closed``: the run is closed for new handlers;
     ``closed_after_round`` is the round it was closed after (-1: before any) and ``reopened`` tells
-    that a ``reopen_closed`` handler started a new generation since.
+    that a ``reopen_closed`` handler started a new generation since. ``timers`` are the run's
+    armed store timers under ``timers_prefix``, soonest first (see the module docstring).
     """
 
     run_id: str
@@ -91,26 +119,78 @@ class RunStatus:
     closed: bool
     closed_after_round: int | None
     reopened: bool
+    timers: tuple[TimerStatus, ...] = ()
+    timers_prefix: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the snapshot (what ``aioelastic status --json`` prints)."""
         return asdict(self)
 
 
-async def read_run_status(store: Store, run_id: str) -> RunStatus:
+async def read_run_status(
+    store: Store, run_id: str, *, timers_prefix: str | None = None
+) -> RunStatus:
     """Read ``run_id``'s rendezvous state from ``store`` as one :class:`RunStatus` snapshot.
 
-    Raises :class:`~aioelastic.errors.RendezvousNotFoundError` if the store holds nothing for the
-    run, :class:`~aioelastic.errors.RendezvousStateError` for corrupt or foreign records, and the
+    ``timers_prefix``: where the run's store timers live (default: the run's conventional
+    prefix, :func:`aioelastic.timer.run_prefix`). Raises
+    :class:`~aioelastic.errors.RendezvousNotFoundError` if the store holds nothing for the run,
+    :class:`~aioelastic.errors.RendezvousStateError` for corrupt or foreign records, and the
     store's errors (``StoreConnectionError`` ...) as they are.
     """
-    status = await _read(store, RunKeys(run_id))
+    keys = RunKeys(run_id)
+    status, _, _ = await _read(store, keys, _timers_prefix(keys, timers_prefix))
     if status is None:
         raise RendezvousNotFoundError(f"no rendezvous state for run id {run_id!r} in the store")
     return status
 
 
-async def _read(store: Store, keys: RunKeys) -> RunStatus | None:
+def _timers_prefix(keys: RunKeys, timers_prefix: str | None) -> str:
+    if timers_prefix is None:
+        from ..timer import run_prefix
+
+        return run_prefix(keys.run_id)
+    if not isinstance(timers_prefix, str) or not timers_prefix:
+        raise ValueError(f"timers_prefix must be a non-empty str, got {timers_prefix!r}")
+    return timers_prefix
+
+
+async def _read_timers(store: Store, prefix: str) -> tuple[tuple[TimerStatus, ...], int]:
+    """The armed timers under ``prefix``, soonest first, and the revision of the read."""
+    from ..timer import TimerRequest, timer_key
+
+    result = await store.range(prefix)
+    now = time.time()
+    timers: list[TimerStatus] = []
+    for kv in result.kvs:
+        try:
+            request = TimerRequest.from_json(kv.value)
+        except (ValueError, TypeError):
+            continue  # not a timer (its server rejects it too)
+        expiration = request.expiration_time
+        if expiration is None or kv.key != timer_key(
+            prefix, str(request.worker_id), request.scope_id
+        ):
+            continue
+        timers.append(
+            TimerStatus(
+                worker_id=request.worker_id,
+                scope_id=request.scope_id,
+                pid=request.pid,
+                expiration_time=expiration,
+                time_left=expiration - now,
+                key=kv.key,
+            )
+        )
+    timers.sort(key=lambda t: (t.expiration_time, t.key))
+    return tuple(timers), result.revision
+
+
+async def _read(
+    store: Store, keys: RunKeys, timers_prefix: str
+) -> tuple[RunStatus | None, int, int | None]:
+    """The run's status (None if it has no records), the revision of the read of its records,
+    and that of its timers (None when they were not read)."""
     result = await store.range(keys.root)
     round_record: RoundRecord | None = None
     driver: DriverRecord | None = None
@@ -134,7 +214,8 @@ async def _read(store: Store, keys: RunKeys) -> RunStatus | None:
                     kv.lease,
                 )
     if not result.kvs:
-        return None
+        return None, result.revision, None
+    timers, timers_revision = await _read_timers(store, timers_prefix)
 
     remaining: dict[int, float | None] = {}
 
@@ -183,7 +264,7 @@ async def _read(store: Store, keys: RunKeys) -> RunStatus | None:
                 member=node_id in member_ids,
             )
         )
-    return RunStatus(
+    status = RunStatus(
         run_id=keys.run_id,
         revision=result.revision,
         round=None if round_record is None else round_record.round,
@@ -197,11 +278,17 @@ async def _read(store: Store, keys: RunKeys) -> RunStatus | None:
         closed=closed is not None and not closed.reopened,
         closed_after_round=None if closed is None else closed.round,
         reopened=closed is not None and closed.reopened,
+        timers=timers,
+        timers_prefix=timers_prefix,
     )
+    return status, result.revision, timers_revision
 
 
-async def watch_run_status(store: Store, run_id: str) -> AsyncGenerator[RunStatus, None]:
-    """Yield ``run_id``'s status now, then again after every change under the run's prefix.
+async def watch_run_status(
+    store: Store, run_id: str, *, timers_prefix: str | None = None
+) -> AsyncGenerator[RunStatus, None]:
+    """Yield ``run_id``'s status now, then again after every change under the run's prefix or
+    its timers prefix (see :func:`read_run_status`).
 
     A burst of changes yields one snapshot covering all of them (a snapshot read after an event
     includes every event up to its revision). Raises
@@ -209,28 +296,65 @@ async def watch_run_status(store: Store, run_id: str) -> AsyncGenerator[RunStatu
     run whose records all vanish later yields nothing until they come back.
     """
     keys = RunKeys(run_id)
-    status = await read_run_status(store, run_id)
+    tprefix = _timers_prefix(keys, timers_prefix)
+    prefixes = (keys.root, tprefix)
+    status, run_rev, timers_rev = await _read(store, keys, tprefix)
+    if status is None:
+        raise RendezvousNotFoundError(f"no rendezvous state for run id {run_id!r} in the store")
     yield status
-    seen = status.revision
+    # the revision each prefix's last read saw: an event at or below it is in the last snapshot
+    seen = [run_rev, run_rev if timers_rev is None else timers_rev]
     while True:
         try:
-            async with store.watch(keys.root, start_revision=seen + 1) as events:
-                async for event in events:
-                    if event.revision <= seen:
-                        continue  # already in the last snapshot
-                    current = await _read(store, keys)
-                    if current is None:
-                        seen = event.revision
-                        continue
-                    seen = current.revision
+            async for index, revision in _changes(store, prefixes, min(seen) + 1):
+                if revision <= seen[index]:
+                    continue
+                current, run_rev, timers_rev = await _read(store, keys, tprefix)
+                seen[0] = run_rev
+                if timers_rev is not None:
+                    seen[1] = timers_rev
+                elif index == 1:  # the run is gone: its timers were not read
+                    seen[1] = revision
+                if current is not None:
                     yield current
         except CompactedError:  # history we missed was compacted: read afresh, watch from there
-            current = await _read(store, keys)
+            current, run_rev, timers_rev = await _read(store, keys, tprefix)
+            seen = [run_rev, run_rev if timers_rev is None else timers_rev]
             if current is not None:
-                seen = current.revision
                 yield current
-            else:
-                seen = await store.current_revision()
+
+
+async def _changes(
+    store: Store, prefixes: Sequence[str], start_revision: int
+) -> AsyncIterator[tuple[int, int]]:
+    """``(index of the prefix, revision)`` of each change under any of ``prefixes``, from
+    ``start_revision``: one store watch per prefix, merged as the events arrive."""
+    watches = [store.watch(prefix, start_revision=start_revision) for prefix in prefixes]
+    pending: dict[asyncio.Future[Any], int] = {}
+    try:
+        for watch in watches:
+            await watch.__aenter__()
+        pending = {asyncio.ensure_future(anext(w)): i for i, w in enumerate(watches)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: pending[t]):
+                index = pending.pop(task)
+                try:
+                    event = task.result()
+                except StopAsyncIteration:
+                    continue  # that watch ended
+                pending[asyncio.ensure_future(anext(watches[index]))] = index
+                yield index, event.revision
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+            for task in pending:
+                if not task.cancelled():
+                    task.exception()
+        for watch in watches:
+            await watch.aclose()
 
 
 def _seconds(value: float | None) -> str:
@@ -289,4 +413,23 @@ def format_run_status(status: RunStatus, *, as_json: bool = False) -> str:
             for n in group
         ]
         lines.extend(_table(("NODE", "LEASE LEFT", "ADDR", "MEMBER"), node_rows))
+    if not status.timers:
+        lines.append(f"timers: none under {status.timers_prefix}")
+    else:
+        lines.append(f"timers ({len(status.timers)} under {status.timers_prefix}):")
+        timer_rows = [
+            (
+                str(t.worker_id),
+                t.scope_id,
+                "-" if t.pid is None else str(t.pid),
+                _utc(t.expiration_time),
+                f"{t.time_left:.1f}s" if t.time_left >= 0 else f"overdue {-t.time_left:.1f}s",
+            )
+            for t in status.timers
+        ]
+        lines.extend(_table(("WORKER", "SCOPE", "PID", "DEADLINE (UTC)", "TIME LEFT"), timer_rows))
     return "\n".join(lines)
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 10)}"

@@ -12,7 +12,10 @@ import argparse
 import sys
 from typing import Any
 
-HELP = "show a run's rendezvous state: round, members, ranks, leases, waiting nodes, closed"
+HELP = (
+    "show a run's rendezvous state: round, members, ranks, leases, waiting nodes, closed, "
+    "active store timers"
+)
 
 _CLEAR = "\x1b[H\x1b[2J"
 
@@ -51,6 +54,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print JSON (one object per line with --watch)"
     )
+    parser.add_argument(
+        "--timers-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="list the armed store timers under PREFIX (default: the run's own, "
+        "aioelastic/run-timers/<run id>/, as aioelastic.timer.run_prefix gives)",
+    )
 
 
 def _fail(message: str) -> int:
@@ -66,6 +76,8 @@ def main(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         return _fail(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if args.timers_prefix is not None and not args.timers_prefix:
+        return _fail("--timers-prefix must not be empty")
     try:
         return asyncio.run(_main(args))
     except (AioelasticError, ValueError, TypeError, OSError) as exc:
@@ -110,7 +122,7 @@ async def _main(args: argparse.Namespace) -> int:
         return _fail(f"--endpoint {args.endpoint!r} is malformed: {exc}")
     interactive = sys.stdout.isatty() and not args.json
     async with opener as store:
-        snapshots = watch_run_status(store, run_id)
+        snapshots = watch_run_status(store, run_id, timers_prefix=args.timers_prefix)
         try:
             try:
                 async with asyncio.timeout(args.timeout):

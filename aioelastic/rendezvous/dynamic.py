@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .. import events as _events
 from ..errors import (
     LeaseExpiredError,
     RendezvousClosedError,
@@ -72,14 +73,25 @@ from .api import (
     RendezvousEventKind,
     RendezvousResult,
     RendezvousStatistics,
+    RendezvousStatus,
     RendezvousStoreInfo,
     _BuiltinHandler,
 )
 
 if TYPE_CHECKING:
+    from ..events import EventSink
     from ..store import Store
 
 __all__ = ["DEFAULTS", "DynamicRendezvousHandler", "assign_ranks"]
+
+#: the event kind (aioelastic.events) of each membership change
+_CHANGE_KINDS = {
+    RendezvousEventKind.NODES_WAITING: "rendezvous.nodes_waiting",
+    RendezvousEventKind.PARTICIPANT_LOST: "rendezvous.member_lost",
+    RendezvousEventKind.ROUND_SUPERSEDED: "rendezvous.round_superseded",
+    RendezvousEventKind.CLOSED: "rendezvous.closed",
+    RendezvousEventKind.ERROR: "rendezvous.error",
+}
 
 log = logging.getLogger("aioelastic.rendezvous")
 
@@ -173,7 +185,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     ``keep_alive_interval x keep_alive_max_attempt`` = 15 s); the lease is renewed every
     ``keep_alive_interval`` (default TTL / 3). ``node_id`` names this node in the store (default:
     random); reusing one across restarts of an agent keeps its rank. ``owns_store``: close the
-    store with the handler.
+    store with the handler. ``event_sink``: where this handler's structured events go (round
+    completions, membership changes, status transitions; see :mod:`aioelastic.events`; default:
+    ``AIOELASTIC_EVENTS``, else none); the attribute :attr:`event_sink` may be replaced later.
     """
 
     def __init__(
@@ -193,6 +207,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         reopen_closed: bool = False,
         backend: str = "memory",
         owns_store: bool = False,
+        event_sink: EventSink | None = None,
     ) -> None:
         for name, value in (("min_nodes", min_nodes), ("max_nodes", max_nodes)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -247,6 +262,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._last_call_deadline: float | None = None
         self._rejoined: set[str] = set()
         self._lost: set[str] = set()
+        #: where structured events go (see :mod:`aioelastic.events`)
+        self.event_sink: EventSink = _events.resolve_sink(event_sink)
+        self._reported_status = RendezvousStatus.ACTIVE
 
     def __repr__(self) -> str:
         return (
@@ -340,6 +358,27 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     def _on_lease_lost(self, error: LeaseExpiredError) -> None:
         if not self._handler_closed:
             self._error = error
+            self._emit("rendezvous.lease_lost", round=self._round, error=str(error))
+            self._note_status()
+
+    # -- structured events (aioelastic.events): never raise, cost ~nothing with no sink
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        _events.emit(self.event_sink, kind, run_id=self.run_id, node=self._node_id, **fields)
+
+    def _note_status(self) -> None:
+        """Emit ``rendezvous.status`` if the status changed since the last call."""
+        status = self.status
+        if status is not self._reported_status:
+            previous, self._reported_status = self._reported_status, status
+            error = self._error
+            self._emit(
+                "rendezvous.status",
+                status=status.value,
+                previous=previous.value,
+                round=self._round,
+                error=None if error is None else f"{type(error).__name__}: {error}",
+            )
 
     # -- next_rendezvous
 
@@ -356,97 +395,138 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         async with self._lock:
             self._check_usable()
             await self._close_member_watch()
-            with self._translate("next_rendezvous"):
-                keeper = await self._ensure_lease()
-                with keeper.guard():  # our records vanish with the lease: stop waiting then
-                    result = await self._join(keeper)
+            self._emit("rendezvous.join_started", previous_round=self._round)
+            try:
+                with self._translate("next_rendezvous"):
+                    result = await self._join()
+            except BaseException as exc:
+                self._emit(
+                    "rendezvous.join_failed",
+                    previous_round=self._round,
+                    error_type=type(exc).__name__,
+                    error=str(exc),
+                )
+                self._note_status()
+                raise
             self._error = None
+            self._note_status()
             return result
 
-    async def _join(self, keeper: LeaseKeeper) -> RendezvousResult:
+    async def _join(self) -> RendezvousResult:
+        """Open the control watch and read the control records while the lease is granted (a
+        first join costs one round trip less), then take part in rounds under the lease."""
         loop = asyncio.get_running_loop()
         self._joins += 1
         self._join_started = loop.time()
         store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
+        keeper = self._keeper
+        granting = None
+        if keeper is None or keeper.lost:
+            granting = loop.create_task(self._ensure_lease(), name="aioelastic-rdzv-lease")
+        try:
+            async with store.watch(keys.ctl) as events:
+                snapshot = await store.range(keys.ctl)
+                if granting is not None:
+                    keeper = await granting
+                assert keeper is not None
+                with keeper.guard():  # our records vanish with the lease: stop waiting then
+                    return await self._take_part(keeper, events, snapshot, deadline)
+        finally:
+            if granting is not None and not granting.done():
+                granting.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([granting])
+            if granting is not None and not granting.cancelled():
+                granting.exception()  # retrieved: a failure was raised above, or is moot
+
+    async def _take_part(
+        self, keeper: LeaseKeeper, events: Watch, snapshot: RangeResult, deadline: float
+    ) -> RendezvousResult:
+        loop = asyncio.get_running_loop()
+        keys = self._keys
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
         driver: asyncio.Task[None] | None = None
         driven: int | None = None  # the round our driver task ran for
-        next_event: asyncio.Task[WatchEvent] | None = None
         completed = False
+        # read control events from now on, also while we register (see the drain below)
+        next_event: asyncio.Task[WatchEvent] | None = loop.create_task(events.__anext__())
         try:
-            async with store.watch(keys.ctl) as events:
-                snapshot = await store.range(keys.ctl)
-                ctl = _Control(keys)
-                ctl.load(snapshot)
-                seen = snapshot.revision
-                while True:
-                    blocked = ctl.closed is not None and self._closed_by(ctl.closed)
-                    if blocked and ctl.closed_kv is not None:
-                        if self._reopen_closed and self._is_new() and not self._closed_seen:
-                            await self._reopen(ctl.closed_kv)  # its write arrives as an event
-                        else:
-                            self._closed_seen = True
-                            if self._standby:
-                                raise RendezvousGracefulExitError(
-                                    f"the rendezvous {self.run_id!r} closed while this node "
-                                    "was a standby"
-                                )
-                            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
-                    latest = ctl.round
-                    if (
-                        latest is not None
-                        and ctl.round_kv is not None
-                        and latest.round > self._round
-                        and latest.round == self._record_round
-                        and self._node_id in latest.members
-                    ):
-                        completed = True
-                        return self._completed(latest, ctl.round_kv.mod_revision)
-                    target = 0 if latest is None else latest.round + 1
-                    if not blocked and self._record_round != target:
-                        self._standby = await self._is_standby(latest)
-                        await self._register(target, keeper)
-                    if driver is not None and driver.done():
-                        driver.result()  # a driver that failed fails the join
-                        driver = None
-                    if (
-                        not blocked
-                        and driver is None
-                        and driven != target
-                        and await self._claim_driver(ctl, target, keeper)
-                    ):
-                        driven = target
-                        driver = loop.create_task(
-                            self._drive(target, ctl.round_kv),
-                            name=f"aioelastic-rdzv-driver-{target}",
-                        )
-                    # wait for a control event, the driver's end, or the join deadline
-                    if next_event is None:
-                        next_event = loop.create_task(events.__anext__())
-                    waiters: set[asyncio.Future[Any]] = {next_event, closing}
-                    if driver is not None:
-                        waiters.add(driver)
-                    timeout = None if self._standby else max(0.0, deadline - loop.time())
-                    done, _ = await asyncio.wait(
-                        waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            ctl = _Control(keys)
+            ctl.load(snapshot)
+            seen = snapshot.revision
+            while True:
+                if next_event is not None and next_event.done():
+                    event = next_event.result()
+                    next_event = None
+                    if event.revision > seen:
+                        ctl.apply(event.type, event.kv)
+                blocked = ctl.closed is not None and self._closed_by(ctl.closed)
+                if blocked and ctl.closed_kv is not None:
+                    if self._reopen_closed and self._is_new() and not self._closed_seen:
+                        await self._reopen(ctl.closed_kv)  # its write arrives as an event
+                    else:
+                        self._closed_seen = True
+                        if self._standby:
+                            raise RendezvousGracefulExitError(
+                                f"the rendezvous {self.run_id!r} closed while this node "
+                                "was a standby"
+                            )
+                        raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
+                latest = ctl.round
+                if (
+                    latest is not None
+                    and ctl.round_kv is not None
+                    and latest.round > self._round
+                    and latest.round == self._record_round
+                    and self._node_id in latest.members
+                ):
+                    completed = True
+                    return self._completed(latest, ctl.round_kv.mod_revision)
+                target = 0 if latest is None else latest.round + 1
+                if not blocked and self._record_round != target:
+                    self._standby = await self._is_standby(latest)
+                    await self._register(target, keeper)
+                if driver is not None and driver.done():
+                    driver.result()  # a driver that failed fails the join
+                    driver = None
+                if next_event is not None and next_event.done():
+                    # An event arrived while we registered: apply it (above) before deciding
+                    # to claim the driver, so that nodes joining together do not all send a
+                    # claim doomed to fail once the first one has landed.
+                    continue
+                if (
+                    not blocked
+                    and driver is None
+                    and driven != target
+                    and await self._claim_driver(ctl, target, keeper)
+                ):
+                    driven = target
+                    driver = loop.create_task(
+                        self._drive(target, ctl.round_kv),
+                        name=f"aioelastic-rdzv-driver-{target}",
                     )
-                    if closing in done:
-                        raise RendezvousClosedError(
-                            f"the rendezvous handler for {self.run_id!r} was closed while joining"
-                        )
-                    if not done:
-                        raise RendezvousTimeoutError(
-                            f"the rendezvous {self.run_id!r} did not complete within "
-                            f"join_timeout={self._join_timeout}s"
-                        )
-                    if next_event in done:
-                        event = next_event.result()
-                        next_event = None
-                        if event.revision > seen:
-                            ctl.apply(event.type, event.kv)
+                # wait for a control event, the driver's end, or the join deadline
+                if next_event is None:
+                    next_event = loop.create_task(events.__anext__())
+                waiters: set[asyncio.Future[Any]] = {next_event, closing}
+                if driver is not None:
+                    waiters.add(driver)
+                timeout = None if self._standby else max(0.0, deadline - loop.time())
+                done, _ = await asyncio.wait(
+                    waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if closing in done:
+                    raise RendezvousClosedError(
+                        f"the rendezvous handler for {self.run_id!r} was closed while joining"
+                    )
+                if not done:
+                    raise RendezvousTimeoutError(
+                        f"the rendezvous {self.run_id!r} did not complete within "
+                        f"join_timeout={self._join_timeout}s"
+                    )
         finally:
             for task in (next_event, driver):
                 if task is not None and not task.done():
@@ -574,7 +654,17 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
         self._result = result
-        self._completed_at = asyncio.get_running_loop().time()
+        self._completed_at = now = asyncio.get_running_loop().time()
+        self._emit(
+            "rendezvous.round_completed",
+            round=record.round,
+            rank=rank,
+            world_size=len(record.members),
+            participants=list(record.members),
+            master_addr=record.master_addr,
+            master_port=record.master_port,
+            duration=None if self._join_started is None else round(now - self._join_started, 6),
+        )
         return result
 
     # -- the driver of a forming round
@@ -659,6 +749,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 self._rounds_driven += 1
         if result.succeeded:
             log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
+            self._emit("rendezvous.round_finalized", round=target, world_size=len(members))
             if target > 0:  # the previous round has drained: its data store is garbage
                 await store.delete_prefix(keys.data(target - 1))
         return result.succeeded
@@ -729,6 +820,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     f"closing {self.run_id!r} took longer than close_timeout={self._close_timeout}s"
                 ) from None
         self._closed_seen = True
+        self._emit("rendezvous.closed", round=record.round, by_this_node=True)
+        self._note_status()
 
     async def shutdown(self) -> bool:
         """torch's ``shutdown``: close the run, then leave. Returns False if closing failed.
@@ -761,6 +854,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             if self._keeper is not None:
                 await self._keeper.aclose()
             self._record_round = None
+        self._note_status()
         if self._owns_store:
             await self._store.aclose()
 
@@ -802,13 +896,29 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 async for event in self._member_watch:
                     change = await self._interpret(event, round_, members)
                     if change is not None:
+                        self._emit_change(change)
                         return change
         except LeaseExpiredError as exc:
             self._error = exc
+            self._note_status()
             return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
         if self._handler_closed:
             raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
         raise RendezvousConnectionError(f"the watch of {self.run_id!r} ended")  # pragma: no cover
+
+    def _emit_change(self, change: RendezvousEvent) -> None:
+        kind = _CHANGE_KINDS[change.kind]
+        fields: dict[str, Any] = {"round": change.round, "revision": change.revision}
+        if change.kind is RendezvousEventKind.PARTICIPANT_LOST:
+            fields["member"] = change.node_id
+        elif change.kind is RendezvousEventKind.NODES_WAITING:
+            fields["waiting_node"] = change.node_id
+        if change.kind in (RendezvousEventKind.PARTICIPANT_LOST, RendezvousEventKind.NODES_WAITING):
+            fields["num_nodes_waiting"] = change.num_nodes_waiting
+        if change.kind is RendezvousEventKind.CLOSED:
+            fields["by_this_node"] = False
+        self._emit(kind, **fields)
+        self._note_status()
 
     async def _interpret(
         self, event: WatchEvent, round_: int, members: set[str]

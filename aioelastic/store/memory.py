@@ -134,6 +134,10 @@ class MemoryEngine:
         self._log: list[WatchEvent] = []
         self._log_base = 0  # absolute index of _log[0]
         self._watchers: set[_Watcher] = set()
+        # Watchers waiting for an event, by prefix: a write wakes them without looking at the
+        # idle ones, at a cost that grows with the number of distinct prefixes waited on or with
+        # the key's length, whichever is smaller (see _commit).
+        self._waiting: dict[str, set[_Watcher]] = {}
         self._leases: dict[int, _Lease] = {}
         self._last_lease_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -277,12 +281,21 @@ class MemoryEngine:
         self._log.extend(events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
-        for watcher in self._watchers:
-            if watcher.waiter is not None:
-                for event in events:
-                    if event.kv.key.startswith(watcher.prefix):
-                        watcher.wake()
-                        break
+        waiting = self._waiting
+        first = self._log_base + len(self._log) - len(events)  # absolute index of events[0]
+        for index, event in enumerate(events, first):
+            if not waiting:
+                break
+            key = event.kv.key
+            if len(waiting) > len(key):  # look the key's own prefixes up instead
+                hits = [p for p in (key[:i] for i in range(len(key) + 1)) if p in waiting]
+            else:
+                hits = [p for p in waiting if key.startswith(p)]
+            for prefix in hits:
+                for watcher in waiting.pop(prefix):
+                    # It has waited, caught up, since its cursor: nothing between concerned it.
+                    watcher.cursor = index
+                    watcher.wake()
         if self.on_commit:
             commit = Commit(self._revision, events)
             for callback in self.on_commit:
@@ -339,7 +352,34 @@ class MemoryEngine:
 
     def remove_watcher(self, watcher: _Watcher) -> None:
         self._watchers.discard(watcher)
+        self._unpark(watcher)
         watcher.wake()
+
+    async def wait(self, watcher: _Watcher) -> None:
+        """Wait until a write under ``watcher``'s prefix, or until it fails, is removed or its
+        :meth:`_Watcher.wake` is called. Returns at once if it has events left to read."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        waiter = watcher.waiter = self._loop.create_future()
+        caught_up = watcher.cursor == self._log_base + len(self._log)
+        if not caught_up or watcher.error is not None or watcher not in self._watchers:
+            waiter.set_result(None)
+        else:
+            # Parked caught up: a write that wakes it may move its cursor past the events
+            # before it, which cannot concern it (see _commit).
+            self._waiting.setdefault(watcher.prefix, set()).add(watcher)
+        try:
+            await waiter
+        finally:
+            watcher.waiter = None
+            self._unpark(watcher)
+
+    def _unpark(self, watcher: _Watcher) -> None:
+        same = self._waiting.get(watcher.prefix)
+        if same is not None:
+            same.discard(watcher)
+            if not same:
+                del self._waiting[watcher.prefix]
 
     def read_events(self, watcher: _Watcher) -> list[WatchEvent]:
         """Every event for ``watcher`` not yet read (advances its cursor)."""
@@ -482,6 +522,10 @@ class MemoryEngine:
         self._log.extend(commit.events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
+        waiting, self._waiting = self._waiting, {}  # (restores run before anyone watches)
+        for watchers in waiting.values():
+            for watcher in watchers:
+                watcher.wake()
 
     def restore_lease(self, lease_id: int, ttl: float) -> None:
         """Re-create a logged lease with a full TTL from now (its keys come with their commits)."""
@@ -553,12 +597,7 @@ class _MemoryWatch(Watch):
             if events:
                 self._pending.extend(events)
                 break
-            loop = asyncio.get_running_loop()
-            watcher.waiter = loop.create_future()
-            try:
-                await watcher.waiter
-            finally:
-                watcher.waiter = None
+            await engine.wait(watcher)
         return self._pending.popleft()
 
     async def _aclose(self) -> None:

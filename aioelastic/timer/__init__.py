@@ -23,7 +23,7 @@ from .api import (
 )
 from .local import LocalTimerClient, LocalTimerServer
 from .reapers import CallbackReaper, CancelTaskReaper, SignalReaper
-from .store import StoreTimerClient, StoreTimerServer, timer_key
+from .store import StoreTimerClient, StoreTimerServer, run_prefix, timer_key
 from .unix import BlockingUnixTimerClient, UnixTimerClient, UnixTimerServer
 
 __all__ = [
@@ -48,5 +48,6 @@ __all__ = [
     "configure",
     "expires",
     "get_client",
+    "run_prefix",
     "timer_key",
 ]

@@ -30,11 +30,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
+from .. import events as _events
 from ..errors import TimerError, TimerExpiredError
+
+if TYPE_CHECKING:
+    from ..events import EventSink
 
 __all__ = [
     "ExpiredTimer",
@@ -345,9 +349,15 @@ class TimerServer(abc.ABC):
     reaped. Every reap is logged (worker, scope, lateness) and recorded in :attr:`reaps` (the last
     ``history`` of them); :meth:`wait_reaped` waits for the next ones. The server never reaps its
     own process: that is up to the reaper, and :class:`~aioelastic.timer.SignalReaper` refuses.
+
+    ``event_sink``: where a ``timer.reaped`` event goes for every reap (see
+    :mod:`aioelastic.events`; default: ``AIOELASTIC_EVENTS``, else none); the attribute
+    :attr:`event_sink` may be replaced.
     """
 
-    def __init__(self, reaper: Reaper, *, history: int = 1000) -> None:
+    def __init__(
+        self, reaper: Reaper, *, history: int = 1000, event_sink: EventSink | None = None
+    ) -> None:
         if not callable(reaper):
             raise TypeError(f"reaper must be callable, got {type(reaper).__name__}")
         if isinstance(history, bool) or not isinstance(history, int) or history < 0:
@@ -367,6 +377,8 @@ class TimerServer(abc.ABC):
         self._closed = False
         self._acquired = self._released = self._reaped = 0
         self._reaper_failures = self._rejected = self._dropped = 0
+        #: where structured events go (see :mod:`aioelastic.events`)
+        self.event_sink: EventSink = _events.resolve_sink(event_sink)
 
     # -- lifecycle
 
@@ -637,6 +649,18 @@ class TimerServer(abc.ABC):
             if inspect.isawaitable(result):
                 self._spawn(self._await_reaper(timer, result), "reaper")
         self.reaps.append(ReapEvent(timer, now, lateness, error))
+        worker = armed.worker_id
+        _events.emit(
+            self.event_sink,
+            "timer.reaped",
+            server=type(self).__name__,
+            worker=worker if isinstance(worker, (str, int)) else repr(worker),
+            scope=armed.scope_id,
+            pid=armed.pid,
+            expiration_time=armed.expiration_time,
+            lateness=round(lateness, 6),
+            error=error,
+        )
         self._wake_reap_waiters()
 
     def _wake_reap_waiters(self) -> None:

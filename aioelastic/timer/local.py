@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from .api import (
     Reaper,
@@ -20,6 +21,9 @@ from .api import (
 )
 from .reapers import CancelTaskReaper
 
+if TYPE_CHECKING:
+    from ..events import EventSink
+
 __all__ = ["LocalTimerClient", "LocalTimerServer"]
 
 
@@ -29,8 +33,18 @@ class LocalTimerServer(TimerServer):
     ``async with LocalTimerServer() as server: client = server.client()``.
     """
 
-    def __init__(self, reaper: Reaper | None = None, *, history: int = 1000) -> None:
-        super().__init__(reaper if reaper is not None else CancelTaskReaper(), history=history)
+    def __init__(
+        self,
+        reaper: Reaper | None = None,
+        *,
+        history: int = 1000,
+        event_sink: EventSink | None = None,
+    ) -> None:
+        super().__init__(
+            reaper if reaper is not None else CancelTaskReaper(),
+            history=history,
+            event_sink=event_sink,
+        )
 
     async def _run(self, ready: Callable[[], None]) -> None:
         # In-process timers need no background work besides async reapers, which run in the

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from ..errors import (
@@ -45,12 +46,24 @@ from .api import (
     wall_clock,
 )
 
-__all__ = ["DEFAULT_PREFIX", "StoreTimerClient", "StoreTimerServer", "timer_key"]
+if TYPE_CHECKING:
+    from ..events import EventSink
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "StoreTimerClient",
+    "StoreTimerServer",
+    "run_prefix",
+    "timer_key",
+]
 
 log = logging.getLogger("aioelastic.timer")
 
 #: The key prefix timers live under unless told otherwise.
 DEFAULT_PREFIX = "aioelastic/timers/"
+#: Where the timers of one run live by convention: ``{RUN_PREFIX_ROOT}{run_id}/`` (see
+#: :func:`run_prefix`; ``aioelastic status`` lists the timers there).
+RUN_PREFIX_ROOT = "aioelastic/run-timers/"
 #: Longest wait between two attempts to reach the store again.
 MAX_RETRY_INTERVAL = 5.0
 
@@ -71,6 +84,17 @@ def _token(armed: _Armed) -> tuple[str, int]:
     assert isinstance(key, str)
     assert isinstance(revision, int)
     return key, revision
+
+
+def run_prefix(run_id: str) -> str:
+    """The conventional timer prefix of a run, ``aioelastic/run-timers/<run_id>/``.
+
+    Pass it as ``prefix=`` to the :class:`StoreTimerClient` and :class:`StoreTimerServer` of a
+    job's workers so that ``aioelastic status --run-id <run_id>`` lists their active timers.
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
+    return f"{RUN_PREFIX_ROOT}{quote(run_id, safe='')}/"
 
 
 def timer_key(prefix: str, worker_id: str, scope_id: str) -> str:
@@ -139,8 +163,9 @@ class StoreTimerServer(TimerServer):
         history: int = 1000,
         wall: Callable[[], float] = wall_clock,
         retry_interval: float = 0.1,
+        event_sink: EventSink | None = None,
     ) -> None:
-        super().__init__(reaper, history=history)
+        super().__init__(reaper, history=history, event_sink=event_sink)
         if not isinstance(store, Store):
             raise TypeError(f"store must be a Store, got {type(store).__name__}")
         self.store = store

@@ -28,7 +28,7 @@ import socket
 import stat
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TimerError
 from .api import (
@@ -44,6 +44,9 @@ from .api import (
     wall_clock,
 )
 from .reapers import SignalReaper
+
+if TYPE_CHECKING:
+    from ..events import EventSink
 
 __all__ = ["BlockingUnixTimerClient", "UnixTimerClient", "UnixTimerServer"]
 
@@ -79,8 +82,13 @@ class UnixTimerServer(TimerServer):
         *,
         history: int = 1000,
         wall: Callable[[], float] = wall_clock,
+        event_sink: EventSink | None = None,
     ) -> None:
-        super().__init__(reaper if reaper is not None else SignalReaper(), history=history)
+        super().__init__(
+            reaper if reaper is not None else SignalReaper(),
+            history=history,
+            event_sink=event_sink,
+        )
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path must not be empty")

@@ -189,7 +189,17 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         }
                     },
                     "responses": {
-                        "200": _ok("Write"),
+                        "200": {
+                            **_ok("Write"),
+                            "headers": {
+                                "ETag": {
+                                    "description": 'the write\'s revision, quoted ("R"): the '
+                                    "key's new mod_revision, the same number as the body's "
+                                    "revision",
+                                    "schema": {"type": "string"},
+                                }
+                            },
+                        },
                         "404": _error("lease not found"),
                         "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
                         "413": _error("key or value too large"),

@@ -1,11 +1,12 @@
 """The HTTP store client: ``open_store("http://host:29400")`` / ``https://``.
 
-One pooled aiohttp session carries every request over keep-alive connections (lease keep-alives
-included); watch streams use a second, unlimited pool so that many watches never starve ordinary
-requests. Reads are retried on connection errors; writes never are: a write whose request may
-have reached the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`. Watches
-reconnect after a lost stream and resume from the last revision seen + 1, so no event is lost or
-repeated. Every aiohttp and socket error is translated to aioelastic's errors here.
+Requests go through a small HTTP/1.1 client of our own (:mod:`._wire`), not aiohttp's: one pool
+of keep-alive connections carries every unary request (lease keep-alives included), and each
+watch stream has a connection of its own, so that many watches never starve ordinary requests.
+Reads are retried on connection errors; writes never are: a write whose request may have reached
+the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`. Watches reconnect after a
+lost stream and resume from the last revision seen + 1, so no event is lost or repeated. Every
+socket, TLS and protocol error is translated to aioelastic's errors here.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, quote
+from urllib.parse import SplitResult, quote, urlencode
 
-import aiohttp
-from multidict import CIMultiDictProxy
 from yarl import URL
 
 from ...errors import (
@@ -47,6 +46,7 @@ from .._types import (
     RangeResult,
     WatchEvent,
 )
+from . import _wire
 
 __all__ = ["HttpStore", "open_http_store"]
 
@@ -57,7 +57,17 @@ MAX_WATCH_LINE = 256 * 1024 * 1024
 #: How many built request URLs a store keeps (the cache is emptied when full).
 _URL_CACHE_SIZE = 4096
 
-_Headers = CIMultiDictProxy[str]
+
+def _ssl_context(ssl: _ssl.SSLContext | bool) -> _ssl.SSLContext:
+    """The context for ``ssl=``: a given one, the default (verifying) one, or, for ``False``,
+    one that checks nothing (tests only)."""
+    if isinstance(ssl, _ssl.SSLContext):
+        return ssl
+    context = _ssl.create_default_context()
+    if ssl is False:
+        context.check_hostname = False
+        context.verify_mode = _ssl.CERT_NONE
+    return context
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~-]+")
@@ -112,6 +122,16 @@ class _Answer(dict[str, Any]):
         raise StoreConnectionError(f"malformed answer from the server: no field {key!r}")
 
 
+def _parse_answer(body: bytes, what: str) -> _Answer:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise StoreConnectionError(f"{what}: the answer is not a JSON object")
+    return _Answer(parsed)
+
+
 class HttpStore(Store):
     """A client of ``aioelastic serve``. Usually made by ``open_store("http://host:port")``.
 
@@ -122,6 +142,8 @@ class HttpStore(Store):
     ``progress_interval``: how often (s) the server reports progress on an idle watch; a watch
     stream silent for ``3 * progress_interval`` counts as lost. ``reconnect_timeout``: how long
     (s) a watch tries to resume before raising :class:`~aioelastic.errors.StoreConnectionError`.
+    ``max_connections``: requests in flight at once (each on its own pooled connection; watches
+    not included); 0: no limit.
     """
 
     def __init__(
@@ -153,53 +175,58 @@ class HttpStore(Store):
             raise ValueError(f"progress_interval must be in [0.05, 300] s, got {progress_interval}")
         if isinstance(read_retries, bool) or not isinstance(read_retries, int) or read_retries < 0:
             raise ValueError(f"read_retries must be an int >= 0, got {read_retries!r}")
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 0
+        ):
+            raise ValueError(
+                f"max_connections must be an int >= 0 (0: no limit), got {max_connections!r}"
+            )
         self.url = str(base).rstrip("/")
         self._base_path = base.path.rstrip("/")
         self._origin = base.origin()
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         self._connect_timeout = connect_timeout
         self._read_retries = read_retries
         self.progress_interval = float(progress_interval)
         self.reconnect_timeout = float(reconnect_timeout)
         ssl_arg: _ssl.SSLContext | bool = True if ssl is None else ssl
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=max_connections, ssl=ssl_arg, keepalive_timeout=30
-            ),
-            headers=self._headers,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
+        if token is not None and any(c in token for c in "\r\n\0"):
+            raise ValueError("token must not contain CR, LF or NUL characters")
+        # Unary requests go through our own small HTTP/1.1 client (see _wire.py: aiohttp's
+        # client costs more CPU per request than the server does answering it).
+        port = base.port or (443 if base.scheme == "https" else 80)
+        host = base.raw_host or ""
+        wire_host = f"[{host}]" if ":" in host else host
+        if base.port != (443 if base.scheme == "https" else 80):
+            wire_host += f":{port}"
+        self._host, self._port = host, port
+        self._ssl_context = _ssl_context(ssl_arg) if base.scheme == "https" else None
+        self._pool = _wire.Pool(
+            host,
+            port,
+            ssl=self._ssl_context,
+            connect_timeout=connect_timeout,
+            limit=max_connections,
+            keepalive=30.0,
         )
-        # aiohttp silently resends a PUT or DELETE once when a kept-alive connection drops
-        # (RFC 9112 calls them idempotent). A compare-and-swap is not: a resent CAS that had
-        # applied reports failure. Writes are never retried silently, so turn that off (there is
-        # no public switch; tests/test_http_client.py checks it stays off).
-        self._session._retry_connection = False
-        self._watch_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=ssl_arg, force_close=True),
-            headers=self._headers,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self._request_timeout = float(timeout)
+        self._wire_prefix = base.raw_path.rstrip("/")
+        self._head_tail = "".join(
+            f"\r\n{name}: {value}"
+            for name, value in (
+                ("Host", wire_host),
+                ("User-Agent", "aioelastic"),
+                *self._headers.items(),
+            )
+        ).encode("utf-8")
         self._watches: set[_HttpWatch] = set()
-        # Built URLs by path: a job re-reads and re-writes the same keys (heartbeats, rendezvous
-        # state), and building a URL costs more than the rest of our side of a request.
-        self._urls: dict[str, URL] = {}
 
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
-
-    def _url(self, path: str) -> URL:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._origin.with_path(self._base_path + path, encoded=True)
-            if len(self._urls) >= _URL_CACHE_SIZE:
-                self._urls.clear()
-            self._urls[path] = url
-        return url
 
     # -- requests
 
@@ -213,49 +240,75 @@ class HttpStore(Store):
         data: bytes | None = None,
         json_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, _Headers, bytes]:
-        """Send one request; answer (status, headers, body) or raise an aioelastic error."""
-        url = self._url(path)
-        if json_body is not None:
-            data = json.dumps(json_body).encode()
-            headers = {**(headers or {}), "Content-Type": "application/json"}
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request; answer (status, headers (lower-case names), body) or raise an
+        aioelastic error."""
+        request = self._build(method, path, params, data, json_body, headers)
         attempts = 1 if write else 1 + self._read_retries
-        what = f"{method} {path[:200]}"
         for attempt in range(attempts):
             self._check_open()
             try:
-                async with self._session.request(
-                    method, url, params=params, data=data, headers=headers, timeout=self._timeout
-                ) as resp:
-                    body = await resp.read()
-                    return resp.status, resp.headers, body
-            except aiohttp.ClientConnectorError as exc:
+                return await self._pool.request(request, self._request_timeout)
+            except _wire.ConnectFailed as exc:
                 # Not connected: nothing was sent, so even a write had no effect.
                 error: StoreError = StoreConnectionError(f"cannot connect to {self.url}: {exc}")
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            except _wire.RequestTimeout:
+                what = f"{method} {path[:200]}"
                 if self._closed:
                     raise StoreClosedError(f"{self!r} was closed during {what}") from None
                 if write:
                     raise WriteOutcomeUnknownError(
                         f"{what} timed out after it was sent; it may or may not have applied"
-                    ) from exc
-                raise StoreTimeoutError(f"{what} timed out ({self.url})") from exc
-            except (aiohttp.ClientError, OSError) as exc:
+                    ) from None
+                raise StoreTimeoutError(f"{what} timed out ({self.url})") from None
+            except _wire.ConnectionLost as exc:
+                what = f"{method} {path[:200]}"
                 if self._closed:
                     raise StoreClosedError(f"{self!r} was closed during {what}") from None
                 if write:
                     raise WriteOutcomeUnknownError(
                         f"{what}: connection to {self.url} lost after the request was sent "
-                        f"({type(exc).__name__}: {exc}); it may or may not have applied"
-                    ) from exc
-                error = StoreConnectionError(
-                    f"{what}: connection to {self.url} lost ({type(exc).__name__}: {exc})"
-                )
+                        f"({exc}); it may or may not have applied"
+                    ) from None
+                error = StoreConnectionError(f"{what}: connection to {self.url} lost ({exc})")
             if self._closed:
-                raise StoreClosedError(f"{self!r} was closed during {what}")
+                raise StoreClosedError(f"{self!r} was closed during {method} {path[:200]}")
             if attempt + 1 < attempts:
                 await asyncio.sleep(0.05 * 2**attempt)
         raise error
+
+    def _build(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        json_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """The bytes of one request (head and body, written at once)."""
+        target = self._wire_prefix + path
+        if params:
+            target += "?" + urlencode(params)
+        extra = ""
+        if json_body is not None:
+            data = json.dumps(json_body).encode()
+            extra = "\r\nContent-Type: application/json"
+        elif data is not None:
+            extra = "\r\nContent-Type: application/octet-stream"
+        if headers:
+            extra += "".join(f"\r\n{name}: {value}" for name, value in headers.items())
+        if data is not None or method in ("PUT", "POST"):
+            extra += f"\r\nContent-Length: {len(data) if data is not None else 0}"
+        return b"".join(
+            (
+                f"{method} {target} HTTP/1.1".encode(),
+                self._head_tail,
+                extra.encode("latin-1"),
+                b"\r\n\r\n",
+                data or b"",
+            )
+        )
 
     def _fail(self, status: int, body: bytes, what: str, *, write: bool = False) -> Exception:
         """The aioelastic error for an unexpected answer (raise it)."""
@@ -286,13 +339,7 @@ class HttpStore(Store):
         status, _, body = await self._request(method, path, write=write, **kwargs)
         if status not in ok:
             raise self._fail(status, body, f"{method} {path[:200]}", write=write)
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise StoreConnectionError(f"{method} {path[:200]}: the answer is not a JSON object")
-        return status, _Answer(parsed)
+        return status, _parse_answer(body, f"{method} {path[:200]}")
 
     # -- the core
 
@@ -307,10 +354,10 @@ class HttpStore(Store):
             return KeyValue(
                 key,
                 body,
-                int(headers["X-Create-Revision"]),
-                int(headers["X-Mod-Revision"]),
-                int(headers["X-Version"]),
-                int(headers["X-Lease"]),
+                int(headers["x-create-revision"]),
+                int(headers["x-mod-revision"]),
+                int(headers["x-version"]),
+                int(headers["x-lease"]),
             )
         except (KeyError, ValueError):
             raise StoreConnectionError(f"get {key!r}: malformed answer from {self.url}") from None
@@ -333,10 +380,17 @@ class HttpStore(Store):
 
     async def _put(self, key: str, value: bytes, lease: int) -> int:
         params = {"lease": str(lease)} if lease else None
-        _, out = await self._call_json(
-            "PUT", "/v1/kv/" + _quote_key(key), write=True, params=params, data=value
+        path = "/v1/kv/" + _quote_key(key)
+        status, headers, body = await self._request(
+            "PUT", path, write=True, params=params, data=value
         )
-        return int(out["revision"])
+        if status != 200:
+            raise self._fail(status, body, f"PUT {path[:200]}", write=True)
+        # The revision of the write is the answer's ETag ("R"): no need to parse the body.
+        etag = headers.get("etag", "")
+        if len(etag) > 2 and etag[0] == etag[-1] == '"' and etag[1:-1].isdigit():
+            return int(etag[1:-1])
+        return int(_parse_answer(body, f"PUT {path[:200]}")["revision"])
 
     async def _delete(self, key: str, prefix: bool) -> int:
         route = "/v1/range/" if prefix else "/v1/kv/"
@@ -425,8 +479,7 @@ class HttpStore(Store):
     async def _aclose(self) -> None:
         for watch in list(self._watches):
             watch._abort()
-        await self._session.close()
-        await self._watch_session.close()
+        self._pool.close()
 
 
 class _HttpWatch(Watch):
@@ -435,8 +488,7 @@ class _HttpWatch(Watch):
     def __init__(self, store: HttpStore, prefix: str, start_revision: int | None) -> None:
         super().__init__(prefix, start_revision)
         self._store = store
-        self._resp: aiohttp.ClientResponse | None = None
-        self._buffer = bytearray()
+        self._stream: _wire.LineStream | None = None
         self._pending: deque[WatchEvent] = deque()
         self._start_revision: int | None = None
         self._next_revision = 0  # where a resumed stream starts: last revision received + 1
@@ -466,22 +518,37 @@ class _HttpWatch(Watch):
         params = {"progress_interval": repr(store.progress_interval)}
         if start is not None:
             params["start_revision"] = str(start)
-        url = store._url("/v1/watch/" + _quote_key(self.prefix))
+        request = store._build("GET", "/v1/watch/" + _quote_key(self.prefix), params)
         what = f"watch {self.prefix!r}"
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=store._connect_timeout, sock_read=None
-        )
+        loop = asyncio.get_running_loop()
+        silence = store.progress_interval * 3
         try:
-            async with asyncio.timeout(store._connect_timeout + store.progress_interval * 3):
-                resp = await store._watch_session.get(url, params=params, timeout=timeout)
-                if resp.status != 200:
-                    body = await resp.read()
-                    resp.release()
-                    raise store._fail(resp.status, body, what)
-                self._resp = resp
-                self._buffer.clear()
+            async with asyncio.timeout(store._connect_timeout + silence):
+                try:
+                    async with asyncio.timeout(store._connect_timeout):
+                        stream = await _wire.open_stream(
+                            store._host,
+                            store._port,
+                            store._ssl_context,
+                            request,
+                            max_line=MAX_WATCH_LINE,
+                        )
+                except TimeoutError:
+                    raise _wire.ConnectFailed("connecting timed out") from None
+                self._stream = stream
+                await stream.read_head()
+                if stream.status != 200:
+                    self._drop()
+                    raise store._fail(stream.status, stream.error_body or b"", what)
+                # From now on a stream silent for 3 progress intervals counts as lost.
+                stream.watch_silence(loop, silence)
                 frame = await self._read_frame()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (
+            _wire.ConnectFailed,
+            _wire.ConnectionLost,
+            _wire.RequestTimeout,
+            TimeoutError,
+        ) as exc:
             self._drop()
             if store.closed:
                 raise StoreClosedError(f"{store!r} was closed") from None
@@ -494,29 +561,21 @@ class _HttpWatch(Watch):
         self._next_revision = int(frame["start_revision"])
 
     async def _read_frame(self) -> dict[str, Any] | None:
-        """The next NDJSON frame, or None at the end of the stream."""
-        resp = self._resp
-        if resp is None:
+        """The next NDJSON frame, or None at the end of the stream; raises a ``_wire`` error
+        when the stream is lost, silent too long or malformed."""
+        stream = self._stream
+        if stream is None:
             return None
-        buffer = self._buffer
-        while True:
-            end = buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(buffer[:end])
-                del buffer[: end + 1]
-                try:
-                    frame = json.loads(line)
-                except ValueError:
-                    raise aiohttp.ClientPayloadError("malformed watch frame") from None
-                if not isinstance(frame, dict):
-                    raise aiohttp.ClientPayloadError("malformed watch frame")
-                return frame
-            if len(buffer) > MAX_WATCH_LINE:
-                raise aiohttp.ClientPayloadError("watch frame too large")
-            chunk = await resp.content.readany()
-            if not chunk:
-                return None
-            buffer += chunk
+        line = await stream.read_line()
+        if line is None:
+            return None
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            raise _wire.ConnectionLost("malformed watch frame") from None
+        if not isinstance(frame, dict):
+            raise _wire.ConnectionLost("malformed watch frame")
+        return frame
 
     async def _next(self) -> WatchEvent:
         store = self._store
@@ -527,9 +586,8 @@ class _HttpWatch(Watch):
                 raise StoreClosedError(f"{store!r} was closed")
             frame: dict[str, Any] | None = None
             try:
-                async with asyncio.timeout(store.progress_interval * 3):
-                    frame = await self._read_frame()
-            except (aiohttp.ClientError, OSError, TimeoutError):
+                frame = await self._read_frame()
+            except (_wire.ConnectionLost, _wire.RequestTimeout):
                 frame = None
             if self._closed:
                 raise StopAsyncIteration
@@ -593,9 +651,9 @@ class _HttpWatch(Watch):
             delay = min(delay * 2, 1.0)
 
     def _drop(self) -> None:
-        resp, self._resp = self._resp, None
-        if resp is not None:
-            resp.close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
     def _abort(self) -> None:
         """The store is closing: end the stream so a pending ``_next`` wakes up."""

@@ -23,7 +23,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
@@ -57,6 +57,11 @@ DEFAULT_PROGRESS_INTERVAL = 5.0
 NDJSON = "application/x-ndjson"
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_T = TypeVar("_T")
+
+
+def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamResponse]:
+    return handler(request)
 
 
 # -- errors as JSON ------------------------------------------------------------------------------
@@ -139,7 +144,43 @@ class _Runner(web.AppRunner):
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer
+        server.request_handler = _fast_path(self.app[_STATE], server.request_handler)
         return server
+
+
+def _fast_path(
+    state: _App, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+) -> Callable[[BaseRequest], Awaitable[web.StreamResponse]]:
+    """The server's request handler: GET and PUT on ``/v1/kv/{key}`` (the hot routes) go
+    straight to their handlers, everything else through the application (``routed``: its
+    router and middleware).
+
+    The fast path skips only the routing: the key is cut from the path as the router's
+    ``{key:.*}`` pattern would (``%2F`` and ``%25`` undone, no newline), and the request is
+    answered by :meth:`_App.answer` as the middleware would (authentication, JSON errors,
+    metrics). A request with ``Expect`` (``100-continue``) or anything unusual takes the routed
+    way. Fast-path requests have no ``match_info`` (and so no ``request.app``); handlers use
+    the state they are bound to.
+    """
+    answer = state.answer
+    get = state.get_raw_key
+    put = state.put_raw_key
+
+    async def handle(request: BaseRequest) -> web.StreamResponse:
+        method = request.method
+        if method == "GET" or method == "PUT":
+            path = request.rel_url.path_safe
+            if path.startswith("/v1/kv/") and "\n" not in path and "Expect" not in request.headers:
+                key = path[7:]
+                if "%" in key:
+                    key = key.replace("%2F", "/").replace("%25", "%")
+                assert isinstance(request, web.Request)
+                if method == "GET":
+                    return await answer(request, "get", get, key)
+                return await answer(request, "put", put, key)
+        return await routed(request)
+
+    return handle
 
 
 # -- encoding ------------------------------------------------------------------------------------
@@ -309,14 +350,26 @@ class _App:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """Every routed request: authentication, error answers and metrics (:meth:`answer`)."""
+        return await self.answer(request, self.ops.get(handler, "other"), _call, handler)
+
+    async def answer(
+        self,
+        request: web.Request,
+        op: str,
+        call: Callable[[web.Request, _T], Awaitable[web.StreamResponse]],
+        arg: _T,
+    ) -> web.StreamResponse:
+        """``await call(request, arg)`` with authentication, errors mapped to JSON answers and
+        the request metered as ``op`` (``other`` when it fails authentication)."""
         start = time.perf_counter()
-        op = "other"
+        metered = "other"
         status = 500
         try:
             if self.token is not None and request.path != "/healthz":
                 self._authenticate(request)
-            op = self.ops.get(handler, "other")
-            response = await handler(request)
+            metered = op
+            response = await call(request, arg)
             status = response.status
             return response
         except _ApiError as exc:
@@ -367,7 +420,7 @@ class _App:
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
             return _error_response(500, "storage_error", f"the data directory failed: {exc}")
         finally:
-            self.metrics.observe(op, status, time.perf_counter() - start)
+            self.metrics.observe(metered, status, time.perf_counter() - start)
 
     def _authenticate(self, request: web.Request) -> None:
         assert self.token is not None
@@ -381,7 +434,9 @@ class _App:
             raise _ApiError(401, "unauthorized", "the bearer token is not valid")
 
     def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
-        key = request.match_info["key"]
+        return self._check_key(request.match_info["key"], allow_empty=allow_empty)
+
+    def _check_key(self, key: str, *, allow_empty: bool = False) -> str:
         if not key and not allow_empty:
             raise _bad("the key (the URL path after the route) must not be empty")
         if len(key.encode("utf-8", "surrogatepass")) > self.limits.max_key_bytes:
@@ -437,7 +492,11 @@ class _App:
     # -- key-values
 
     async def get_key(self, request: web.Request) -> web.Response:
-        key = self._key(request)
+        return await self.get_raw_key(request, request.match_info["key"])
+
+    async def get_raw_key(self, request: web.Request, key: str) -> web.Response:
+        """GET /v1/kv/{key}, ``key`` taken from the path (the fast path calls it directly)."""
+        key = self._check_key(key)
         kv = self.engine.get(key)
         revision = str(self.engine.revision)
         if kv is None:
@@ -460,7 +519,11 @@ class _App:
         )
 
     async def put_key(self, request: web.Request) -> web.Response:
-        key = self._key(request)
+        return await self.put_raw_key(request, request.match_info["key"])
+
+    async def put_raw_key(self, request: web.Request, key: str) -> web.Response:
+        """PUT /v1/kv/{key}, ``key`` taken from the path (the fast path calls it directly)."""
+        key = self._check_key(key)
         lease = _int_param(request, "lease", minimum=0, default=0)
         if_match = request.headers.get("If-Match")
         if_none_match = request.headers.get("If-None-Match")
@@ -478,11 +541,17 @@ class _App:
             raise _ApiError(
                 413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
             )
-        content = request.content
-        if length is not None and content.is_eof():
-            # The whole (announced, within limits) body has arrived with the headers, as a small
-            # write's does: take it in one call rather than ``read()``'s loop of ``readany()``s.
+        if length is not None:
+            # Take what has arrived in one call (a small write's whole body comes with its
+            # headers, though aiohttp may not have seen its end yet), then wait for the rest:
+            # cheaper than ``read()``'s loop of ``readany()``s.
+            content = request.content
             value = content.read_nowait()
+            if len(value) < length:
+                try:
+                    value += await content.readexactly(length - len(value))
+                except asyncio.IncompleteReadError:
+                    raise _bad("the request body ended before its Content-Length") from None
         else:
             value = await request.read()
         if len(value) > self.limits.max_value_bytes:
@@ -682,11 +751,7 @@ class _App:
                         await response.write(_frame({"type": "progress", "revision": revision}))
                         progress.sent()
                         continue
-                    watcher.waiter = loop.create_future()
-                    try:
-                        await watcher.waiter
-                    finally:
-                        watcher.waiter = None
+                    await engine.wait(watcher)
             finally:
                 progress.cancel()
             await response.write_eof()
