@@ -213,9 +213,13 @@ def torch_handlers(
     return server, handlers
 
 
-def torch_join_all(handlers: Sequence[Any]) -> tuple[float, list[Any]]:
+def torch_join_all(handlers: Sequence[Any], limit: float = 900.0) -> tuple[float, list[Any]]:
     """Run ``next_rendezvous()`` of every handler in its own thread, all started together;
-    (seconds from the start to the last return, the results)."""
+    (seconds from the start to the last return, the results).
+
+    Raises TimeoutError when a node has not returned after ``limit`` seconds (its daemon thread
+    is left behind): torch's joins have been seen to hang on a TCPStore call on a loaded
+    machine, and a benchmark run must end."""
     import threading
 
     errors: list[BaseException] = []
@@ -227,13 +231,18 @@ def torch_join_all(handlers: Sequence[Any]) -> tuple[float, list[Any]]:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i, h)) for i, h in enumerate(handlers)]
+    threads = [
+        threading.Thread(target=run, args=(i, h), daemon=True) for i, h in enumerate(handlers)
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(max(0.0, start + limit - time.perf_counter()))
     elapsed = time.perf_counter() - start
+    stuck = sum(t.is_alive() for t in threads)
+    if stuck:
+        raise TimeoutError(f"{stuck} of torch's {len(threads)} nodes still joining after {limit} s")
     if errors:
         raise errors[0]
     return elapsed, results
@@ -268,7 +277,7 @@ def torch_elastic_round(n: int, last_call: float, join_timeout: float = 600.0) -
     it raises torch's RendezvousTimeoutError instead of waiting that long."""
     server, handlers = torch_handlers(n, 1, n + 1, last_call=last_call, join_timeout=join_timeout)
     try:
-        elapsed, results = torch_join_all(handlers)
+        elapsed, results = torch_join_all(handlers, join_timeout + 30)
         assert all(r.world_size == n for r in results)
         return elapsed - last_call
     finally:
@@ -290,11 +299,11 @@ def torch_failure_round(n: int, ttl: float, last_call: float, attempts: int = 3)
         keep_alive_max_attempt=attempts,
     )
     try:
-        torch_join_all(handlers)
+        torch_join_all(handlers, 60)
         time.sleep(0.2)  # as ours: the round settles before the kill
         victim, survivors = handlers[0], handlers[1:]
         victim._stop_heartbeats()
-        elapsed, results = torch_join_all(survivors)
+        elapsed, results = torch_join_all(survivors, 60 + ttl)
         assert all(r.world_size == n - 1 for r in results), [r.world_size for r in results]
         return elapsed
     finally:
