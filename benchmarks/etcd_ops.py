@@ -76,7 +76,9 @@ async def _gateway_round(server: EtcdServer, ops: int) -> dict[str, list[float]]
         return {"put": await _time_ops(put, ops), "get": await _time_ops(get, ops)}
 
 
-async def main(ops: int, rounds: int) -> None:
+async def measure(ops: int, rounds: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Start an etcd, run the rounds; per client (grpc, gateway) and op (put, get), one
+    (p50 ms, p99 ms) pair per round. The etcd is stopped on return."""
     results: dict[str, dict[str, list[tuple[float, float]]]] = {
         "grpc": {"put": [], "get": []},
         "gateway": {"put": [], "get": []},
@@ -90,6 +92,11 @@ async def main(ops: int, rounds: int) -> None:
                 samples = await run(server, ops)
                 for op, values in samples.items():
                     results[name][op].append((_pct(values, 0.5), _pct(values, 0.99)))
+    return results
+
+
+async def main(ops: int, rounds: int) -> None:
+    results = await measure(ops, rounds)
     print(f"etcd single member, --unsafe-no-fsync, {ops} sequential ops x {rounds} rounds")
     print(f"{'client':<10} {'op':<4} {'p50 ms':>8} {'p99 ms':>8}")
     p50: dict[tuple[str, str], float] = {}

@@ -248,31 +248,42 @@ async def _one_round(writer: Store, watches: list[Watch], r: int) -> float:
     return end - start
 
 
-def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None:
+def tcpstore_server() -> Any | None:
+    """A torch TCPStore server (C++, a thread of this process) on 127.0.0.1; None without torch.
+    Its port is ``.port``; it stops when the object is garbage."""
     try:  # imported by name: torch is optional, and typed only where it is installed
         distributed: Any = importlib.import_module("torch.distributed")
     except ImportError:
         return None
-    TCPStore = distributed.TCPStore
-    import socket
+    return distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    client = TCPStore("127.0.0.1", port, is_master=False)
+
+def tcpstore_sequential(port: int, ops: int) -> dict[str, float]:
+    """One TCPStore client, sequential: {"put": set/s, "get": get/s}."""
+    distributed: Any = importlib.import_module("torch.distributed")
+    client = distributed.TCPStore("127.0.0.1", port, is_master=False)
     value = b"x" * 64
     for i in range(200):
         client.set(f"warm/{i}", value)
     start = time.perf_counter()
     for i in range(ops):
         client.set(f"seq/{i % 1000}", value)
+    # set() does not wait for the server's reply; a get behind the sets (one connection, in
+    # order) ends the clock when the server has applied them all
+    client.get(f"seq/{(ops - 1) % 1000}")
     puts = ops / (time.perf_counter() - start)
     start = time.perf_counter()
     for i in range(ops):
         client.get(f"seq/{i % 1000}")
     gets = ops / (time.perf_counter() - start)
-    stores = [TCPStore("127.0.0.1", port, is_master=False) for _ in range(clients)]
+    return {"put": puts, "get": gets}
+
+
+def tcpstore_concurrent(port: int, clients: int, ops_each: int) -> float:
+    """``clients`` TCPStore clients, one thread each, half set half get: aggregate ops/s."""
+    distributed: Any = importlib.import_module("torch.distributed")
+    value = b"x" * 64
+    stores = [distributed.TCPStore("127.0.0.1", port, is_master=False) for _ in range(clients)]
 
     def work(n: int, store: Any) -> None:
         for i in range(ops_each):
@@ -289,9 +300,19 @@ def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None
         thread.start()
     for thread in threads:
         thread.join()
-    aggregate = clients * ops_each / (time.perf_counter() - start)
-    del stores, client, server
-    return {"put": puts, "get": gets, "concurrent": aggregate}
+    return clients * ops_each / (time.perf_counter() - start)
+
+
+def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None:
+    server = tcpstore_server()
+    if server is None:
+        return None
+    try:
+        rows = tcpstore_sequential(server.port, ops)
+        rows["concurrent"] = tcpstore_concurrent(server.port, clients, ops_each)
+        return rows
+    finally:
+        del server
 
 
 def _median(runs: list[tuple[float, str]]) -> tuple[float, str, str]:

@@ -153,109 +153,352 @@ async def dead_node(n: int, ttl: float) -> float:
     return max(seen) - expires_at
 
 
-def torch_exact_round(n: int) -> float | None:
-    """torch 2.13's c10d DynamicRendezvousHandler, min=max=N, one thread per node."""
-    import threading
+def torch_available() -> bool:
+    """Whether torch's elastic rendezvous can be imported."""
+    try:
+        importlib.import_module("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    except ImportError:
+        return False
+    return True
+
+
+#: Settings of the torch side (see ``torch_handlers``); the failure rows override the keep-alive
+TORCH_STORE_TIMEOUT = 120.0
+
+
+def torch_handlers(
+    n: int,
+    min_nodes: int,
+    max_nodes: int,
+    *,
+    last_call: float = 30.0,
+    keep_alive_interval: float = 5.0,
+    keep_alive_max_attempt: int = 3,
+    join_timeout: float = 600.0,
+) -> tuple[Any, list[Any]]:
+    """torch's c10d DynamicRendezvousHandler x N over one TCPStore server (this process), one
+    TCPStore client per node, as ``torchrun --rdzv-backend c10d`` builds them.
+
+    Returns (the server store, the handlers); the nodes are meant to run in threads.
+    """
     from datetime import timedelta
 
-    try:
-        c10d = importlib.import_module("torch.distributed")
-        backends = importlib.import_module(
-            "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
-        )
-        dynamic = importlib.import_module("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
-    except ImportError:
-        return None
-    tcp_store = c10d.TCPStore
-    store = tcp_store("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=120))
-    port = store.port
+    c10d = importlib.import_module("torch.distributed")
+    backends = importlib.import_module(
+        "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+    )
+    dynamic = importlib.import_module("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    timeout = timedelta(seconds=TORCH_STORE_TIMEOUT)
+    server = c10d.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
     run_id = f"bench{n}-{time.monotonic_ns()}"
     handlers: list[Any] = []
     for _ in range(n):
-        client = tcp_store("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+        client = c10d.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
         backend = backends.C10dRendezvousBackend(client, run_id)
         handlers.append(
             dynamic.DynamicRendezvousHandler.from_backend(
-                run_id, client, backend, n, n, local_addr="127.0.0.1"
+                run_id,
+                client,
+                backend,
+                min_nodes,
+                max_nodes,
+                local_addr="127.0.0.1",
+                timeout=dynamic.RendezvousTimeout(
+                    join=timedelta(seconds=join_timeout), last_call=timedelta(seconds=last_call)
+                ),
+                keep_alive_interval=keep_alive_interval,
+                keep_alive_max_attempt=keep_alive_max_attempt,
             )
         )
-    errors: list[BaseException] = []
+    return server, handlers
 
-    def run(h: Any) -> None:
+
+def torch_join_all(handlers: Sequence[Any], limit: float = 900.0) -> tuple[float, list[Any]]:
+    """Run ``next_rendezvous()`` of every handler in its own thread, all started together;
+    (seconds from the start to the last return, the results).
+
+    Raises TimeoutError when a node has not returned after ``limit`` seconds (its daemon thread
+    is left behind): torch's joins have been seen to hang on a TCPStore call on a loaded
+    machine, and a benchmark run must end."""
+    import threading
+
+    errors: list[BaseException] = []
+    results: list[Any] = [None] * len(handlers)
+
+    def run(i: int, h: Any) -> None:
         try:
-            h.next_rendezvous()
+            results[i] = h.next_rendezvous()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(h,)) for h in handlers]
+    threads = [
+        threading.Thread(target=run, args=(i, h), daemon=True) for i, h in enumerate(handlers)
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(max(0.0, start + limit - time.perf_counter()))
     elapsed = time.perf_counter() - start
-    for h in handlers:
-        h.shutdown()
+    stuck = sum(t.is_alive() for t in threads)
+    if stuck:
+        raise TimeoutError(f"{stuck} of torch's {len(threads)} nodes still joining after {limit} s")
     if errors:
         raise errors[0]
-    return elapsed
+    return elapsed, results
 
 
-async def process_node(url: str, run_id: str, n: int) -> None:
-    """One node of ``--processes``: ready, wait for the go key, rendezvous, print timestamps."""
+def torch_stop(handlers: Sequence[Any]) -> None:
+    """Stop the handlers' keep-alive timers. Not ``shutdown()``: that closes the run through
+    the store, one 1-second sync at a time, which is not what is being timed."""
+    for h in handlers:
+        h._stop_heartbeats()
+
+
+def torch_exact_round(n: int) -> float | None:
+    """torch's c10d DynamicRendezvousHandler, min=max=N, one thread per node: seconds from all
+    started to all returned (None: torch is not installed)."""
+    if not torch_available():
+        return None
+    server, handlers = torch_handlers(n, n, n)
+    try:
+        elapsed, results = torch_join_all(handlers)
+        assert sorted(r.rank for r in results) == list(range(n))
+        return elapsed
+    finally:
+        torch_stop(handlers)
+        del server
+
+
+def torch_elastic_round(n: int, last_call: float, join_timeout: float = 600.0) -> float:
+    """torch, min=1, max=N+1: seconds from all N started to all returned, minus last_call.
+
+    A node that joins after the round completed waits for the next one: with ``join_timeout``
+    it raises torch's RendezvousTimeoutError instead of waiting that long."""
+    server, handlers = torch_handlers(n, 1, n + 1, last_call=last_call, join_timeout=join_timeout)
+    try:
+        elapsed, results = torch_join_all(handlers, join_timeout + 30)
+        assert all(r.world_size == n for r in results)
+        return elapsed - last_call
+    finally:
+        torch_stop(handlers)
+        del server
+
+
+def torch_failure_round(n: int, ttl: float, last_call: float, attempts: int = 3) -> float:
+    """torch, min=2, max=N, keep-alive every ttl/attempts, dead after ``attempts`` missed: a
+    completed round of N, then one node goes silent (its keep-alive timer stops: what a
+    SIGKILL looks like to the others) and the survivors call ``next_rendezvous()`` at once.
+    Seconds from the silence to the survivors' new round (N-1) returned on all of them."""
+    server, handlers = torch_handlers(
+        n,
+        2,
+        n,
+        last_call=last_call,
+        keep_alive_interval=ttl / attempts,
+        keep_alive_max_attempt=attempts,
+    )
+    try:
+        torch_join_all(handlers, 60)
+        time.sleep(0.2)  # as ours: the round settles before the kill
+        victim, survivors = handlers[0], handlers[1:]
+        victim._stop_heartbeats()
+        elapsed, results = torch_join_all(survivors, 60 + ttl)
+        assert all(r.world_size == n - 1 for r in results), [r.world_size for r in results]
+        return elapsed
+    finally:
+        torch_stop(handlers)
+        del server
+
+
+async def _warm_store(url: str, run_id: str) -> Store:
+    """A node process's store client, its code paths and connections warmed up with a round
+    of one."""
     store = await open_store(url)
-    # warm up this process's code paths and connections with a round of one
     warm = DynamicRendezvousHandler(store, f"{run_id}-warm-{os.getpid()}", 1, 1)
     await warm.next_rendezvous()
     await warm.aclose()
-    handler = DynamicRendezvousHandler(store, run_id, n, n, local_addr="127.0.0.1", owns_store=True)
+    return store
+
+
+async def _ready_then_go(store: Store, run_id: str) -> None:
+    """Say READY (with the watch on the go key up), and return when the runner puts it."""
     go = f"bench-go/{run_id}"
     async with store.watch(go) as events:
         print("READY", flush=True)
         if await store.get(go) is None:
             await events.__anext__()
+
+
+async def process_node(url: str, run_id: str, n: int, rounds: int = 1) -> None:
+    """One node of ``--processes``: per round, ready, wait for the go key, rendezvous, print the
+    wall-clock time it returned."""
+    store = await _warm_store(url, run_id)
+    for r in range(rounds):
+        rid = run_id if rounds == 1 else f"{run_id}-{r}"
+        handler = DynamicRendezvousHandler(store, rid, n, n, local_addr="127.0.0.1")
+        await _ready_then_go(store, rid)
+        result = await handler.next_rendezvous()
+        print("DONE", time.time(), result.rank, flush=True)
+        await handler.aclose()
+    await store.aclose()
+
+
+async def failure_node(url: str, run_id: str, n: int, ttl: float, last_call: float) -> None:
+    """One node of the failure benchmark: a round of N (min 2), then report when this node saw
+    a member lost and when its next round (without that member) returned."""
+    store = await _warm_store(url, run_id)
+    handler = DynamicRendezvousHandler(
+        store,
+        run_id,
+        2,
+        n,
+        lease_ttl=ttl,
+        last_call_timeout=last_call,
+        local_addr="127.0.0.1",
+        owns_store=True,
+    )
+    await _ready_then_go(store, run_id)
     result = await handler.next_rendezvous()
-    print("DONE", time.time(), result.rank, flush=True)
+    print("DONE", time.time(), result.world_size, flush=True)
+    event = await handler.wait_for_change()
+    print("LOST", time.time(), event.kind.name, flush=True)
+    result = await handler.next_rendezvous()
+    print("AGAIN", time.time(), result.world_size, flush=True)
     await handler.aclose()
+
+
+def _node_env() -> dict[str, str]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=root if not path else f"{root}{os.pathsep}{path}")
+
+
+async def _spawn(
+    n: int, *args: str, timeout: float = 120.0, batch: int = 8
+) -> list[asyncio.subprocess.Process]:
+    """Start N node processes, ``batch`` at a time, each batch having said READY before the
+    next starts: 128 interpreters importing at once on 2 cores starve the store server and the
+    first nodes' lease keep-alives (start-up is not what is timed)."""
+    script, env = os.path.abspath(__file__), _node_env()  # noqa: ASYNC240 (no I/O)
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        while len(procs) < n:
+            started = [
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    script,
+                    *args,
+                    stdout=asyncio.subprocess.PIPE,
+                    env=env,
+                )
+                for _ in range(min(batch, n - len(procs)))
+            ]
+            procs += started
+            for proc in started:
+                await _expect(proc, b"READY", timeout)
+    except BaseException:
+        await _reap(procs)
+        raise
+    return procs
+
+
+async def _reap(procs: Sequence[asyncio.subprocess.Process]) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+async def _expect(proc: asyncio.subprocess.Process, word: bytes, timeout: float) -> list[str]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    if not line.startswith(word):
+        raise RuntimeError(f"node process said {line!r}, expected {word.decode()}")
+    return line.decode().split()
+
+
+async def _go(url: str, key: str) -> float:
+    """Put the go key; the wall-clock time just before it was sent."""
+    async with open_store(url) as store:
+        start = time.time()
+        await store.put(key, b"go")
+        return start
+
+
+async def process_rounds(
+    url: str,
+    n: int,
+    rounds: int,
+    between: Callable[[int], object] | None = None,
+    timeout: float = 120.0,
+) -> list[float]:
+    """N node processes, ``rounds`` exact-size rounds: per round, seconds from the go signal to
+    the last node returned (wall clock). ``between(r)`` runs (in a thread) after round r, while
+    the node processes wait for the next go: how the runner interleaves torch's rounds."""
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    procs = await _spawn(n, "--node", url, run_id, str(n), str(rounds), timeout=timeout)
+    try:
+        times = []
+        for r in range(rounds):
+            for proc in procs if r else ():  # the first READY: read by _spawn
+                await _expect(proc, b"READY", timeout)
+            rid = run_id if rounds == 1 else f"{run_id}-{r}"
+            start = await _go(url, f"bench-go/{rid}")
+            ends = [float((await _expect(p, b"DONE", timeout))[1]) for p in procs]
+            times.append(max(ends) - start)
+            if between is not None:
+                await asyncio.to_thread(between, r)
+        for proc in procs:
+            await asyncio.wait_for(proc.wait(), timeout)
+        return times
+    finally:
+        await _reap(procs)
 
 
 async def process_round(url: str, n: int) -> float:
     """N node processes: seconds from the go signal to the last node returned (wall clock)."""
+    return (await process_rounds(url, n, 1))[0]
+
+
+async def process_failure(
+    url: str, n: int, ttl: float, last_call: float, timeout: float = 60.0
+) -> tuple[float, float]:
+    """N node processes over ``url`` complete a round (min 2, max N); one is SIGKILLed.
+
+    Returns seconds from the SIGKILL until (every survivor saw PARTICIPANT_LOST, every survivor
+    returned from its next round of N-1), wall clock across processes.
+    """
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            "--node",
-            url,
-            run_id,
-            str(n),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for _ in range(n)
-    ]
+    procs = await _spawn(
+        n, "--fail-node", url, run_id, str(n), str(ttl), str(last_call), timeout=timeout
+    )
     try:
+        await _go(url, f"bench-go/{run_id}")
         for proc in procs:
-            assert proc.stdout is not None
-            line = await proc.stdout.readline()
-            assert line.startswith(b"READY"), line
-        async with open_store(url) as store:
-            start = time.time()
-            await store.put(f"bench-go/{run_id}", b"go")
-        ends = []
-        for proc in procs:
-            assert proc.stdout is not None
-            line = await proc.stdout.readline()
-            assert line.startswith(b"DONE"), line
-            ends.append(float(line.split()[1]))
-        for proc in procs:
-            await proc.wait()
-        return max(ends) - start
+            words = await _expect(proc, b"DONE", timeout)
+            assert int(words[2]) == n, words
+        await asyncio.sleep(0.2)  # the round settles (every node's member watch is up)
+        victim, survivors = procs[0], procs[1:]
+        killed = time.time()
+        victim.kill()
+        await victim.wait()
+        seen = []
+        for proc in survivors:
+            words = await _expect(proc, b"LOST", timeout)
+            assert words[2] == RendezvousEventKind.PARTICIPANT_LOST.name, words
+            seen.append(float(words[1]))
+        again = []
+        for proc in survivors:
+            words = await _expect(proc, b"AGAIN", timeout)
+            assert int(words[2]) == n - 1, words
+            again.append(float(words[1]))
+        for proc in survivors:
+            await asyncio.wait_for(proc.wait(), timeout)
+        return max(seen) - killed, max(again) - killed
     finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await _reap(procs)
 
 
 def summary(values: Sequence[float], scale: float = 1000.0) -> str:
@@ -289,11 +532,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="also time exact-size rounds of N node processes (e.g. 2,8,32; http/etcd only)",
     )
-    parser.add_argument("--node", nargs=3, help=argparse.SUPPRESS)  # URL RUN_ID N: one node
+    # URL RUN_ID N [ROUNDS]: one node process of --processes
+    parser.add_argument("--node", nargs="+", help=argparse.SUPPRESS)
+    # URL RUN_ID N TTL LAST_CALL: one node process of the failure benchmark (benchmarks/run.py)
+    parser.add_argument("--fail-node", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.node:
-        url, run_id, n = args.node
-        asyncio.run(process_node(url, run_id, int(n)))
+        url, run_id, n, *rounds = args.node
+        asyncio.run(process_node(url, run_id, int(n), int(rounds[0]) if rounds else 1))
+        return 0
+    if args.fail_node:
+        url, run_id, n, ttl, last_call = args.fail_node
+        asyncio.run(failure_node(url, run_id, int(n), float(ttl), float(last_call)))
         return 0
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(serve(args.store))
@@ -310,6 +560,7 @@ def serve(kind: str) -> Iterator[str | None]:
     elif kind == "http":
         proc = subprocess.Popen(
             [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
+            env=_node_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -103,6 +103,52 @@ async def lateness_in_process(count: int, window: float) -> list[float]:
     return late
 
 
+def torch_lateness(count: int, window: float, max_interval: float) -> list[float] | None:
+    """Reap lateness of torch's ``LocalTimerServer`` (its watchdog thread, this process): the
+    same ``count`` timers over ``window`` seconds as :func:`lateness_in_process`, each from its
+    own worker id (torch reaps per worker), put on its request queue as ``LocalTimerClient``
+    does. ``_reap_worker`` records instead of killing. None when torch is not installed.
+
+    torch's watchdog wakes when a request arrives or every ``max_interval`` seconds (its
+    default: 60): that is what its lateness is made of.
+    """
+    import importlib
+    import multiprocessing
+    import threading
+
+    try:
+        local_timer = importlib.import_module("torch.distributed.elastic.timer.local_timer")
+        api = importlib.import_module("torch.distributed.elastic.timer.api")
+    except ImportError:
+        return None
+    late: list[float] = []
+    expirations: dict[int, float] = {}
+    done = threading.Event()
+
+    class Server(local_timer.LocalTimerServer):  # type: ignore[misc,name-defined]
+        def _reap_worker(self, worker_id: int) -> bool:
+            late.append(time.time() - expirations[worker_id])
+            if len(late) == count:
+                done.set()
+            return True
+
+    queue = multiprocessing.get_context("spawn").Queue()
+    server = Server(queue, max_interval=max_interval)
+    server.start()
+    try:
+        rng = random.Random(1)
+        for i in range(count):
+            expirations[i] = time.time() + 0.2 + rng.random() * window
+            queue.put(api.TimerRequest(i, f"s{i}", expirations[i]))
+        if not done.wait(window + 30):
+            raise RuntimeError(f"torch reaped {len(late)} of {count} timers")
+    finally:
+        server.stop()
+        queue.close()
+        queue.join_thread()
+    return late
+
+
 async def lateness_through_memory_store(count: int, window: float) -> list[float]:
     """Reap lateness through the store transport (memory backend): includes the CAS claim."""
     from aioelastic.store import MemoryStore
