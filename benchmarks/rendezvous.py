@@ -113,6 +113,9 @@ async def new_node(n: int) -> tuple[float, float]:
         event = await h.wait_for_change()
         assert event.kind is RendezvousEventKind.NODES_WAITING, event
         seen.append(loop.time())
+        # Let the other members take the event before this one rejoins: all N members share
+        # this process's one core here, where separate processes would not wait for each other.
+        await asyncio.sleep(0)
         await h.next_rendezvous()
         done.append(loop.time())
 
@@ -144,9 +147,13 @@ async def dead_node(n: int, ttl: float) -> float:
     await asyncio.sleep(0.01)
     lease = victim.lease
     assert lease is not None
-    status = await victim.store.lease_time_to_live(lease.id)
-    expires_at = loop.time() + status.remaining  # the last keep-alive + TTL
     await lease.aclose(revoke=False)  # dies: no more keep-alives, no revoke
+    # The store expires the lease a TTL after the last renewal it processed; the keeper's
+    # last_renewal is when that renewal's answer came back (a round trip later at most), so
+    # the lateness below is at most one round trip short. (A TTL read back from the store is
+    # not used: etcd reports whole seconds.)
+    stats = lease.statistics()
+    expires_at = stats.last_renewal + stats.ttl
     await victim.store.aclose()
     await asyncio.gather(*watchers)
     await close_all(survivors)

@@ -588,3 +588,32 @@ def test_constructor_validates_arguments() -> None:
         DynamicRendezvousHandler(store, "job", 1, 1, join_timeout=0)
     with pytest.raises(TypeError, match="lease_ttl"):
         DynamicRendezvousHandler(store, "job", 1, 1, lease_ttl="5")  # type: ignore[arg-type]
+
+
+class _LaggingAnswers(MemoryStore):
+    """A store whose compare-and-swap answers arrive after the write's watch events (as with
+    etcd or the http store, where the event and the answer travel on different streams)."""
+
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> Any:
+        result = await super()._compare_and_swap(key, expected_mod_revision, value, lease)
+        await asyncio.sleep(0.05)
+        return result
+
+
+@virtual
+async def test_the_driver_finishes_its_round_when_the_answer_lags_the_event() -> None:
+    engine = MemoryEngine()
+    hs = [
+        DynamicRendezvousHandler(_LaggingAnswers(engine), "job", 2, 2, lease_ttl=TTL)
+        for _ in range(2)
+    ]
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await first[0].store.put("checkpoint", b"round 0's data")
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    # each round counted by the driver that finalised it, though its answer came after the event
+    assert sum(h.statistics().rounds_driven for h in hs) == 2
+    # and round 1's driver dropped round 0's data store once round 1 was complete
+    assert engine.range(RunKeys("job").data(0)).count == 0
+    await close_all(hs)

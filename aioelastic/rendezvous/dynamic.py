@@ -530,6 +530,12 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                         f"join_timeout={self._join_timeout}s"
                     )
         finally:
+            if completed and driver is not None and not driver.done():
+                # Our driver wrote the round record we read, and the store's answer to that
+                # write can arrive after the watch event (etcd, http): let it finish (count the
+                # round, drop the previous round's data) instead of cancelling it mid-write.
+                with anyio.move_on_after(self._close_timeout, shield=True):
+                    await asyncio.wait([driver])
             for task in (next_event, driver):
                 if task is not None and not task.done():
                     task.cancel()
