@@ -25,6 +25,7 @@ from .._proc import _die_with_parent
 
 __all__ = ["Std", "WorkerProcess", "kill_groups", "parse_std", "spawn_worker", "stop_workers"]
 
+
 class Std(enum.IntFlag):
     """Which streams of a worker go to its log files: torchrun's ``--redirects``/``--tee`` values
     (0 none, 1 stdout, 2 stderr, 3 both)."""
