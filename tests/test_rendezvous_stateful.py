@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from aioelastic.errors import RendezvousClosedError
 from aioelastic.rendezvous import DynamicRendezvousHandler
@@ -20,7 +20,7 @@ from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.testing import run_virtual
 from aioelastic.testing.faults import FaultInjectingStore
 from aioelastic.testing.rendezvous_machine import RendezvousMachine, run_rendezvous_scenario
-from aioelastic.testing.strategies import RendezvousScenario, rendezvous_scenarios
+from aioelastic.testing.strategies import RendezvousScenario, RendezvousStep, rendezvous_scenarios
 
 RendezvousMachine.TestCase.settings = settings(
     max_examples=60,
@@ -37,8 +37,29 @@ def test_scenarios_replay_with_every_invariant(scenario: RendezvousScenario) -> 
     run_rendezvous_scenario(scenario)
 
 
+_JOIN0, _JOIN1, _REVOKE0 = (
+    RendezvousStep("join", 0),
+    RendezvousStep("join", 1),
+    RendezvousStep("revoke", 0),
+)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rendezvous_scenarios(max_steps=15))
+# Found by this test. A lease revoked while its node's join was completing: the harness must not
+# forget the revoke because that join (begun before it) succeeded.
+@example(RendezvousScenario(1, 1, 0.0, (_JOIN0, _JOIN0, _JOIN0, _JOIN0, _REVOKE0)))
+# The driver's lease is revoked as it completes round 0; the other node claims the driver and
+# then sees the round complete: its join must return then, not wait for its own (now useless)
+# driver until close_timeout.
+@example(
+    RendezvousScenario(
+        2,
+        2,
+        0.0,
+        (_JOIN0, _JOIN0, _JOIN0, RendezvousStep("quiesce", 0, 0.0), _JOIN1, _JOIN0, _REVOKE0),
+    )
+)
 def test_scenarios_over_a_slow_store(scenario: RendezvousScenario) -> None:
     engine: list[MemoryEngine] = []
     seed = len(scenario.steps)

@@ -262,6 +262,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._last_call_deadline: float | None = None
         self._rejoined: set[str] = set()
         self._lost: set[str] = set()
+        self._finalizing = False  # our driver task is writing (or cleaning up after) a round
         #: where structured events go (see :mod:`aioelastic.events`)
         self.event_sink: EventSink = _events.resolve_sink(event_sink)
         self._reported_status = RendezvousStatus.ACTIVE
@@ -530,10 +531,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                         f"join_timeout={self._join_timeout}s"
                     )
         finally:
-            if completed and driver is not None and not driver.done():
+            if completed and driver is not None and not driver.done() and self._finalizing:
                 # Our driver wrote the round record we read, and the store's answer to that
                 # write can arrive after the watch event (etcd, http): let it finish (count the
-                # round, drop the previous round's data) instead of cancelling it mid-write.
+                # round, drop the previous round's data) instead of cancelling it mid-write. (A
+                # driver still counting lost the round to an earlier driver: cancel it.)
                 with anyio.move_on_after(self._close_timeout, shield=True):
                     await asyncio.wait([driver])
             for task in (next_event, driver):
@@ -751,15 +753,19 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         master = NodeRecord.decode(rank0.key, rank0.value)
         record = RoundRecord(target, members, master.addr, master.port)
         expected = 0 if prev_kv is None else prev_kv.mod_revision
-        with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-            result = await store.compare_and_swap(keys.round, expected, record.encode())
+        self._finalizing = True  # from here the joiner lets this task finish (see _take_part)
+        try:
+            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
+                result = await store.compare_and_swap(keys.round, expected, record.encode())
+                if result.succeeded:
+                    self._rounds_driven += 1
             if result.succeeded:
-                self._rounds_driven += 1
-        if result.succeeded:
-            log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
-            self._emit("rendezvous.round_finalized", round=target, world_size=len(members))
-            if target > 0:  # the previous round has drained: its data store is garbage
-                await store.delete_prefix(keys.data(target - 1))
+                log.info("run %r round %d complete: %d members", self.run_id, target, len(members))
+                self._emit("rendezvous.round_finalized", round=target, world_size=len(members))
+                if target > 0:  # the previous round has drained: its data store is garbage
+                    await store.delete_prefix(keys.data(target - 1))
+        finally:
+            self._finalizing = False
         return result.succeeded
 
     # -- queries and closing

@@ -104,7 +104,11 @@ class _Node:
     task: asyncio.Task[RendezvousResult] | None = None
     last_round: int = -1
     alive: bool = True  # False once crashed or closed (a restart is a new node)
-    revoked: bool = False  # its lease was revoked since its last join started
+    # Its lease was revoked, and no join started after that has succeeded yet: until then its
+    # joins may fail with a store error (the handler learns of the revoke by failing to use it).
+    revoked: bool = False
+    joins_started: int = 0
+    revoked_after_join: int = 0  # joins_started when the lease was revoked
     label: str = field(default="")
 
 
@@ -170,6 +174,7 @@ class RendezvousHarness:
         async def join() -> RendezvousResult:
             return await node.handler.next_rendezvous()
 
+        node.joins_started += 1
         node.task = self.loop.create_task(join())
 
     def live(self) -> list[_Node]:
@@ -186,7 +191,8 @@ class RendezvousHarness:
                 continue
             error = task.exception()
             if error is None:
-                node.revoked = False
+                if node.joins_started > node.revoked_after_join:  # began after the revoke
+                    node.revoked = False
                 self.record(node, task.result())
             elif isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
                 assert self.closed, f"closed error while the run is open: {error!r}"
@@ -287,6 +293,7 @@ class RendezvousHarness:
         with contextlib.suppress(LeaseNotFoundError):  # already revoked, not yet noticed
             self.run(self.observer.lease_revoke(lease.id))
         node.revoked = True
+        node.revoked_after_join = node.joins_started
         self.pause()
 
     def close(self, slot: int) -> None:
