@@ -134,9 +134,11 @@ class MemoryEngine:
         self._log: list[WatchEvent] = []
         self._log_base = 0  # absolute index of _log[0]
         self._watchers: set[_Watcher] = set()
-        # Watchers waiting for an event, by prefix: a write wakes them without looking at the
-        # idle ones, at a cost that grows with the number of distinct prefixes waited on or with
-        # the key's length, whichever is smaller (see _commit).
+        # Watchers with nothing unread under their prefix, by prefix ("idle"): a write looks only
+        # at the prefixes it concerns (at a cost that grows with the number of distinct idle
+        # prefixes or with the key's length, whichever is smaller), moves those watchers' cursors
+        # to itself (the events before it did not concern them) and wakes them. So reading costs
+        # a watcher the events under its prefix, not every event written since it last read.
         self._waiting: dict[str, set[_Watcher]] = {}
         self._leases: dict[int, _Lease] = {}
         self._last_lease_id = 0
@@ -293,8 +295,7 @@ class MemoryEngine:
                 hits = [p for p in waiting if key.startswith(p)]
             for prefix in hits:
                 for watcher in waiting.pop(prefix):
-                    # It has waited, caught up, since its cursor: nothing between concerned it.
-                    watcher.cursor = index
+                    watcher.cursor = index  # idle since its cursor: nothing between concerned it
                     watcher.wake()
         if self.on_commit:
             commit = Commit(self._revision, events)
@@ -326,9 +327,12 @@ class MemoryEngine:
 
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
+        idle = {w for same in self._waiting.values() for w in same}
         for watcher in self._watchers:
             offset = watcher.cursor - self._log_base
-            if watcher.error is None and offset < drop:  # unread events it can no longer see
+            if watcher in idle:  # nothing unread under its prefix: it loses nothing
+                watcher.cursor = max(watcher.cursor, self._log_base + drop)
+            elif watcher.error is None and offset < drop:  # unread events it can no longer see
                 unread = self._log[offset].kv.mod_revision
                 watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
         if drop:
@@ -348,6 +352,8 @@ class MemoryEngine:
         offset = bisect.bisect_left(self._log, start_revision, key=_event_revision)
         watcher = _Watcher(prefix, self._log_base + offset, start_revision, owner)
         self._watchers.add(watcher)
+        if watcher.cursor == self._log_base + len(self._log):
+            self._idle(watcher)
         return watcher
 
     def remove_watcher(self, watcher: _Watcher) -> None:
@@ -361,18 +367,16 @@ class MemoryEngine:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         waiter = watcher.waiter = self._loop.create_future()
-        caught_up = watcher.cursor == self._log_base + len(self._log)
-        if not caught_up or watcher.error is not None or watcher not in self._watchers:
+        idle = watcher in self._waiting.get(watcher.prefix, ())
+        if not idle or watcher.error is not None:
             waiter.set_result(None)
-        else:
-            # Parked caught up: a write that wakes it may move its cursor past the events
-            # before it, which cannot concern it (see _commit).
-            self._waiting.setdefault(watcher.prefix, set()).add(watcher)
         try:
             await waiter
         finally:
             watcher.waiter = None
-            self._unpark(watcher)
+
+    def _idle(self, watcher: _Watcher) -> None:
+        self._waiting.setdefault(watcher.prefix, set()).add(watcher)
 
     def _unpark(self, watcher: _Watcher) -> None:
         same = self._waiting.get(watcher.prefix)
@@ -389,6 +393,8 @@ class MemoryEngine:
         if start < 0:  # pragma: no cover - _drop_history_before fails such watchers first
             raise CompactedError(watcher.min_revision, self._compact_revision)
         watcher.cursor = self._log_base + len(self._log)
+        if watcher in self._watchers:
+            self._idle(watcher)  # caught up: nothing unread under its prefix from here
         prefix = watcher.prefix
         minimum = watcher.min_revision
         return [
