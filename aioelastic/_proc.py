@@ -44,12 +44,16 @@ def _die_with_parent(parent: int, sig: int) -> None:  # pragma: no cover - runs 
         os._exit(1)
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+def die_with_parent(
+    sig: int = signal.SIGKILL, *, main_thread_only: bool = True
+) -> Callable[[], None] | None:
     """A ``preexec_fn`` that ties the child's life to this process, or None where it cannot.
 
-    The kernel signals the child when the *thread* that forked it ends, so the hook is given
-    only when called from the main thread (which ends with the process); elsewhere None.
+    The kernel signals the child when the *thread* that forked it ends, so by default the hook
+    is given only when called from the main thread (which ends with the process); elsewhere
+    None. ``main_thread_only=False`` gives it anyway (the agent's workers: its loop's thread
+    ending is the agent ending).
     """
-    if threading.current_thread() is not threading.main_thread():
+    if main_thread_only and threading.current_thread() is not threading.main_thread():
         return None
     return functools.partial(_die_with_parent, os.getpid(), sig)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .._proc import _die_with_parent
+from .._proc import die_with_parent
 
 __all__ = ["Std", "WorkerProcess", "kill_groups", "parse_std", "spawn_worker", "stop_workers"]
 
@@ -151,7 +150,7 @@ async def spawn_worker(
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid(), signal.SIGKILL),
+            preexec_fn=die_with_parent(signal.SIGKILL, main_thread_only=False),
         )
     except BaseException:
         for f in files:

@@ -139,7 +139,7 @@ class MemoryEngine:
         # prefixes or with the key's length, whichever is smaller), moves those watchers' cursors
         # to itself (the events before it did not concern them) and wakes them. So reading costs
         # a watcher the events under its prefix, not every event written since it last read.
-        self._waiting: dict[str, set[_Watcher]] = {}
+        self._idle_by_prefix: dict[str, set[_Watcher]] = {}
         self._leases: dict[int, _Lease] = {}
         self._last_lease_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -283,18 +283,18 @@ class MemoryEngine:
         self._log.extend(events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
-        waiting = self._waiting
+        idle = self._idle_by_prefix
         first = self._log_base + len(self._log) - len(events)  # absolute index of events[0]
         for index, event in enumerate(events, first):
-            if not waiting:
+            if not idle:
                 break
             key = event.kv.key
-            if len(waiting) > len(key):  # look the key's own prefixes up instead
-                hits = [p for p in (key[:i] for i in range(len(key) + 1)) if p in waiting]
+            if len(idle) > len(key):  # look the key's own prefixes up instead
+                hits = [p for p in (key[:i] for i in range(len(key) + 1)) if p in idle]
             else:
-                hits = [p for p in waiting if key.startswith(p)]
+                hits = [p for p in idle if key.startswith(p)]
             for prefix in hits:
-                for watcher in waiting.pop(prefix):
+                for watcher in idle.pop(prefix):
                     watcher.cursor = index  # idle since its cursor: nothing between concerned it
                     watcher.wake()
         if self.on_commit:
@@ -327,7 +327,7 @@ class MemoryEngine:
 
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
-        idle = {w for same in self._waiting.values() for w in same}
+        idle = {w for same in self._idle_by_prefix.values() for w in same}
         for watcher in self._watchers:
             offset = watcher.cursor - self._log_base
             if watcher in idle:  # nothing unread under its prefix: it loses nothing
@@ -353,12 +353,12 @@ class MemoryEngine:
         watcher = _Watcher(prefix, self._log_base + offset, start_revision, owner)
         self._watchers.add(watcher)
         if watcher.cursor == self._log_base + len(self._log):
-            self._idle(watcher)
+            self._mark_idle(watcher)
         return watcher
 
     def remove_watcher(self, watcher: _Watcher) -> None:
         self._watchers.discard(watcher)
-        self._unpark(watcher)
+        self._unmark_idle(watcher)
         watcher.wake()
 
     async def wait(self, watcher: _Watcher) -> None:
@@ -367,7 +367,7 @@ class MemoryEngine:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         waiter = watcher.waiter = self._loop.create_future()
-        idle = watcher in self._waiting.get(watcher.prefix, ())
+        idle = watcher in self._idle_by_prefix.get(watcher.prefix, ())
         if not idle or watcher.error is not None:
             waiter.set_result(None)
         try:
@@ -375,15 +375,15 @@ class MemoryEngine:
         finally:
             watcher.waiter = None
 
-    def _idle(self, watcher: _Watcher) -> None:
-        self._waiting.setdefault(watcher.prefix, set()).add(watcher)
+    def _mark_idle(self, watcher: _Watcher) -> None:
+        self._idle_by_prefix.setdefault(watcher.prefix, set()).add(watcher)
 
-    def _unpark(self, watcher: _Watcher) -> None:
-        same = self._waiting.get(watcher.prefix)
+    def _unmark_idle(self, watcher: _Watcher) -> None:
+        same = self._idle_by_prefix.get(watcher.prefix)
         if same is not None:
             same.discard(watcher)
             if not same:
-                del self._waiting[watcher.prefix]
+                del self._idle_by_prefix[watcher.prefix]
 
     def read_events(self, watcher: _Watcher) -> list[WatchEvent]:
         """Every event for ``watcher`` not yet read (advances its cursor)."""
@@ -394,7 +394,7 @@ class MemoryEngine:
             raise CompactedError(watcher.min_revision, self._compact_revision)
         watcher.cursor = self._log_base + len(self._log)
         if watcher in self._watchers:
-            self._idle(watcher)  # caught up: nothing unread under its prefix from here
+            self._mark_idle(watcher)  # caught up: nothing unread under its prefix from here
         prefix = watcher.prefix
         minimum = watcher.min_revision
         return [
@@ -528,8 +528,9 @@ class MemoryEngine:
         self._log.extend(commit.events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
-        waiting, self._waiting = self._waiting, {}  # (restores run before anyone watches)
-        for watchers in waiting.values():
+        # restores run before anyone watches; should one not, wake and rescan them all
+        idle, self._idle_by_prefix = self._idle_by_prefix, {}
+        for watchers in idle.values():
             for watcher in watchers:
                 watcher.wake()
 
