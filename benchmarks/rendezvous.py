@@ -34,7 +34,7 @@ from typing import Any
 
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore, Store, open_store
+from aioelastic.store import MemoryEngine, MemoryStore, Store, Watch, open_store
 
 Result = tuple[float, ...]
 
@@ -120,7 +120,7 @@ async def new_node(n: int) -> tuple[float, float]:
         done.append(loop.time())
 
     watchers = [loop.create_task(member(h)) for h in members]
-    await asyncio.sleep(0.01)  # every member waits on its watch
+    await asyncio.sleep(0.1)  # every member waits on its watch (opened, counts read)
     start = loop.time()
     result = await late.next_rendezvous()
     done.append(loop.time())
@@ -328,25 +328,36 @@ async def _warm_store(url: str, run_id: str) -> Store:
     return store
 
 
-async def _ready_then_go(store: Store, run_id: str) -> None:
-    """Say READY (with the watch on the go key up), and return when the runner puts it."""
+async def _ready_then_go(store: Store, run_id: str) -> Watch:
+    """Say READY (with the watch on the go key up), and return when the runner puts it. Returns
+    the watch, to be closed once the timed part is over."""
     go = f"bench-go/{run_id}"
-    async with store.watch(go) as events:
-        print("READY", flush=True)
-        if await store.get(go) is None:
-            await events.__anext__()
+    events = store.watch(go)
+    await events.start()
+    print("READY", flush=True)
+    if await store.get(go) is None:
+        await events.__anext__()
+    return events
+
+
+async def _released() -> None:
+    """Wait for the runner's line on stdin: every node has returned (so a node's own leaving,
+    revoking its lease and closing its watches, is not timed as part of a peer's round)."""
+    await asyncio.to_thread(sys.stdin.readline)
 
 
 async def process_node(url: str, run_id: str, n: int, rounds: int = 1) -> None:
     """One node of ``--processes``: per round, ready, wait for the go key, rendezvous, print the
-    wall-clock time it returned."""
+    wall-clock time it returned, wait to be released, leave."""
     store = await _warm_store(url, run_id)
     for r in range(rounds):
         rid = run_id if rounds == 1 else f"{run_id}-{r}"
         handler = DynamicRendezvousHandler(store, rid, n, n, local_addr="127.0.0.1")
-        await _ready_then_go(store, rid)
+        go = await _ready_then_go(store, rid)
         result = await handler.next_rendezvous()
         print("DONE", time.time(), result.rank, flush=True)
+        await _released()
+        await go.aclose()
         await handler.aclose()
     await store.aclose()
 
@@ -365,9 +376,10 @@ async def failure_node(url: str, run_id: str, n: int, ttl: float, last_call: flo
         local_addr="127.0.0.1",
         owns_store=True,
     )
-    await _ready_then_go(store, run_id)
+    go = await _ready_then_go(store, run_id)
     result = await handler.next_rendezvous()
     print("DONE", time.time(), result.world_size, flush=True)
+    await go.aclose()
     event = await handler.wait_for_change()
     print("LOST", time.time(), event.kind.name, flush=True)
     result = await handler.next_rendezvous()
@@ -396,6 +408,7 @@ async def _spawn(
                     sys.executable,
                     script,
                     *args,
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     env=env,
                 )
@@ -455,6 +468,9 @@ async def process_rounds(
             start = await _go(url, f"bench-go/{rid}")
             ends = [float((await _expect(p, b"DONE", timeout))[1]) for p in procs]
             times.append(max(ends) - start)
+            for proc in procs:  # all returned: release them (see _released)
+                assert proc.stdin is not None
+                proc.stdin.write(b"go on\n")
             if between is not None:
                 await asyncio.to_thread(between, r)
         for proc in procs:

@@ -617,3 +617,95 @@ async def test_the_driver_finishes_its_round_when_the_answer_lags_the_event() ->
     # and round 1's driver dropped round 0's data store once round 1 was complete
     assert engine.range(RunKeys("job").data(0)).count == 0
     await close_all(hs)
+
+
+class _CountingStore(MemoryStore):
+    """A memory store that records the prefixes it is asked to range over and to watch."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.ranges: list[str] = []
+        self.watches: list[str] = []
+
+    async def _range(self, prefix: str, limit: int | None) -> Any:
+        self.ranges.append(prefix)
+        return await super()._range(prefix, limit)
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Any:
+        self.watches.append(prefix)
+        return super()._watch(prefix, start_revision)
+
+
+@virtual
+async def test_a_rejoin_goes_on_from_the_kept_control_watch() -> None:
+    engine = MemoryEngine()
+    stores = [_CountingStore(engine) for _ in range(3)]
+    hs = [
+        DynamicRendezvousHandler(s, "job", 2, 3, lease_ttl=TTL, last_call_timeout=0.0)
+        for s in stores
+    ]
+    ctl = RunKeys("job").ctl
+    check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs[:2])))
+    assert all(s.watches.count(ctl) == 1 and s.ranges.count(ctl) == 1 for s in stores[:2])
+    # the control records change while the members are in their round: a newcomer claims the
+    # driver of round 1; the members' kept watches buffer that, and the rejoin applies it
+    late = spawn(hs[2].next_rendezvous())
+    for h in hs[:2]:
+        assert (await h.wait_for_change()).kind is RendezvousEventKind.NODES_WAITING
+    second = await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]), late)
+    check_round(second)
+    assert second[0].round == 1
+    # no second watch of c/, no second read of it
+    assert all(s.watches.count(ctl) == 1 and s.ranges.count(ctl) == 1 for s in stores[:2])
+    assert sum(h.statistics().rounds_driven for h in hs) == 2  # each round driven once
+    await close_all(hs)
+    assert not engine.watcher_count  # the kept watches closed with their handlers
+
+
+@virtual
+async def test_a_kept_control_watch_behind_a_compaction_reads_afresh() -> None:
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs)))
+    store = hs[0].store
+    # an event for the kept c/ watches that nobody reads before history is compacted past it
+    await store.put(RunKeys("job").ctl + "note", b"unread")
+    await store.compact(await store.put("elsewhere", b"x"))
+    second = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    check_round(second)
+    assert second[0].round == 1
+    await close_all(hs)
+
+
+@virtual
+async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> None:
+    engine = MemoryEngine()
+    stores = [_CountingStore(engine) for _ in range(6)]
+    hs = [
+        DynamicRendezvousHandler(s, "job", 2, 6, lease_ttl=TTL, last_call_timeout=0.0)
+        for s in stores
+    ]
+    member = hs[0]
+    check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs[:2])))
+    stores[0].ranges.clear()
+    first = spawn(member.wait_for_change())
+    await settle()
+    assert len(stores[0].ranges) == 2  # the two counts, when the member watch opened
+    late = [spawn(h.next_rendezvous()) for h in hs[2:]]
+    seen = []
+    for _ in late:
+        event = await (first if not seen else member.wait_for_change())
+        assert event.kind is RendezvousEventKind.NODES_WAITING
+        seen.append(event.num_nodes_waiting)
+    assert seen == [1, 2, 3, 4]  # counted as each registration arrived
+    assert len(stores[0].ranges) == 2  # and not read again per event
+    # a member crash is counted the same way: one gone, four waiting
+    await crash(hs[1])
+    event = await member.wait_for_change()
+    assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
+    assert event.num_nodes_waiting == 4 == await member.num_nodes_waiting()
+    assert len(stores[0].ranges) == 4  # (num_nodes_waiting just now: two more)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    await close_all([h for h in hs if h is not hs[1]])

@@ -17,6 +17,7 @@ field; anything else (corrupt bytes, a foreign writer, a future schema) raises
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -190,21 +191,29 @@ class RoundRecord:
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
-        obj = _load(key, value, "round")
-        round_ = _field_int(key, obj, "r", 0)
-        raw = obj.get("m")
-        members: list[str] = raw if isinstance(raw, list) else []
-        try:  # one C-level pass: join refuses non-strings, the regex checks every id
-            joined = ",".join(members)
-        except TypeError:
-            joined = ""
-        if not joined or not _ID_LIST_RE.fullmatch(joined) or len(set(members)) != len(members):
-            raise RendezvousStateError(
-                f"rendezvous state at {key!r}: field 'm' must be a non-empty list of distinct "
-                f"node ids, got {str(raw)[:80]}"
-            )
-        port = _field_int(key, obj, "mp", 0)
-        return cls(round_, tuple(members), _field_str(key, obj, "ma"), port)
+        # Every member decodes the same record when a round completes: in one process (tasks
+        # on a memory store share the value's bytes, whose hash Python caches) that is done once.
+        return _decode_round(key, value)
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_round(key: str, value: bytes) -> RoundRecord:
+    """:meth:`RoundRecord.decode` (errors are raised each time: lru_cache keeps only results)."""
+    obj = _load(key, value, "round")
+    round_ = _field_int(key, obj, "r", 0)
+    raw = obj.get("m")
+    members: list[str] = raw if isinstance(raw, list) else []
+    try:  # one C-level pass: join refuses non-strings, the regex checks every id
+        joined = ",".join(members)
+    except TypeError:
+        joined = ""
+    if not joined or not _ID_LIST_RE.fullmatch(joined) or len(set(members)) != len(members):
+        raise RendezvousStateError(
+            f"rendezvous state at {key!r}: field 'm' must be a non-empty list of distinct "
+            f"node ids, got {str(raw)[:80]}"
+        )
+    port = _field_int(key, obj, "mp", 0)
+    return RoundRecord(round_, tuple(members), _field_str(key, obj, "ma"), port)
 
 
 @dataclass(frozen=True, slots=True)

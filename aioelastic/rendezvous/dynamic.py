@@ -18,7 +18,10 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    node claims it.
 4. A member's record stays while it is a member: if it dies, the lease expiry deletes it and the
    other members get a ``PARTICIPANT_LOST`` event (torch misses this, #111646). A node that
-   registers for the next round is ``NODES_WAITING`` for them.
+   registers for the next round is ``NODES_WAITING`` for them. ``wait_for_change`` counts the
+   registrations once and keeps the counts from its watch's events (no reads per event).
+5. The watch of ``c/`` and the view it keeps outlive a completed join: the next join of the
+   handler starts from them (no watch to open, nothing to read before registering).
 
 Ranks are deterministic: members of the previous round keep their rank when it still fits; the
 others fill the free ranks in order of registration. Nodes beyond ``max_nodes`` stay registered
@@ -50,6 +53,7 @@ import anyio
 
 from .. import events as _events
 from ..errors import (
+    CompactedError,
     LeaseExpiredError,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -110,6 +114,11 @@ def _default_addr() -> str:
     return socket.getfqdn()
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _free_port() -> int:
     """A TCP port free right now, for rank 0's collective (torch picks it the same way)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -149,20 +158,57 @@ def assign_ranks(
 
 
 class _Control:
-    """The joining node's view of ``c/``: round, driver and closed records, decoded."""
+    """A node's view of ``c/`` (round, driver and closed records, decoded) and the watch that
+    keeps it current: loaded from a range, then updated by the watch's events. ``seen`` is the
+    revision the view is current as of. It outlives a completed join (see ``_join``)."""
 
-    def __init__(self, keys: RunKeys) -> None:
+    def __init__(self, keys: RunKeys, watch: Watch) -> None:
         self.keys = keys
+        self.watch = watch
         self.round_kv: KeyValue | None = None
         self.round: RoundRecord | None = None
         self.driver_kv: KeyValue | None = None
         self.driver: DriverRecord | None = None
         self.closed: ClosedRecord | None = None
         self.closed_kv: KeyValue | None = None
+        self.seen = 0
+        self.usable = True  # False once the watch failed: the view is not kept then
 
-    def load(self, result: RangeResult) -> None:
-        for kv in result:
+    @classmethod
+    async def open(cls, store: Store, keys: RunKeys) -> _Control:
+        """Watch ``c/``, then read it (a change between the two is both read and an event,
+        applied once)."""
+        ctl = cls(keys, store.watch(keys.ctl))
+        try:
+            await ctl.watch.start()
+            ctl.load(await store.range(keys.ctl))
+        except BaseException:
+            await ctl.aclose()
+            raise
+        return ctl
+
+    async def resync(self, store: Store) -> None:
+        """The watch fell behind a compaction (events unread while this node was a member, on
+        the memory store): a new watch, ``c/`` read afresh."""
+        log.debug("%s: the control watch fell behind a compaction; reading afresh", self.keys.ctl)
+        await self.aclose()
+        fresh = await _Control.open(store, self.keys)
+        self.__dict__.update(fresh.__dict__)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await self.watch.aclose()
+
+    def load(self, snapshot: RangeResult) -> None:
+        for kv in snapshot:
             self.apply(EventType.PUT, kv)
+        self.seen = snapshot.revision
+
+    def apply_event(self, event: WatchEvent) -> None:
+        """Apply a watch event of ``c/`` that is newer than this view (older ones are in it)."""
+        if event.revision > self.seen:
+            self.apply(event.type, event.kv)
+            self.seen = event.revision
 
     def apply(self, type_: EventType, kv: KeyValue) -> None:
         keys = self.keys
@@ -176,6 +222,37 @@ class _Control:
         elif kv.key == keys.closed:
             self.closed_kv = kv if put else None
             self.closed = ClosedRecord.decode(kv.key, kv.value) if put else None
+
+
+class _Counts:
+    """How many nodes are registered for a member's round (``live``) and for the next
+    (``waiting``): counted once, then kept by the member watch's events after each count."""
+
+    def __init__(self, keys: RunKeys, round_: int, live: RangeResult, waiting: RangeResult) -> None:
+        self.keys = keys
+        self.round = round_
+        self.live = live.count
+        self.waiting = waiting.count
+        self._counted_at = (live.revision, waiting.revision)
+
+    def apply(self, event: WatchEvent) -> None:
+        parsed = self.keys.parse_node_key(event.kv.key)
+        if parsed is None:
+            return
+        index = parsed[0] - self.round
+        if index not in (0, 1) or event.revision <= self._counted_at[index]:
+            return  # another round, or already in the count
+        kv = event.kv
+        if event.type is EventType.DELETE:
+            delta = -1
+        elif kv.create_revision == kv.mod_revision:  # created (an update changes no count)
+            delta = 1
+        else:
+            return
+        if index == 0:
+            self.live += delta
+        else:
+            self.waiting += delta
 
 
 class DynamicRendezvousHandler(_BuiltinHandler):
@@ -251,8 +328,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._handler_closed = False
         self._closing: asyncio.Future[None] | None = None  # set by aclose: ends a pending join
         self._error: BaseException | None = None
+        # the watch of c/ and its view, kept from a completed join for the next one
+        self._kept: _Control | None = None
         # change notification for members of self._round
         self._member_watch: Watch | None = None
+        self._member_counts: _Counts | None = None
         self._member_revision = 0
         # statistics (event-loop time)
         self._joins = 0
@@ -414,25 +494,33 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             return result
 
     async def _join(self) -> RendezvousResult:
-        """Open the control watch and read the control records while the lease is granted (a
-        first join costs one round trip less), then take part in rounds under the lease."""
+        """Take part in rounds under this node's lease until one completes with it.
+
+        The watch of ``c/`` and the view it keeps (:class:`_Control`) outlive a completed join:
+        the next join of this handler goes on from them, without opening a watch or reading
+        ``c/`` again. A first join opens the watch and reads ``c/`` while the lease is granted
+        (one round trip less).
+        """
         loop = asyncio.get_running_loop()
         self._joins += 1
         self._join_started = loop.time()
-        store, keys = self._store, self._keys
         deadline = loop.time() + self._join_timeout
         keeper = self._keeper
         granting = None
         if keeper is None or keeper.lost:
             granting = loop.create_task(self._ensure_lease(), name="aioelastic-rdzv-lease")
+        ctl, self._kept = self._kept, None
+        completed = False
         try:
-            async with store.watch(keys.ctl) as events:
-                snapshot = await store.range(keys.ctl)
-                if granting is not None:
-                    keeper = await granting
-                assert keeper is not None
-                with keeper.guard():  # our records vanish with the lease: stop waiting then
-                    return await self._take_part(keeper, events, snapshot, deadline)
+            if ctl is None:
+                ctl = await _Control.open(self._store, self._keys)
+            if granting is not None:
+                keeper = await granting
+            assert keeper is not None
+            with keeper.guard():  # our records vanish with the lease: stop waiting then
+                result = await self._take_part(keeper, ctl, deadline)
+            completed = True
+            return result
         finally:
             if granting is not None and not granting.done():
                 granting.cancel()
@@ -440,12 +528,16 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     await asyncio.wait([granting])
             if granting is not None and not granting.cancelled():
                 granting.exception()  # retrieved: a failure was raised above, or is moot
+            if ctl is not None:
+                if completed and ctl.usable and not self._handler_closed:
+                    self._kept = ctl
+                else:
+                    await ctl.aclose()
 
     async def _take_part(
-        self, keeper: LeaseKeeper, events: Watch, snapshot: RangeResult, deadline: float
+        self, keeper: LeaseKeeper, ctl: _Control, deadline: float
     ) -> RendezvousResult:
         loop = asyncio.get_running_loop()
-        keys = self._keys
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
@@ -455,17 +547,19 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         driven: int | None = None  # the round our driver task ran for
         completed = False
         # read control events from now on, also while we register (see the drain below)
-        next_event: asyncio.Task[WatchEvent] | None = loop.create_task(events.__anext__())
+        next_event: asyncio.Task[WatchEvent] | None = loop.create_task(ctl.watch.__anext__())
+        # one timer for the join deadline (not one per wait)
+        timed_out: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_at(deadline, _resolve, timed_out)
         try:
-            ctl = _Control(keys)
-            ctl.load(snapshot)
-            seen = snapshot.revision
             while True:
                 if next_event is not None and next_event.done():
-                    event = next_event.result()
-                    next_event = None
-                    if event.revision > seen:
-                        ctl.apply(event.type, event.kv)
+                    event_task, next_event = next_event, None
+                    try:
+                        ctl.apply_event(event_task.result())
+                    except CompactedError:
+                        await ctl.resync(self._store)
+                        next_event = loop.create_task(ctl.watch.__anext__())
                 blocked = ctl.closed is not None and self._closed_by(ctl.closed)
                 if blocked and ctl.closed_kv is not None:
                     if self._reopen_closed and self._is_new() and not self._closed_seen:
@@ -513,24 +607,24 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     )
                 # wait for a control event, the driver's end, or the join deadline
                 if next_event is None:
-                    next_event = loop.create_task(events.__anext__())
+                    next_event = loop.create_task(ctl.watch.__anext__())
                 waiters: set[asyncio.Future[Any]] = {next_event, closing}
                 if driver is not None:
                     waiters.add(driver)
-                timeout = None if self._standby else max(0.0, deadline - loop.time())
-                done, _ = await asyncio.wait(
-                    waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
+                if not self._standby:  # a standby waits without a join timeout
+                    waiters.add(timed_out)
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 if closing in done:
                     raise RendezvousClosedError(
                         f"the rendezvous handler for {self.run_id!r} was closed while joining"
                     )
-                if not done:
+                if timed_out in done:
                     raise RendezvousTimeoutError(
                         f"the rendezvous {self.run_id!r} did not complete within "
                         f"join_timeout={self._join_timeout}s"
                     )
         finally:
+            timer.cancel()
             if completed and driver is not None and not driver.done() and self._finalizing:
                 # Our driver wrote the round record we read, and the store's answer to that
                 # write can arrive after the watch event (etcd, http): let it finish (count the
@@ -548,6 +642,12 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 for task in tasks:  # retrieve, so asyncio does not log them
                     if not task.cancelled():
                         task.exception()
+            if next_event is not None and not next_event.cancelled():
+                # an event read but not applied: the view must not miss it (the watch is kept)
+                if next_event.exception() is None:
+                    ctl.apply_event(next_event.result())
+                else:
+                    ctl.usable = False
             if not completed:
                 await self._withdraw(keeper)
 
@@ -794,9 +894,20 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     async def _waiting_after(self, round_: int, world_size: int) -> int:
         """``num_nodes_waiting`` for a round of ``world_size``: two counts, no decoding."""
+        live, waiting = await self._registrations(round_)
+        return self._waiting(live.count, waiting.count, world_size)
+
+    async def _registrations(self, round_: int) -> tuple[RangeResult, RangeResult]:
+        """Counts (no key-values) of the nodes registered for ``round_`` and for the next."""
         store, keys = self._store, self._keys
-        waiting = (await store.range(keys.nodes_of(round_ + 1), limit=1)).count
-        live = (await store.range(keys.nodes_of(round_), limit=1)).count
+        # one after the other: on one pooled connection, not two
+        live = await store.range(keys.nodes_of(round_), limit=1)
+        waiting = await store.range(keys.nodes_of(round_ + 1), limit=1)
+        return live, waiting
+
+    def _waiting(self, live: int, waiting: int, world_size: int) -> int:
+        """``num_nodes_waiting`` from ``live`` registrations for a round of ``world_size`` and
+        ``waiting`` ones for the next."""
         if live < world_size:  # members gone or restarting: a new round is due
             return max(waiting, world_size - live)
         if world_size >= self._max:  # full and all alive: a restart could not take anyone
@@ -865,6 +976,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             self._closing.set_result(None)
         async with self._lock:  # a pending join withdraws and returns first
             await self._close_member_watch()
+            kept, self._kept = self._kept, None
+            if kept is not None:
+                await kept.aclose()
             if self._keeper is not None:
                 await self._keeper.aclose()
             self._record_round = None
@@ -876,6 +990,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     async def _close_member_watch(self) -> None:
         watch, self._member_watch = self._member_watch, None
+        self._member_counts = None
         if watch is not None:
             with contextlib.suppress(StoreError):
                 await watch.aclose()
@@ -904,11 +1019,22 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         try:
             with keeper.guard(), self._translate("wait_for_change"):
                 if self._member_watch is None:
-                    self._member_watch = self._store.watch(
-                        keys.root, start_revision=self._member_revision + 1
-                    )
+                    watch = self._store.watch(keys.root, start_revision=self._member_revision + 1)
+                    try:
+                        await watch.start()
+                        # counted once; the watch's events keep the counts (no reads per event)
+                        live, waiting = await self._registrations(round_)
+                    except BaseException:
+                        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                            await watch.aclose()
+                        raise
+                    self._member_watch = watch
+                    self._member_counts = _Counts(keys, round_, live, waiting)
+                counts = self._member_counts
+                assert counts is not None
                 async for event in self._member_watch:
-                    change = await self._interpret(event, round_, members)
+                    counts.apply(event)
+                    change = self._interpret(event, round_, members, counts)
                     if change is not None:
                         self._emit_change(change)
                         return change
@@ -934,8 +1060,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._emit(kind, **fields)
         self._note_status()
 
-    async def _interpret(
-        self, event: WatchEvent, round_: int, members: set[str]
+    def _interpret(
+        self, event: WatchEvent, round_: int, members: set[str], counts: _Counts
     ) -> RendezvousEvent | None:
         keys, kv = self._keys, event.kv
         put = event.type is EventType.PUT
@@ -956,7 +1082,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = await self._waiting_after(round_, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -970,7 +1096,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = await self._waiting_after(round_, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,

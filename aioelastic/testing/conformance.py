@@ -355,6 +355,25 @@ class StoreConformance:
             await events.__anext__()
 
     @conformance_test()
+    async def test_a_cancelled_read_loses_no_event(self, store: Store) -> None:
+        # A read cancelled at any moment around an event's arrival either returned the event or
+        # left it for the next read: callers race reads against other waits and cancel them.
+        async with store.watch("cr/") as events:
+            for i in range(24):
+                reader = asyncio.ensure_future(events.__anext__())
+                await asyncio.sleep(0)
+                await store.put(f"cr/{i}", b"x")
+                for _ in range(i % 6):
+                    await asyncio.sleep(0)
+                reader.cancel()
+                got = []
+                with contextlib.suppress(asyncio.CancelledError):
+                    got.append(await reader)
+                if not got:
+                    got.append(await next_event(events))
+                assert [event.kv.key for event in got] == [f"cr/{i}"]
+
+    @conformance_test()
     async def test_cancelling_a_pending_watch_leaves_no_task(self, store: Store) -> None:
         baseline = set(asyncio.all_tasks())
 
