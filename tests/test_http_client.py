@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
+import aiohttp.web
 import pytest
 
 from aioelastic.errors import (
@@ -20,6 +21,7 @@ from aioelastic.errors import (
     StoreConnectionError,
     StoreTimeoutError,
     WriteOutcomeUnknownError,
+    WriteTimeoutError,
 )
 from aioelastic.store import EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
@@ -115,17 +117,81 @@ async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -
         assert connections[0] == before + 3  # a read is retried
 
 
-@pytest.mark.asyncio
-async def test_a_silent_server_times_out() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        await asyncio.sleep(30)
+@contextlib.asynccontextmanager
+async def _silent_aiohttp_server() -> AsyncIterator[tuple[str, list[str], asyncio.Event]]:
+    """A real aiohttp server on 127.0.0.1 that reads every request and never answers; yields
+    (url, the requests it received as "METHOD path", an event set at each arrival)."""
+    received: list[str] = []
+    arrived = asyncio.Event()
+    release = asyncio.Event()
 
-    async with _fake_server(silent) as (url, _), open_store(url, timeout=0.3) as store:
-        with pytest.raises(StoreTimeoutError):
-            await store.get("k")
-        with pytest.raises(WriteOutcomeUnknownError, match="timed out"):
-            await store.put("k", b"v")
+    async def never_answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        await request.read()
+        received.append(f"{request.method} {request.path}")
+        arrived.set()
+        await release.wait()
+        return aiohttp.web.Response(status=503)
+
+    app = aiohttp.web.Application()
+    app.router.add_route("*", "/{tail:.*}", never_answer)
+    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", received, arrived
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -> None:
+    async with _silent_aiohttp_server() as (url, received, arrived):
+        async with open_store(url, timeout=0.3, read_retries=2) as store:
+            writes = {
+                "PUT /v1/kv/k": store.put("k", b"v"),
+                "DELETE /v1/kv/k": store.delete("k"),
+                "DELETE /v1/range/p/": store.delete_prefix("p/"),
+                "PUT /v1/kv/c": store.compare_and_swap("c", 3, b"v"),
+                "POST /v1/add/n": store.add("n"),
+                "POST /v1/lease": store.lease_grant(5),
+                "DELETE /v1/lease/7": store.lease_revoke(7),
+            }
+            for request, write in writes.items():
+                before = len(received)
+                with pytest.raises(WriteTimeoutError, match="may or may not have applied") as info:
+                    await asyncio.wait_for(write, 10)
+                # a deadline with an unknown outcome: callers can tell it from a lost connection
+                assert isinstance(info.value, WriteOutcomeUnknownError)
+                assert isinstance(info.value, StoreTimeoutError)
+                assert "0.3s deadline" in str(info.value)
+                assert received[before:] == [request]  # sent once, never retried
+            for read in (store.get("k"), store.lease_keep_alive(7)):
+                before = len(received)
+                with pytest.raises(StoreTimeoutError) as read_info:
+                    await asyncio.wait_for(read, 10)
+                assert not isinstance(read_info.value, WriteOutcomeUnknownError)
+                assert len(received) == before + 1
+        # A write whose deadline passed before it was sent (here: waiting for the one connection,
+        # held by a read that the server never answers and given a longer deadline) stays a
+        # StoreConnectionError: nothing was sent, so its outcome is known (not applied).
+        async with open_store(url, timeout=0.3, max_connections=1) as single:
+            assert isinstance(single, HttpStore)
+            single._request_timeout = 30.0
+            arrived.clear()
+            hung = asyncio.ensure_future(single.get("slow"))
+            await asyncio.wait_for(arrived.wait(), 10)
+            single._request_timeout = 0.3
+            with pytest.raises(StoreConnectionError) as connect_info:
+                await asyncio.wait_for(single.put("k", b"v"), 10)
+            assert not isinstance(connect_info.value, WriteOutcomeUnknownError)
+            assert not isinstance(connect_info.value, StoreTimeoutError)
+            hung.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await hung
+            assert received[-1] == "GET /v1/kv/slow"  # the write was not sent
 
 
 @pytest.mark.asyncio

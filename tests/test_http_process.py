@@ -181,6 +181,10 @@ async def test_serve_with_token_file_and_tls(tmp_path: Path) -> None:
         (("--token-file", "/nonexistent/token"), "token"),
         (("--port", "70000"), "--port"),
         (("--max-value-bytes", "-1"), "--max-value-bytes"),
+        (("--read-timeout", "0"), "--read-timeout must be a finite number of seconds > 0"),
+        (("--read-timeout", "nan"), "--read-timeout must be a finite number of seconds > 0"),
+        (("--read-timeout", "-2"), "--read-timeout must be a finite number of seconds > 0"),
+        (("--read-timeout", "soon"), "--read-timeout"),
     ],
 )
 def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:
@@ -198,3 +202,21 @@ def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:
     )
     assert done.returncode == 2
     assert words in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_serve_read_timeout_closes_a_stalled_request() -> None:
+    server = await _start("--read-timeout", "0.3")
+    try:
+        host, _, port = server.url.removeprefix("http://").rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /v1/kv/a HTTP/1.1\r\nHost: x\r\n")  # no blank line: stalled
+            answer = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b'"error":"request_timeout"' in answer
+        assert b"0.3s" in answer
+    finally:
+        server.kill()

@@ -566,3 +566,142 @@ async def test_the_fast_path_answers_as_the_routed_path(server: HttpStoreServer)
             assert "error" in json.loads(body)
     status, body, _ = await _raw("PUT", base + "big", data=b"x" * 1001)
     assert (status, json.loads(body)["error"]) == (413, "value_too_large")
+
+
+# -- the read deadline (slowloris) ---------------------------------------------------------------
+
+READ_TIMEOUT = 0.3
+
+
+async def _stalled_exchange(port: int, payload: bytes) -> tuple[bytes, float]:
+    """Send ``payload`` and stay silent; (everything answered until the server closed the
+    connection, seconds it took). Bounded: a server that never closes fails the test."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        start = loop.time()
+        writer.write(payload)
+        try:
+            answer = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        except ConnectionResetError:
+            answer = b""
+        return answer, loop.time() - start
+    finally:
+        writer.close()
+
+
+def _answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """The (status, body) of each Content-Length-framed answer in ``raw``."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length")
+        )
+        out.append((int(lines[0].split(b" ")[1]), rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+STALLED_REQUESTS = [
+    # (what, bytes sent, expected statuses, the op the 408 is counted as)
+    ("half a request line", b"GET /v1/kv/a HT", [408], "other"),
+    ("headers without the blank line", b"GET /v1/kv/a HTTP/1.1\r\nHost: x\r\n", [408], "other"),
+    (
+        "a short body (fast path)",
+        b"PUT /v1/kv/a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc",
+        [408],
+        "put",
+    ),
+    (
+        "a short JSON body (routed)",
+        b"POST /v1/lease HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{",
+        [408],
+        "lease_grant",
+    ),
+    (
+        "a request, then half of the next",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/kv/a HTTP/1.1\r\nHo",
+        [200, 408],
+        "other",
+    ),
+]
+
+
+@pytest.mark.asyncio
+async def test_a_stalled_request_is_closed_with_408_within_the_read_timeout() -> None:
+    async with HttpStoreServer(port=0, read_timeout=READ_TIMEOUT) as srv:
+        for what, payload, statuses, op in STALLED_REQUESTS:
+            answer, took = await _stalled_exchange(srv.port, payload)
+            answers = _answers(answer)
+            assert [status for status, _ in answers] == statuses, (what, answer)
+            error = json.loads(answers[-1][1])
+            assert error["error"] == "request_timeout", what
+            assert "read timeout" in error["message"]
+            # closed at the deadline: not before, and not much after
+            assert READ_TIMEOUT * 0.9 <= took < READ_TIMEOUT + 2, (what, took)
+            _, body, _ = await _raw("GET", f"{srv.url}/metrics")
+            assert f'aioelastic_requests_total{{code="408",op="{op}"}}' in body.decode(), what
+        assert srv.engine.get("a") is None
+        assert srv.engine.lease_count == 0
+        _, body, _ = await _raw("GET", f"{srv.url}/metrics")
+        assert 'aioelastic_requests_total{code="408",op="other"} 3.0' in body.decode()
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> int:
+    """Read one Content-Length-framed answer; its status."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await asyncio.wait_for(reader.readexactly(length), 10)
+    return int(head.split(b" ")[1])
+
+
+@pytest.mark.asyncio
+async def test_the_read_timeout_spares_idle_connections_and_silent_watches() -> None:
+    async with HttpStoreServer(port=0, read_timeout=READ_TIMEOUT) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        watch_reader, watch_writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            # a keep-alive connection idle between requests for longer than the deadline
+            put = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nv"
+            writer.write(put)
+            assert await _read_answer(reader) == 200
+            # a watch whose stream stays silent for longer than the deadline
+            watch_writer.write(
+                b"GET /v1/watch/w/?progress_interval=300 HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            head = await asyncio.wait_for(watch_reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await asyncio.sleep(READ_TIMEOUT * 4)
+            writer.write(put)
+            assert await _read_answer(reader) == 200
+            srv.engine.put("w/1", b"x")
+            seen = b""
+            while b'"type":"events"' not in seen:
+                chunk = await asyncio.wait_for(watch_reader.read(65536), 10)
+                assert chunk, "the watch stream was closed"
+                seen += chunk
+            # a body that arrives in pieces, within the deadline, is read
+            writer.write(b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+            await asyncio.sleep(READ_TIMEOUT / 3)
+            writer.write(b"a")
+            await asyncio.sleep(READ_TIMEOUT / 3)
+            writer.write(b"b")
+            assert await _read_answer(reader) == 200
+            assert srv.statistics()["watch_streams"] == 1
+        finally:
+            writer.close()
+            watch_writer.close()
+        kv = srv.engine.get("slow")
+        assert kv is not None
+        assert kv.value == b"ab"
+        _, body, _ = await _raw("GET", f"{srv.url}/metrics")
+        assert 'code="408"' not in body.decode()
+
+
+def test_the_read_timeout_is_checked() -> None:
+    for bad in (0, -1.0, float("nan"), float("inf"), "5", True):
+        with pytest.raises(ValueError, match="read_timeout must be"):
+            HttpStoreServer(port=0, read_timeout=bad)  # type: ignore[arg-type]
+    HttpStoreServer(port=0, read_timeout=None)

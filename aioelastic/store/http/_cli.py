@@ -76,6 +76,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM, wait up to S seconds for in-flight requests",
     )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close a connection (408) whose request's headers take more than S seconds to "
+        "arrive, or its body more than S seconds after them (default: 30; idle keep-alive "
+        "connections and watch streams are not affected)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -109,6 +118,7 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | str 
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any] | str:
+    import math
     import ssl
 
     from .client import read_token_file
@@ -121,6 +131,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--max-key-bytes must be >= 1, got {args.max_key_bytes}"
     if args.snapshot_every < 1:
         return f"--snapshot-every must be >= 1, got {args.snapshot_every}"
+    if not math.isfinite(args.read_timeout) or args.read_timeout <= 0:
+        return f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout}"
     options: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -130,6 +142,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "max_value_bytes": args.max_value_bytes,
         "max_key_bytes": args.max_key_bytes,
         "shutdown_timeout": args.shutdown_timeout,
+        "read_timeout": args.read_timeout,
     }
     if args.token_file is not None:
         try:

@@ -4,7 +4,9 @@ Requests go through a small HTTP/1.1 client of our own (:mod:`._wire`), not aioh
 of keep-alive connections carries every unary request (lease keep-alives included), and each
 watch stream has a connection of its own, so that many watches never starve ordinary requests.
 Reads are retried on connection errors; writes never are: a write whose request may have reached
-the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`. Watches reconnect after a
+the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
+:class:`~aioelastic.errors.WriteTimeoutError` (also a ``StoreTimeoutError``) when no answer came
+before the deadline. Watches reconnect after a
 lost stream and resume from the last revision seen + 1, so no event is lost or repeated. Every
 socket, TLS and protocol error is translated to aioelastic's errors here.
 """
@@ -35,6 +37,7 @@ from ...errors import (
     StoreTimeoutError,
     ValueTooLargeError,
     WriteOutcomeUnknownError,
+    WriteTimeoutError,
 )
 from .._base import Store, Watch
 from .._types import (
@@ -257,8 +260,11 @@ class HttpStore(Store):
                 if self._closed:
                     raise StoreClosedError(f"{self!r} was closed during {what}") from None
                 if write:
-                    raise WriteOutcomeUnknownError(
-                        f"{what} timed out after it was sent; it may or may not have applied"
+                    # Sent, and no answer before the deadline: a timeout (StoreTimeoutError)
+                    # whose outcome is unknown (WriteOutcomeUnknownError), as with etcd.
+                    raise WriteTimeoutError(
+                        f"{what} timed out: sent to {self.url}, no answer within the "
+                        f"{self._request_timeout:g}s deadline; it may or may not have applied"
                     ) from None
                 raise StoreTimeoutError(f"{what} timed out ({self.url})") from None
             except _wire.ConnectionLost as exc:

@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_PORT",
+    "DEFAULT_READ_TIMEOUT",
     "HttpStoreServer",
     "make_app",
 ]
@@ -50,6 +52,8 @@ DEFAULT_PORT = 29400
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_KEY_BYTES = 4096
 DEFAULT_MAX_WATCH_STREAMS = 10_000
+#: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
+DEFAULT_READ_TIMEOUT = 30.0
 #: Bounds of the watch progress interval a client may ask for (seconds).
 MIN_PROGRESS_INTERVAL = 0.05
 MAX_PROGRESS_INTERVAL = 300.0
@@ -94,6 +98,7 @@ _STATUS_CODES = {
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     411: "length_required",
     413: "too_large",
     414: "uri_too_long",
@@ -103,8 +108,37 @@ _STATUS_CODES = {
 }
 
 
+class _RequestReadTimeout(TimeoutError):
+    """Set on a request body that did not arrive within the read deadline: the handler reading
+    it answers 408 (:meth:`_App.answer`). A ``TimeoutError`` so that aiohttp's lingering read of
+    an answered request's unread body ends quietly."""
+
+
 class _JsonErrorRequestHandler(RequestHandler):
-    """aiohttp's connection handler, answering requests it cannot parse with JSON errors."""
+    """aiohttp's connection handler, answering requests it cannot parse with JSON errors and
+    enforcing the server's read deadline.
+
+    The deadline (``read_timeout``, from the server): a request's head must be whole within
+    that many seconds of its first byte, and its body within that many seconds of its head;
+    otherwise the connection is closed, after a 408 JSON error where one can still be written.
+    It is kept by watching what the parser makes of each chunk received (:meth:`data_received`)
+    and one timer per connection, armed only while a request is incomplete between two chunks:
+    a request that arrives in one chunk, like almost every request, costs no timer. An idle
+    connection (no byte of a next request) is left to aiohttp's ``keepalive_timeout``, and a
+    response being written (a watch stream) is not a read: neither has a read deadline.
+    """
+
+    __slots__ = ("_app_state", "_read_body", "_read_since", "_read_timeout", "_read_timer")
+
+    def __init__(self, manager: _JsonErrorServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._read_timeout = manager.read_timeout
+        self._app_state = manager.app_state
+        #: When the incomplete request began (its first byte, or its head for a body), or None.
+        self._read_since: float | None = None
+        #: The body being received, when the incomplete part is a body.
+        self._read_body: StreamReader | None = None
+        self._read_timer: asyncio.TimerHandle | None = None
 
     def handle_error(
         self,
@@ -128,22 +162,135 @@ class _JsonErrorRequestHandler(RequestHandler):
         resp.force_close()
         return resp
 
+    # -- the read deadline
+
+    def data_received(self, data: bytes) -> None:
+        requests = self._request_count
+        super().data_received(data)
+        if self._read_timeout is None or self._force_close or self._close or self._upgraded:
+            return
+        if self._request_count != requests:
+            # One or more heads completed (the new messages are still queued).
+            payload = self._messages[-1][1]
+            if not payload.is_eof():
+                self._read_body = payload
+                self._start_read_clock()
+            else:
+                self._read_body = None
+                self._read_since = None
+                # A head without a body ends with a newline: bytes after it begin the next
+                # request. (After a body no such test exists, and none is made: a next request
+                # begun in the chunk that ended a body is left to the keep-alive timeout.)
+                if payload is EMPTY_PAYLOAD and data and not data.endswith(b"\n"):
+                    self._start_read_clock()
+        elif self._read_body is not None:
+            if self._read_body.is_eof():
+                self._read_body = None
+                self._read_since = None
+        elif self._read_since is None and data.strip(b"\r\n"):
+            # The first bytes of a head (blank lines between requests are ignored, as aiohttp's
+            # parser ignores them).
+            self._start_read_clock()
+
+    def _start_read_clock(self) -> None:
+        assert self._read_timeout is not None
+        loop = self._loop
+        self._read_since = now = loop.time()
+        if self._read_timer is None:
+            # An earlier timer still armed fires early and re-arms itself for this read.
+            self._read_timer = loop.call_at(now + self._read_timeout, self._read_deadline)
+
+    def _read_deadline(self) -> None:
+        self._read_timer = None
+        since, timeout = self._read_since, self._read_timeout
+        if since is None or timeout is None or self._force_close or self.transport is None:
+            return
+        loop = self._loop
+        now = loop.time()
+        if now < since + timeout:
+            self._read_timer = loop.call_at(since + timeout, self._read_deadline)
+            return
+        body = self._read_body
+        if body is not None:
+            self._read_since = self._read_body = None
+            # The handler reading it answers 408 (and closes); a handler that is not reading it
+            # (a watch given a body) is closed once it had the chance to.
+            body.set_exception(
+                _RequestReadTimeout(
+                    f"the request body did not arrive within {timeout:g}s of its headers "
+                    "(the server's read timeout)"
+                )
+            )
+            request = self._current_request
+            if request is not None:
+                loop.call_soon(self._close_if_still_answering, request)
+            return
+        waiter = self._waiter
+        if self._messages or waiter is None or waiter.done():
+            # Still answering an earlier request: the next one is judged when that is done.
+            self._read_timer = loop.call_at(now + timeout, self._read_deadline)
+            return
+        self._read_since = None
+        self._write_read_timeout(timeout, now - since)
+        self.force_close()
+
+    def _close_if_still_answering(self, request: BaseRequest) -> None:
+        if self._current_request is request:
+            self.force_close()
+
+    def _write_read_timeout(self, timeout: float, waited: float) -> None:
+        """Answer 408 on a connection waiting for the rest of a request's head."""
+        transport = self.transport
+        if transport is None:
+            return
+        body = _encode_json(
+            {
+                "error": "request_timeout",
+                "message": f"the request's head did not arrive within {timeout:g}s "
+                "(the server's read timeout); closing the connection",
+            }
+        ).encode()
+        transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        if self._app_state is not None:
+            self._app_state.metrics.observe("other", 408, waited)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
 
 class _JsonErrorServer(Server):
     """aiohttp's protocol factory, making :class:`_JsonErrorRequestHandler` connections."""
+
+    #: Set by :class:`_Runner` once the server is built.
+    read_timeout: float | None = None
+    app_state: _App | None = None
 
     def __call__(self) -> RequestHandler:
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 class _Runner(web.AppRunner):
-    """An AppRunner whose server answers unparsable requests in JSON. aiohttp has no public hook
-    for the connection handler class, so the server it builds is given our subclass (which adds
-    no state); tests/test_http_server.py checks the JSON answers."""
+    """An AppRunner whose server answers unparsable requests in JSON and keeps the read
+    deadline. aiohttp has no public hook for the connection handler class, so the server it
+    builds is given our subclass (which adds only two attributes, set here);
+    tests/test_http_server.py checks the JSON answers and the deadline."""
+
+    def __init__(self, app: web.Application, *, read_timeout: float | None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._read_timeout = read_timeout
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer
+        assert isinstance(server, _JsonErrorServer)
+        server.read_timeout = self._read_timeout
+        server.app_state = self.app[_STATE]
         server.request_handler = _fast_path(self.app[_STATE], server.request_handler)
         return server
 
@@ -415,6 +562,11 @@ class _App:
         except ValueError as exc:  # the engine's argument errors (e.g. add on a non-integer)
             status = 400
             return _error_response(400, "bad_request", str(exc))
+        except _RequestReadTimeout as exc:  # the body was too slow (the read deadline)
+            status = 408
+            response = _error_response(408, "request_timeout", f"{exc}; closing the connection")
+            response.force_close()
+            return response
         except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
             status = 500
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
@@ -993,7 +1145,9 @@ class HttpStoreServer:
     a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies). ``engine``
     serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
-    ``shutdown_timeout`` seconds) and flushes the log.
+    ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
+    head may take to arrive, and its body after its head, before the connection is closed (408);
+    None: no deadline. It does not bound idle keep-alive connections or responses (watches).
     """
 
     def __init__(
@@ -1013,11 +1167,22 @@ class HttpStoreServer:
         max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
         shutdown_timeout: float = 10.0,
         backlog: int = 1024,
+        read_timeout: float | None = DEFAULT_READ_TIMEOUT,
     ) -> None:
         if engine is not None and data_dir is not None:
             raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
         if token is not None and not token:
             raise ValueError("token must not be empty")
+        if read_timeout is not None and (
+            isinstance(read_timeout, bool)
+            or not isinstance(read_timeout, (int, float))
+            or not math.isfinite(read_timeout)
+            or read_timeout <= 0
+        ):
+            raise ValueError(
+                "read_timeout must be a finite number of seconds > 0, or None for no deadline; "
+                f"got {read_timeout!r}"
+            )
         self.host = host
         self._port = port
         self._owns_engine = engine is None
@@ -1034,6 +1199,7 @@ class HttpStoreServer:
         self._max_watch_streams = max_watch_streams
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
+        self._read_timeout = None if read_timeout is None else float(read_timeout)
         self._runner: _Runner | None = None
         self._app: web.Application | None = None
         self._stopped = False
@@ -1088,6 +1254,7 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
+                read_timeout=self._read_timeout,
             )
             await runner.setup()
             self._runner = runner
