@@ -204,6 +204,8 @@ BAD_REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int, str]] = [
     ("GET", "/v1/watch/?start_revision=0", None, {}, 400, "start_revision"),
     ("GET", "/v1/watch/?progress_interval=nan", None, {}, 400, "progress_interval"),
     ("GET", "/v1/watch/?progress_interval=0", None, {}, 400, "progress_interval"),
+    ("GET", "/v1/watch/?snapshot=yes", None, {}, 400, "snapshot"),
+    ("GET", "/v1/watch/?snapshot=1&start_revision=1", None, {}, 400, "start_revision"),
     ("POST", "/v1/lease", b"{", {}, 400, "not valid JSON"),
     ("POST", "/v1/lease", b"[1]", {}, 400, "JSON object"),
     ("POST", "/v1/lease", b'{"ttl": "5"}', {}, 400, "ttl"),
@@ -387,7 +389,7 @@ _PATHS = st.sampled_from(
 )
 _TEXT = st.text(max_size=40)
 _QUERY_NAMES = st.sampled_from(
-    ["lease", "limit", "delta", "start_revision", "progress_interval", "format", "x"]
+    ["lease", "limit", "delta", "start_revision", "progress_interval", "snapshot", "format", "x"]
 )
 _QUERY_VALUES = st.one_of(
     st.integers(-(2**70), 2**70).map(str),

@@ -176,12 +176,11 @@ class _Control:
 
     @classmethod
     async def open(cls, store: Store, keys: RunKeys) -> _Control:
-        """Watch ``c/``, then read it (a change between the two is both read and an event,
-        applied once)."""
-        ctl = cls(keys, store.watch(keys.ctl))
+        """Read ``c/`` and watch it from there (one request on the http store)."""
+        snapshot, watch = await store.range_and_watch(keys.ctl)
+        ctl = cls(keys, watch)
         try:
-            await ctl.watch.start()
-            ctl.load(await store.range(keys.ctl))
+            ctl.load(snapshot)  # RendezvousStateError on a corrupt record
         except BaseException:
             await ctl.aclose()
             raise
@@ -810,8 +809,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 else:
                     previous.discard(node)
 
-        async with store.watch(keys.nodes) as events:
-            snapshot = await store.range(keys.nodes)
+        snapshot, events = await store.range_and_watch(keys.nodes)
+        async with events:
             for kv in snapshot:
                 apply(EventType.PUT, kv)
             seen = snapshot.revision

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Self
 
 import anyio
 
-from ..errors import StoreClosedError, StoreTimeoutError
+from ..errors import CompactedError, StoreClosedError, StoreTimeoutError
 from ._types import (
     CasResult,
     EventType,
@@ -321,6 +321,34 @@ class Store(abc.ABC):
             check_int(start_revision, "start_revision", minimum=1)
         self._check_open()
         return self._watch(prefix, start_revision)
+
+    async def range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
+        """Read every key under ``prefix`` and follow it: the range, and a started watch of every
+        change after the range's revision (``start_revision = result.revision + 1``).
+
+        The pattern every waiter on the store follows (read the state, then wait for it to
+        change), in one call: on the http backend it is one request (the watch stream opens
+        with the range), elsewhere a range and a watch. Close the watch when done (``async
+        with watch:``).
+        """
+        check_prefix(prefix)
+        self._check_open()
+        return await self._range_and_watch(prefix)
+
+    async def _range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
+        while True:
+            result = await self._range(prefix, None)
+            watch = self._watch(prefix, result.revision + 1)
+            try:
+                await watch.start()
+            except CompactedError:
+                # history compacted between the read and the watch (a rare race): read again
+                await watch.aclose()
+                continue
+            except BaseException:
+                await watch.aclose()
+                raise
+            return result, watch
 
     async def compact(self, revision: int) -> None:
         """Discard history before ``revision``: watches can no longer start below it."""

@@ -82,6 +82,14 @@ class PrefixedStore(Store):
         inner = self.parent.watch(self.prefix + prefix, start_revision=start_revision)
         return _PrefixedWatch(inner, prefix, len(self.prefix))
 
+    async def _range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
+        result, inner = await self.parent.range_and_watch(self.prefix + prefix)
+        kvs = tuple(kv for kv in map(self._strip, result.kvs) if kv is not None)
+        return (
+            RangeResult(kvs, result.revision, result.count, result.more),
+            _PrefixedWatch(inner, prefix, len(self.prefix), started=True),
+        )
+
     async def _compact(self, revision: int) -> None:
         await self.parent.compact(revision)
 
@@ -105,10 +113,11 @@ class PrefixedStore(Store):
 
 
 class _PrefixedWatch(Watch):
-    def __init__(self, inner: Watch, prefix: str, strip: int) -> None:
+    def __init__(self, inner: Watch, prefix: str, strip: int, *, started: bool = False) -> None:
         super().__init__(prefix, inner.requested_revision)
         self._inner = inner
         self._strip = strip
+        self._started = started  # wraps a watch already started (range_and_watch)
 
     @property
     def start_revision(self) -> int:

@@ -355,6 +355,44 @@ class StoreConformance:
             await events.__anext__()
 
     @conformance_test()
+    async def test_range_and_watch_reads_then_follows(self, store: Store) -> None:
+        await store.put("rw/a", b"1")
+        await store.put("rw/b", b"2")
+        await store.put("rw-not/x", b"x")
+        result, watch = await store.range_and_watch("rw/")
+        async with watch:
+            assert [(kv.key, kv.value) for kv in result] == [("rw/a", b"1"), ("rw/b", b"2")]
+            assert (result.count, result.more) == (2, False)
+            assert watch.start_revision == result.revision + 1
+            written = await store.put("rw/c", b"3")
+            await store.delete("rw/a")
+            events = await collect(watch, 2)
+        assert [(e.type, e.kv.key) for e in events] == [
+            (EventType.PUT, "rw/c"),
+            (EventType.DELETE, "rw/a"),
+        ]
+        assert events[0].revision == written
+
+    @conformance_test()
+    async def test_range_and_watch_under_concurrent_writes_misses_and_repeats_nothing(
+        self, store: Store
+    ) -> None:
+        async def writer() -> None:
+            for i in range(40):
+                await store.put(f"rwc/{i:02d}", b"v")
+
+        task = asyncio.ensure_future(writer())
+        await asyncio.sleep(0)
+        result, watch = await store.range_and_watch("rwc/")
+        async with watch:
+            await task
+            read = {kv.key for kv in result}
+            later = [await next_event(watch) for _ in range(40 - len(read))]
+        assert all(event.revision > result.revision for event in later)
+        assert read.isdisjoint(event.kv.key for event in later)
+        assert read | {event.kv.key for event in later} == {f"rwc/{i:02d}" for i in range(40)}
+
+    @conformance_test()
     async def test_a_cancelled_read_loses_no_event(self, store: Store) -> None:
         # A read cancelled at any moment around an event's arrival either returned the event or
         # left it for the next read: callers race reads against other waits and cancel them.

@@ -259,6 +259,13 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                             "in": "query",
                             "schema": {"type": "number", "minimum": 0.05, "maximum": 300},
                         },
+                        {
+                            "name": "snapshot",
+                            "in": "query",
+                            "description": "1: the created frame carries the prefix's range "
+                            "(count, kvs) at its revision; not with start_revision",
+                            "schema": {"type": "integer", "enum": [0, 1]},
+                        },
                     ],
                     "responses": {
                         "200": {

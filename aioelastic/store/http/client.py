@@ -452,6 +452,13 @@ class HttpStore(Store):
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return _HttpWatch(self, prefix, start_revision)
 
+    async def _range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
+        # one request: the stream's ``created`` frame carries the range (``?snapshot=1``)
+        watch = _HttpWatch(self, prefix, None, snapshot=True)
+        await watch.start()
+        assert watch.snapshot is not None
+        return watch.snapshot, watch
+
     async def _compact(self, revision: int) -> None:
         status, _, body = await self._request(
             "POST", "/v1/compact", write=True, json_body={"revision": revision}
@@ -491,9 +498,14 @@ class HttpStore(Store):
 class _HttpWatch(Watch):
     """One NDJSON watch stream, resumed on a new connection when it is lost."""
 
-    def __init__(self, store: HttpStore, prefix: str, start_revision: int | None) -> None:
+    def __init__(
+        self, store: HttpStore, prefix: str, start_revision: int | None, *, snapshot: bool = False
+    ) -> None:
         super().__init__(prefix, start_revision)
         self._store = store
+        self._want_snapshot = snapshot
+        #: with ``snapshot=True``: the range of the prefix the stream opened with
+        self.snapshot: RangeResult | None = None
         self._stream: _wire.LineStream | None = None
         self._pending: deque[WatchEvent] = deque()
         self._start_revision: int | None = None
@@ -524,6 +536,9 @@ class _HttpWatch(Watch):
         params = {"progress_interval": repr(store.progress_interval)}
         if start is not None:
             params["start_revision"] = str(start)
+        snapshot = self._want_snapshot and self.snapshot is None  # not when resuming
+        if snapshot:
+            params["snapshot"] = "1"
         request = store._build("GET", "/v1/watch/" + _quote_key(self.prefix), params)
         what = f"watch {self.prefix!r}"
         loop = asyncio.get_running_loop()
@@ -562,6 +577,18 @@ class _HttpWatch(Watch):
         if frame is None or frame.get("type") != "created":
             self._drop()
             raise StoreConnectionError(f"{what}: the server did not confirm the watch")
+        if snapshot:
+            try:
+                self.snapshot = RangeResult(
+                    kvs=tuple(_kv_from_json(kv) for kv in frame["kvs"]),
+                    revision=int(frame["revision"]),
+                    count=int(frame["count"]),
+                )
+            except (KeyError, TypeError, ValueError):
+                self._drop()
+                raise StoreConnectionError(
+                    f"{what}: the server sent no range with the watch (an older server?)"
+                ) from None
         if self._start_revision is None:
             self._start_revision = int(frame["start_revision"])
         self._next_revision = int(frame["start_revision"])

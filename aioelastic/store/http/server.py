@@ -855,8 +855,24 @@ class _App:
                 "too_many_watches",
                 f"this server serves at most {self.limits.max_watch_streams} watch streams",
             )
+        snapshot = request.query.get("snapshot", "0")
+        if snapshot not in ("0", "1"):
+            raise _bad(f"snapshot must be 0 or 1, got {snapshot[:40]!r}")
+        if snapshot == "1" and start is not None:
+            raise _bad("snapshot=1 reads the prefix now: it takes no start_revision")
         engine = self.engine
+        # the range, then the watcher from the next revision: no await in between
+        result = engine.range(prefix, None) if snapshot == "1" else None
         watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> 410
+        created: dict[str, Any] = {
+            "type": "created",
+            "start_revision": watcher.min_revision,
+            "revision": engine.revision,
+            "progress_interval": interval,
+        }
+        if result is not None:
+            created["count"] = result.count
+            created["kvs"] = [kv_json(kv) for kv in result.kvs]
         self.watch_streams += 1
         loop = asyncio.get_running_loop()
         try:
@@ -865,16 +881,7 @@ class _App:
             )
             response.enable_chunked_encoding()
             await response.prepare(request)
-            await response.write(
-                _frame(
-                    {
-                        "type": "created",
-                        "start_revision": watcher.min_revision,
-                        "revision": engine.revision,
-                        "progress_interval": interval,
-                    }
-                )
-            )
+            await response.write(_frame(created))
             # One timer per stream, re-armed only when it fires: a stream that is written to
             # often costs no timer work per event. It wakes the loop below when nothing has been
             # sent for ``interval`` seconds, and a progress frame goes out.
