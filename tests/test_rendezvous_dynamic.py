@@ -692,7 +692,7 @@ async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> 
     await settle()
     assert len(stores[0].ranges) == 2  # the two counts, when the member watch opened
     late = [spawn(h.next_rendezvous()) for h in hs[2:]]
-    seen = []
+    seen: list[int] = []
     for _ in late:
         event = await (first if not seen else member.wait_for_change())
         assert event.kind is RendezvousEventKind.NODES_WAITING

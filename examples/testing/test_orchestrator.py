@@ -39,7 +39,9 @@ async def test_workers_gather(aioelastic_memory_store: MemoryStore) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_workers_gather_over_http(aioelastic_http_server: ServerThread, anyio_backend: str):
+async def test_workers_gather_over_http(
+    aioelastic_http_server: ServerThread, anyio_backend: str
+) -> None:
     async with open_store(aioelastic_http_server.url) as client:
         store = client.namespace("test-workers-gather/")  # the server is shared: use a namespace
         keeper = await register(store, "a")
