@@ -707,3 +707,21 @@ def test_the_read_timeout_is_checked() -> None:
         with pytest.raises(ValueError, match="read_timeout must be"):
             HttpStoreServer(port=0, read_timeout=bad)  # type: ignore[arg-type]
     HttpStoreServer(port=0, read_timeout=None)
+
+
+@pytest.mark.asyncio
+async def test_an_idle_keep_alive_connection_is_closed_after_the_keepalive_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aioelastic.store.http import server as server_module
+
+    monkeypatch.setattr(server_module, "KEEPALIVE_TIMEOUT", 0.3)
+    async with HttpStoreServer(port=0) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            writer.write(b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nv")
+            assert await _read_answer(reader) == 200
+            # then silence: the server hangs up (an hour later without a keep-alive timeout)
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        finally:
+            writer.close()

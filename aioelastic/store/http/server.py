@@ -54,6 +54,10 @@ DEFAULT_MAX_KEY_BYTES = 4096
 DEFAULT_MAX_WATCH_STREAMS = 10_000
 #: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
 DEFAULT_READ_TIMEOUT = 30.0
+#: Seconds an idle keep-alive connection is kept between requests (aiohttp's ``web.run_app``
+#: default; the bare ``RequestHandler`` would keep one for an hour). Clients of this package drop
+#: idle connections after 30 s themselves, so they never reuse one the server is closing.
+KEEPALIVE_TIMEOUT = 75.0
 #: Bounds of the watch progress interval a client may ask for (seconds).
 MIN_PROGRESS_INTERVAL = 0.05
 MAX_PROGRESS_INTERVAL = 300.0
@@ -1261,6 +1265,7 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
+                keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
             )
             await runner.setup()
