@@ -175,6 +175,33 @@ def test_queue_waiter_rides_out_a_failed_first_read_and_dropped_watches(kind: st
     run_virtual(_bounded(main))
 
 
+def test_a_timed_out_wait_is_not_held_by_a_store_that_stops_answering() -> None:
+    async def main() -> None:
+        holder_store, waiter_store = _clients(MemoryEngine(), 2)
+        holder = store_lock(holder_store, "Q", config=CONFIG)
+        await holder.acquire()
+        async with CONFIG.lease(waiter_store) as lease:  # shared: leaving deletes the key itself
+            waiter = store_lock(waiter_store, "Q", lease=lease)
+            started = anyio.current_time()
+
+            async def stop_answering() -> None:
+                await anyio.sleep(0.5)
+                waiter_store.drop_watches()
+                waiter_store.hang("watch")
+                waiter_store.hang("compare_and_delete")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_answering)
+                with pytest.raises(SyncTimeoutError):
+                    await waiter.acquire(timeout=2)
+            # the deadline, then at most the bounded clean-up
+            assert anyio.current_time() - started <= 2 + 5 + 0.1
+            waiter_store.release()
+        await holder.release()
+
+    run_virtual(_bounded(main))
+
+
 def test_event_wait_rides_out_random_failures_and_hangs_but_not_other_errors() -> None:
     async def main() -> None:
         waiter, publisher = _clients(MemoryEngine(), 2)

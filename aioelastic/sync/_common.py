@@ -32,6 +32,10 @@ log = logging.getLogger("aioelastic.sync")
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 1.0
 
+#: How long removing a queue or barrier key may take before it is left to its lease (as
+#: ``LeaseKeeper.aclose`` bounds its revoke).
+REMOVE_TIMEOUT = 5.0
+
 #: The largest JSON payload (encoded, bytes) an event, parameter or job state may carry.
 MAX_JSON_BYTES = 64 * 1024
 
@@ -421,19 +425,26 @@ class QueueEntry:
         return result.succeeded
 
     async def remove(self) -> None:
-        """Delete our key if it is still ours (callers shield this from cancellation)."""
+        """Delete our key if it is still ours (callers shield this from cancellation).
+
+        Bounded like a lease's revoke: a store that does not answer cannot hold a timed-out or
+        cancelled wait in its clean-up."""
         kv, self.kv = self.kv, None
         if kv is None or self.store.closed:
             return
-        try:
-            await self.store.compare_and_delete(self.key, kv.mod_revision)
-        except StoreError as exc:
-            log.warning(
-                "could not delete %r (%s); it stays until lease %#x ends",
-                self.key,
-                exc,
-                self.lease_id,
-            )
+        error: object = f"no answer within {REMOVE_TIMEOUT:g}s"
+        with anyio.move_on_after(REMOVE_TIMEOUT):
+            try:
+                await self.store.compare_and_delete(self.key, kv.mod_revision)
+                return
+            except StoreError as exc:
+                error = exc
+        log.warning(
+            "could not delete %r (%s); it stays until lease %#x ends",
+            self.key,
+            error,
+            self.lease_id,
+        )
 
 
 async def head_of(store: Store, prefix: str) -> tuple[KeyValue | None, int]:
