@@ -1,16 +1,18 @@
-"""What the primitives share: argument checks, JSON values, the lease they hold, and the
-revision-ordered queue behind the lock and the election (etcd's ``waitDeletes``)."""
+"""What the primitives share: argument checks, JSON values, the lease they hold, the watch that
+outlives connection errors (:class:`ResumingWatch`), and the revision-ordered queue behind the
+lock and the election (etcd's ``waitDeletes``)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import math
 import os
 import socket
-from typing import Any
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
 
 import anyio
 
@@ -21,7 +23,7 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Store
+from ..store import EventType, KeyValue, LeaseKeeper, RangeResult, Store, Watch, WatchEvent
 from ._config import LeaseConfig
 
 log = logging.getLogger("aioelastic.sync")
@@ -29,6 +31,10 @@ log = logging.getLogger("aioelastic.sync")
 #: Backoff bounds (seconds) for re-establishing a waiter's watch after a connection error.
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 1.0
+
+#: How long removing a queue or barrier key may take before it is left to its lease (as
+#: ``LeaseKeeper.aclose`` bounds its revoke).
+REMOVE_TIMEOUT = 5.0
 
 #: The largest JSON payload (encoded, bytes) an event, parameter or job state may carry.
 MAX_JSON_BYTES = 64 * 1024
@@ -130,6 +136,183 @@ class HeldLease:
             await keeper.aclose()
 
 
+#: Re-reads a waiter's state with a range and returns the revision of that read.
+Resync = Callable[[], Awaitable[int]]
+
+
+class ResumingWatch:
+    """A watch of ``prefix`` that connection errors do not end: what every wait and observer of
+    the primitives waits on.
+
+    When the stream (or re-establishing it, or a :meth:`resync` read) fails with
+    :class:`~aioelastic.errors.StoreConnectionError`, or the stream ends, it waits with backoff
+    (``_RECONNECT_MIN`` doubling up to ``_RECONNECT_MAX`` seconds, a warning logged each time)
+    and watches again from where it stopped, for as long as its caller waits: only the caller's
+    deadline, cancellation or lease guard, or :meth:`aclose`, ends it. The resume point is the
+    revision after the last one fully delivered; a revision whose events were cut in half by the
+    break is read again and the events already delivered are skipped, so no event is lost or
+    delivered twice. If that history has been compacted meanwhile
+    (:class:`~aioelastic.errors.CompactedError`), ``resync`` re-reads the state with a range and
+    the watch continues from the revision after that read; :meth:`next` then returns ``None``
+    so the caller looks at the state again. Without ``resync`` the ``CompactedError`` is raised.
+    Every other error propagates.
+    """
+
+    def __init__(self, store: Store, prefix: str, what: str, resync: Resync | None = None) -> None:
+        self.store = store
+        #: The prefix watched; a caller may change it in ``resync`` (the next stream uses it).
+        self.prefix = prefix
+        self.what = what
+        self._resync = resync
+        self._watch: Watch | None = None
+        self._next = 0  # the first revision not fully delivered: where a new stream starts
+        self._seen_at_next: set[str] = set()  # keys of that revision delivered already
+        self._backoff = _RECONNECT_MIN
+        self._closed = False
+        #: The ``CompactedError`` behind the current :meth:`resync`, if one caused it.
+        self.compacted: CompactedError | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._drop()
+
+    def delivered(self, revision: int, key: str) -> bool:
+        """Whether the change of ``key`` at ``revision`` is behind the watch's position."""
+        return revision < self._next or (revision == self._next and key in self._seen_at_next)
+
+    def start_after(self, revision: int) -> None:
+        """Watch from ``revision + 1`` (the caller has read the state at ``revision``)."""
+        self._next = revision + 1
+        self._seen_at_next = set()
+
+    async def open(self, start_revision: int | None) -> None:
+        """Establish the stream from ``start_revision`` (``None``: from now on), riding out
+        connection errors; a compacted ``start_revision`` raises ``CompactedError``."""
+        while True:
+            watch = self.store.watch(self.prefix, start_revision=start_revision)
+            try:
+                await watch.start()
+            except StoreConnectionError as exc:
+                await watch.aclose()
+                await self.pause(exc)
+                continue
+            except BaseException:
+                await watch.aclose()
+                raise
+            self._watch = watch
+            self.start_after(watch.start_revision - 1)
+            return
+
+    async def resync(self) -> None:
+        """Re-read the state (``resync``), riding out connection errors; then watch from the
+        revision after that read."""
+        assert self._resync is not None, "resync needs a resync function"
+        await self._drop()
+        while True:
+            try:
+                revision = await self._resync()
+            except StoreConnectionError as exc:
+                await self.pause(exc)
+                continue
+            self.start_after(revision)
+            return
+
+    async def pause(self, error: BaseException) -> None:
+        """Wait out a connection error before the next attempt (the backoff grows each time)."""
+        log.warning("%s: %s; watching again in %.2fs", self.what, error, self._backoff)
+        await anyio.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, _RECONNECT_MAX)
+
+    async def next(self) -> WatchEvent | None:
+        """The next event not delivered yet; ``None`` after the state was re-read (compacted
+        history), to be looked at again. ``StopAsyncIteration`` once :meth:`aclose` was called."""
+        while True:
+            if self._closed:  # by aclose, perhaps from another task while we waited
+                raise StopAsyncIteration
+            watch = self._watch
+            if watch is None:
+                if not await self._reopen():
+                    return None
+                continue
+            try:
+                event = await watch.__anext__()
+            except StopAsyncIteration:
+                if self._closed:
+                    raise
+                await self._drop()  # ended underneath us: watch again
+                await self.pause(StoreConnectionError("the watch stream ended"))
+                continue
+            except StoreConnectionError as exc:
+                await self._drop()
+                await self.pause(exc)
+                continue
+            except CompactedError as exc:  # fell behind the history: read the state again
+                await self._drop()
+                if self._resync is None:
+                    raise
+                await self._resync_after(exc)
+                return None
+            if self.delivered(event.revision, event.kv.key):
+                continue  # delivered before the break
+            if event.revision > self._next:
+                self._next = event.revision
+                self._seen_at_next = set()
+            self._seen_at_next.add(event.kv.key)
+            self._backoff = _RECONNECT_MIN
+            return event
+
+    async def _reopen(self) -> bool:
+        """A new stream from the resume point: True once it runs, False after a resync."""
+        watch = self.store.watch(self.prefix, start_revision=self._next)
+        try:
+            await watch.start()
+        except StoreConnectionError as exc:
+            await watch.aclose()
+            await self.pause(exc)
+            return True
+        except CompactedError as exc:
+            await watch.aclose()
+            if self._resync is None:
+                raise
+            await self._resync_after(exc)
+            return False
+        except BaseException:
+            await watch.aclose()
+            raise
+        self._watch = watch
+        return True
+
+    async def _resync_after(self, error: CompactedError) -> None:
+        log.info("%s: %s; reading the state again", self.what, error)
+        self.compacted = error
+        try:
+            await self.resync()
+        finally:
+            self.compacted = None
+
+    @property
+    def position(self) -> int:
+        """The first revision not fully delivered yet (where the next stream starts)."""
+        return self._next
+
+    async def _drop(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            with anyio.CancelScope(shield=True):
+                await watch.aclose()
+
+
 class QueueEntry:
     """One place in a queue of keys under ``prefix``, ordered by ``create_revision``.
 
@@ -192,30 +375,44 @@ class QueueEntry:
             snapshot = await self.store.range(self.prefix)
         return self._position(snapshot), snapshot.revision
 
-    async def wait_head(self, before: KeyValue | None, revision: int) -> None:
+    async def first_position(self) -> tuple[KeyValue | None, int | None]:
+        """:meth:`position`, or ``(None, None)`` if the store could not be reached: then
+        :meth:`wait_head` reads it again, riding out the outage while its caller waits."""
+        try:
+            return await self.position()
+        except StoreConnectionError:
+            return None, None
+
+    async def wait_head(self, before: KeyValue | None, revision: int | None) -> None:
         """Wait until every entry created before ours has gone (etcd's ``waitDeletes``).
 
-        ``before`` and ``revision`` come from :meth:`position`.
+        ``before`` and ``revision`` come from :meth:`position` (``revision=None``: not read
+        yet). Only the key just before ours is watched; when it goes the queue is read again.
+        Connection errors are ridden out (:class:`ResumingWatch`) while the caller waits: its
+        deadline, or its lease guard once the outage outlasts the lease, ends the wait.
         """
-        backoff = _RECONNECT_MIN
-        while before is not None:
-            try:
-                async with self.store.watch(before.key, start_revision=revision + 1) as events:
-                    async for event in events:
-                        if event.type is EventType.DELETE and event.kv.key == before.key:
-                            break
-                before, revision = await self.position()
-                backoff = _RECONNECT_MIN
-            except CompactedError:
-                before, revision = await self.position()  # history moved on: read again
-            except StoreConnectionError as exc:
-                # Reads are safe to repeat: reconnect with backoff while the lease lives (the
-                # caller's lease guard ends the wait if the outage outlasts the lease).
-                log.warning("waiting in %r: %s; reconnecting in %.2fs", self.prefix, exc, backoff)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, _RECONNECT_MAX)
-                with contextlib.suppress(StoreConnectionError):
-                    before, revision = await self.position()
+        ahead = before
+
+        async def read() -> int:
+            nonlocal ahead
+            ahead, read_at = await self.position()
+            if ahead is not None:
+                watch.prefix = ahead.key
+            return read_at
+
+        what = f"waiting in {self.prefix!r}"
+        watch = ResumingWatch(self.store, self.prefix if before is None else before.key, what, read)
+        async with watch:
+            if revision is None:
+                await watch.resync()
+            else:
+                watch.start_after(revision)
+            while ahead is not None:
+                event = await watch.next()
+                if event is None:
+                    continue  # the queue was read again
+                if event.type is EventType.DELETE and event.kv.key == ahead.key:
+                    await watch.resync()  # who is before us now (that one may be gone too)
 
     async def update(self, value: bytes) -> bool:
         """Rewrite our value in place (create revision unchanged); False if the key is gone."""
@@ -228,19 +425,26 @@ class QueueEntry:
         return result.succeeded
 
     async def remove(self) -> None:
-        """Delete our key if it is still ours (callers shield this from cancellation)."""
+        """Delete our key if it is still ours (callers shield this from cancellation).
+
+        Bounded like a lease's revoke: a store that does not answer cannot hold a timed-out or
+        cancelled wait in its clean-up."""
         kv, self.kv = self.kv, None
         if kv is None or self.store.closed:
             return
-        try:
-            await self.store.compare_and_delete(self.key, kv.mod_revision)
-        except StoreError as exc:
-            log.warning(
-                "could not delete %r (%s); it stays until lease %#x ends",
-                self.key,
-                exc,
-                self.lease_id,
-            )
+        error: object = f"no answer within {REMOVE_TIMEOUT:g}s"
+        with anyio.move_on_after(REMOVE_TIMEOUT):
+            try:
+                await self.store.compare_and_delete(self.key, kv.mod_revision)
+                return
+            except StoreError as exc:
+                error = exc
+        log.warning(
+            "could not delete %r (%s); it stays until lease %#x ends",
+            self.key,
+            error,
+            self.lease_id,
+        )
 
 
 async def head_of(store: Store, prefix: str) -> tuple[KeyValue | None, int]:

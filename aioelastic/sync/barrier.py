@@ -15,11 +15,12 @@ from typing import Self
 
 import anyio
 
-from ..errors import LeaseExpiredError, StoreError, SyncTimeoutError
+from ..errors import LeaseExpiredError, StoreConnectionError, StoreError, SyncTimeoutError
 from ..store import EventType, KeyValue, LeaseKeeper, Store
 from ._common import (
     HeldLease,
     QueueEntry,
+    ResumingWatch,
     check_config,
     check_name,
     check_timeout,
@@ -108,22 +109,43 @@ class Barrier:
         return "an unknown number"
 
     async def _wait_ready(self, entry: QueueEntry) -> None:
-        snapshot = await self.store.range(self.prefix)
         present: set[str] = set()
-        for kv in snapshot:
-            if kv.key == self.ready_key:
-                self._ready = kv
-            elif kv.key.startswith(self.parties_prefix):
-                present.add(kv.key)
-        if self._ready is not None or await self._maybe_open(present):
-            return
-        async with self.store.watch(self.prefix, start_revision=snapshot.revision + 1) as events:
-            async for event in events:
+
+        async def read() -> int:
+            snapshot = await self.store.range(self.prefix)
+            present.clear()
+            for kv in snapshot:
+                if kv.key == self.ready_key:
+                    self._ready = kv
+                elif kv.key.startswith(self.parties_prefix):
+                    present.add(kv.key)
+            if self._ready is None and entry.key not in present:
+                raise LeaseExpiredError(
+                    entry.lease_id, f"the barrier key {entry.key!r} was deleted"
+                )
+            return snapshot.revision
+
+        async with ResumingWatch(
+            self.store, self.prefix, f"the barrier {self.name!r}", read
+        ) as watch:
+            await watch.resync()
+            while self._ready is None:
+                if len(present) >= self.parties:
+                    try:
+                        await self._open(present)
+                    except StoreConnectionError as exc:
+                        # A create-if-absent is safe to repeat: read the state again, and if
+                        # the ready key is still missing, write it again.
+                        await watch.pause(exc)
+                        await watch.resync()
+                    continue
+                event = await watch.next()
+                if event is None:
+                    continue  # the state was read again
                 key = event.kv.key
                 if key == self.ready_key:
                     if event.type is EventType.PUT:
                         self._ready = event.kv
-                        return
                 elif key.startswith(self.parties_prefix):
                     if event.type is EventType.PUT:
                         present.add(key)
@@ -133,17 +155,11 @@ class Barrier:
                             raise LeaseExpiredError(
                                 entry.lease_id, f"the barrier key {key!r} was deleted"
                             )
-                    if await self._maybe_open(present):
-                        return
-        raise AssertionError("unreachable: a watch ends only by an error")  # pragma: no cover
 
-    async def _maybe_open(self, present: set[str]) -> bool:
-        if len(present) < self.parties:
-            return False
+    async def _open(self, present: set[str]) -> None:
         value = encode_json({"parties": self.parties, "present": len(present)}, "ready")
         result = await self.store.compare_and_swap(self.ready_key, 0, value)
         self._ready = result.kv  # ours, or the one another party wrote first
-        return True
 
     async def _exit_entry(self) -> None:
         entry, self._entry = self._entry, None
@@ -205,22 +221,32 @@ class DoubleBarrier(Barrier):
             )
 
     async def _wait_empty(self) -> None:
-        snapshot = await self.store.range(self.parties_prefix)
-        present = {kv.key for kv in snapshot}
-        if present:
-            async with self.store.watch(
-                self.parties_prefix, start_revision=snapshot.revision + 1
-            ) as events:
-                async for event in events:
-                    if event.type is EventType.PUT:
-                        present.add(event.kv.key)
-                    else:
-                        present.discard(event.kv.key)
-                    if not present:
-                        break
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            await self.store.compare_and_delete(self.ready_key, ready.mod_revision)
+        present: set[str] = set()
+
+        async def read() -> int:
+            snapshot = await self.store.range(self.parties_prefix)
+            present.clear()
+            present.update(kv.key for kv in snapshot)
+            return snapshot.revision
+
+        what = f"leaving the barrier {self.name!r}"
+        async with ResumingWatch(self.store, self.parties_prefix, what, read) as watch:
+            await watch.resync()
+            while present:
+                event = await watch.next()
+                if event is None:
+                    continue  # the state was read again
+                if event.type is EventType.PUT:
+                    present.add(event.kv.key)
+                else:
+                    present.discard(event.kv.key)
+            ready, self._ready = self._ready, None
+            while ready is not None:
+                try:  # a delete at a mod revision is safe to repeat
+                    await self.store.compare_and_delete(self.ready_key, ready.mod_revision)
+                    ready = None
+                except StoreConnectionError as exc:
+                    await watch.pause(exc)
 
     async def __aenter__(self) -> Self:
         await self.enter()

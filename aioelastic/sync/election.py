@@ -16,9 +16,17 @@ from typing import Self
 
 import anyio
 
-from ..errors import CompactedError, NotLeaderError, SyncTimeoutError
-from ..store import EventType, KeyValue, LeaseKeeper, Store, Watch
-from ._common import HeldLease, QueueEntry, check_config, check_name, check_timeout, head_of
+from ..errors import NotLeaderError, SyncTimeoutError
+from ..store import EventType, KeyValue, LeaseKeeper, Store
+from ._common import (
+    HeldLease,
+    QueueEntry,
+    ResumingWatch,
+    check_config,
+    check_name,
+    check_timeout,
+    head_of,
+)
 from ._config import LeaseConfig
 
 __all__ = ["Election", "Leader", "LeaderObserver"]
@@ -117,8 +125,8 @@ class Election:
         self._entry = entry
         try:
             await entry.create(data)
-            before, revision = await entry.position()
-            if before is not None:
+            before, revision = await entry.first_position()
+            if before is not None or revision is None:
                 with anyio.move_on_after(timeout) as scope, keeper.guard():
                     await entry.wait_head(before, revision)
                 if scope.cancelled_caught:
@@ -193,14 +201,18 @@ class LeaderObserver:
 
     Yields the leader at start (``None`` if there is none), then every change of leader or of
     its value. Intermediate states within one store revision may be skipped or reported; the
-    last state of each change is always reported.
+    last state of each change is always reported. Connection errors do not end it: it watches
+    again from where it stopped, so no change is missed or reported twice; if the history it
+    missed has been compacted meanwhile, it reads the candidates again and reports the leader if
+    that changed.
     """
 
     def __init__(self, store: Store, prefix: str) -> None:
         self._store = store
         self._prefix = prefix
         self._candidates: dict[str, KeyValue] = {}
-        self._watch: Watch | None = None
+        self._watch = ResumingWatch(store, prefix, f"observing the election {prefix!r}", self._read)
+        self._started = False
         self._last: Leader | None = None
         self._reported = False
         self._closed = False
@@ -221,37 +233,29 @@ class LeaderObserver:
 
     async def aclose(self) -> None:
         self._closed = True
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            await watch.aclose()
+        await self._watch.aclose()
 
     def _current(self) -> Leader | None:
         head = min(self._candidates.values(), key=lambda kv: kv.create_revision, default=None)
         return None if head is None else Leader.from_kv(head)
 
-    async def _resync(self) -> None:
+    async def _read(self) -> int:
         snapshot = await self._store.range(self._prefix)
         self._candidates = {kv.key: kv for kv in snapshot}
-        watch = self._store.watch(self._prefix, start_revision=snapshot.revision + 1)
-        await watch.start()
-        self._watch = watch
+        return snapshot.revision
 
     async def __anext__(self) -> Leader | None:
         if self._closed:
             raise StopAsyncIteration
         while True:
-            if self._watch is None:
-                await self._resync()
+            if not self._started:
+                await self._watch.resync()
+                self._started = True
             else:
-                try:
-                    event = await self._watch.__anext__()
-                except CompactedError:
-                    await self._watch.aclose()
-                    self._watch = None
-                    continue
-                if event.type is EventType.PUT:
+                event = await self._watch.next()
+                if event is not None and event.type is EventType.PUT:
                     self._candidates[event.kv.key] = event.kv
-                else:
+                elif event is not None:
                     self._candidates.pop(event.kv.key, None)
             current = self._current()
             if not self._reported or current != self._last:

@@ -7,6 +7,7 @@ seen at once and one published later wakes the waiter without polling.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -15,8 +16,15 @@ from typing import Self
 import anyio
 
 from ..errors import SyncTimeoutError
-from ..store import EventType, KeyValue, LeaseKeeper, Store, Watch
-from ._common import JSONValue, check_name, check_timeout, decode_json, encode_json
+from ..store import EventType, KeyValue, LeaseKeeper, Store
+from ._common import (
+    JSONValue,
+    ResumingWatch,
+    check_name,
+    check_timeout,
+    decode_json,
+    encode_json,
+)
 
 __all__ = ["EventChannel", "EventStream", "PublishedEvent"]
 
@@ -84,17 +92,28 @@ class EventChannel:
         timeout = check_timeout(timeout)
         if isinstance(after_revision, bool) or not isinstance(after_revision, int):
             raise TypeError(f"after_revision must be an int, got {type(after_revision).__name__}")
-        with anyio.move_on_after(timeout):
+        found: KeyValue | None = None
+
+        async def read() -> int:
+            nonlocal found
             snapshot = await self.store.range(key)
             for kv in snapshot:
                 if kv.key == key and kv.mod_revision > after_revision:
-                    return self._event(kv)
-            async with self.store.watch(key, start_revision=snapshot.revision + 1) as events:
-                async for event in events:
+                    found = kv
+            return snapshot.revision
+
+        with anyio.move_on_after(timeout):
+            async with ResumingWatch(self.store, key, f"waiting for the event {name!r}", read) as w:
+                await w.resync()
+                while found is None:
+                    event = await w.next()
+                    if event is None:
+                        continue  # the state was read again
                     kv = event.kv
                     is_new = kv.mod_revision > after_revision
                     if event.type is EventType.PUT and kv.key == key and is_new:
-                        return self._event(kv)
+                        found = kv
+                return self._event(found)
         raise SyncTimeoutError(f"timed out after {timeout}s waiting for the event {name!r}")
 
     def stream(
@@ -113,17 +132,42 @@ class EventChannel:
 
 
 class EventStream:
-    """The publications of an :class:`EventChannel`, in revision order, each exactly once."""
+    """The publications of an :class:`EventChannel`, in revision order, each exactly once.
+
+    Connection errors do not end it: it watches again from where it stopped. If the history it
+    missed meanwhile has been compacted, it reads the channel and reports the publications it has
+    not reported yet (the latest of each name: a compacted history cannot be replayed), then
+    follows on. A ``start_revision`` already compacted when the stream opens raises
+    :class:`~aioelastic.errors.CompactedError`.
+    """
 
     def __init__(
         self, channel: EventChannel, names: frozenset[str] | None, start_revision: int | None
     ) -> None:
         self._channel = channel
         self._names = names
-        self._watch: Watch = channel.store.watch(channel.prefix, start_revision=start_revision)
+        self._start_revision = start_revision
+        self._watch = ResumingWatch(
+            channel.store, channel.prefix, f"the event stream {channel.prefix!r}", self._read
+        )
+        self._backlog: deque[KeyValue] = deque()
+        self._opened = False
+        self._closed = False
+
+    async def _read(self) -> int:
+        """After a compaction: queue the publications the stream has not reported yet."""
+        snapshot = await self._channel.store.range(self._channel.prefix)
+        missed = [kv for kv in snapshot if not self._watch.delivered(kv.mod_revision, kv.key)]
+        self._backlog.extend(sorted(missed, key=lambda kv: kv.mod_revision))
+        return snapshot.revision
+
+    async def _open(self) -> None:
+        if not self._opened:
+            await self._watch.open(self._start_revision)
+            self._opened = True
 
     async def __aenter__(self) -> Self:
-        await self._watch.start()
+        await self._open()
         return self
 
     async def __aexit__(
@@ -137,14 +181,24 @@ class EventStream:
     def __aiter__(self) -> Self:
         return self
 
+    def _wanted(self, kv: KeyValue) -> bool:
+        return self._names is None or kv.key[len(self._channel.prefix) :] in self._names
+
     async def __anext__(self) -> PublishedEvent:
-        prefix_len = len(self._channel.prefix)
+        if self._closed:
+            raise StopAsyncIteration
+        await self._open()
         while True:
-            event = await self._watch.__anext__()
-            if event.type is not EventType.PUT:
+            while self._backlog:
+                kv = self._backlog.popleft()
+                if self._wanted(kv):
+                    return self._channel._event(kv)
+            event = await self._watch.next()
+            if event is None or event.type is not EventType.PUT:
                 continue
-            if self._names is None or event.kv.key[prefix_len:] in self._names:
+            if self._wanted(event.kv):
                 return self._channel._event(event.kv)
 
     async def aclose(self) -> None:
+        self._closed = True
         await self._watch.aclose()

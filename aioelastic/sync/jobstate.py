@@ -9,6 +9,7 @@ succeeded | failed``; ``succeeded`` and ``failed`` are final.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -17,8 +18,15 @@ from typing import Self
 import anyio
 
 from ..errors import JobStateError, SyncTimeoutError
-from ..store import EventType, KeyValue, Store, Watch
-from ._common import JSONValue, check_name, check_timeout, decode_json, encode_json
+from ..store import EventType, KeyValue, Store
+from ._common import (
+    JSONValue,
+    ResumingWatch,
+    check_name,
+    check_timeout,
+    decode_json,
+    encode_json,
+)
 
 __all__ = ["JobState", "JobStateRecord", "JobStateWatch", "JobStatus"]
 
@@ -163,12 +171,37 @@ class JobStateRecord:
 
 
 class JobStateWatch:
-    """Statuses of a :class:`JobStateRecord`: the current one first, then every write."""
+    """Statuses of a :class:`JobStateRecord`: the current one first, then every write.
+
+    Connection errors do not end it: it watches again from where it stopped, so no write is
+    missed or reported twice. If the history it missed has been compacted meanwhile, it reads
+    the record and reports its status if that changed since the last one reported.
+    """
 
     def __init__(self, record: JobStateRecord) -> None:
         self._record = record
-        self._watch: Watch | None = None
-        self._first: JobStatus | None = None
+        self._watch = ResumingWatch(
+            record.store, record.key, f"watching the job state {record.key!r}", self._read
+        )
+        self._pending: deque[JobStatus] = deque()
+        self._started = False
+        self._closed = False
+        self._present = False  # whether the key existed at the last status reported
+        self._last_revision = 0
+
+    async def _read(self) -> int:
+        store, key = self._record.store, self._record.key
+        snapshot = await store.range(key)
+        kv = next((kv for kv in snapshot if kv.key == key), None)
+        changed = kv is not None and kv.mod_revision > self._last_revision
+        if not self._started or changed:  # the first status, or a write missed meanwhile
+            self._pending.append(self._record._status(kv))
+        elif kv is None and self._present:  # deleted in the compacted history
+            self._pending.append(JobStatus(JobState.PENDING, revision=snapshot.revision))
+        self._present = kv is not None
+        if kv is not None:
+            self._last_revision = max(self._last_revision, kv.mod_revision)
+        return snapshot.revision
 
     async def __aenter__(self) -> Self:
         await self._start()
@@ -185,30 +218,27 @@ class JobStateWatch:
     def __aiter__(self) -> Self:
         return self
 
-    async def _start(self) -> Watch:
-        if self._watch is None:
-            store, key = self._record.store, self._record.key
-            snapshot = await store.range(key)
-            kv = next((kv for kv in snapshot if kv.key == key), None)
-            self._first = self._record._status(kv)
-            watch = store.watch(key, start_revision=snapshot.revision + 1)
-            await watch.start()
-            self._watch = watch
-        return self._watch
+    async def _start(self) -> None:
+        if not self._started:
+            await self._watch.resync()
+            self._started = True
 
     async def __anext__(self) -> JobStatus:
-        watch = await self._start()
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        while True:
-            event = await watch.__anext__()
-            if event.kv.key != self._record.key:
+        if self._closed:
+            raise StopAsyncIteration
+        await self._start()
+        while not self._pending:
+            event = await self._watch.next()
+            if event is None or event.kv.key != self._record.key:
                 continue
+            self._last_revision = event.revision
+            self._present = event.type is EventType.PUT
             if event.type is EventType.DELETE:
-                return JobStatus(JobState.PENDING, revision=event.revision)
-            return self._record._status(event.kv)
+                self._pending.append(JobStatus(JobState.PENDING, revision=event.revision))
+            else:
+                self._pending.append(self._record._status(event.kv))
+        return self._pending.popleft()
 
     async def aclose(self) -> None:
-        if self._watch is not None:
-            await self._watch.aclose()
+        self._closed = True
+        await self._watch.aclose()

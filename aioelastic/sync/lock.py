@@ -125,8 +125,8 @@ class Lock:
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         entry = await self._enter()
         try:
-            before, revision = await entry.position()
-            if before is not None:  # queued behind someone: wait (the uncontended path skips it)
+            before, revision = await entry.first_position()
+            if before is not None or revision is None:  # queued (the uncontended path skips it)
                 with anyio.move_on_after(timeout) as scope, self.lease.guard():
                     await entry.wait_head(before, revision)
                 if scope.cancelled_caught:

@@ -8,13 +8,15 @@ fit raises an error naming the parameter).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from ..store import EventType, KeyValue, Store, Watch
-from ._common import JSONValue, check_name, decode_json, encode_json
+from ..errors import StoreConnectionError
+from ..store import EventType, KeyValue, Store
+from ._common import JSONValue, ResumingWatch, check_name, decode_json, encode_json
 
 __all__ = ["ParameterChange", "ParameterValue", "ParameterWatch", "Parameters"]
 
@@ -199,7 +201,12 @@ class Parameters:
 class ParameterWatch:
     """The changes of a :class:`Parameters` view, in revision order, each exactly once.
 
-    Raises :class:`~aioelastic.errors.CompactedError` if it falls behind the store's history;
+    Connection errors do not end it: it watches again from where it stopped. If the history it
+    missed meanwhile has been compacted, it reads the parameters and reports what changed since
+    its last change (the latest value of each name, and the deletions, at the read's revision:
+    a compacted history cannot be replayed), then follows on. It raises
+    :class:`~aioelastic.errors.CompactedError` if ``start_revision`` is already compacted when it
+    opens, or if it falls behind the history while still replaying changes older than its open:
     re-read with :meth:`Parameters.snapshot` and watch again from its revision.
     """
 
@@ -208,10 +215,58 @@ class ParameterWatch:
     ) -> None:
         self._params = params
         self._names = names
-        self._watch: Watch = params.store.watch(params.prefix, start_revision=start_revision)
+        self._start_revision = start_revision
+        self._watch = ResumingWatch(
+            params.store, params.prefix, f"watching the parameters {params.prefix!r}", self._read
+        )
+        self._backlog: deque[ParameterChange] = deque()
+        self._present: set[str] = set()  # the names set at the watch's position, from...
+        self._known_from = 0  # ...the revision of the read at open
+        self._opened = False
+        self._closed = False
+
+    async def _open(self) -> None:
+        if self._opened:
+            return
+        while True:
+            try:
+                snapshot = await self._params.store.range(self._params.prefix)
+                break
+            except StoreConnectionError as exc:
+                await self._watch.pause(exc)
+        prefix_len = len(self._params.prefix)
+        self._present = {kv.key[prefix_len:] for kv in snapshot}
+        self._known_from = snapshot.revision
+        if self._start_revision is None:
+            self._watch.start_after(snapshot.revision)  # from now on: after this read
+        else:
+            await self._watch.open(self._start_revision)
+        self._opened = True
+
+    async def _read(self) -> int:
+        """After a compaction: queue what changed since the watch's position."""
+        compacted = self._watch.compacted
+        if compacted is not None and self._watch.position <= self._known_from:
+            raise compacted  # the names set before the gap are unknown: deletions could be lost
+        snapshot = await self._params.store.range(self._params.prefix)
+        prefix_len = len(self._params.prefix)
+        now: set[str] = set()
+        for kv in sorted(snapshot, key=lambda kv: kv.mod_revision):
+            name = kv.key[prefix_len:]
+            now.add(name)
+            if not self._watch.delivered(kv.mod_revision, kv.key):
+                self._backlog.append(self._change(name, kv))
+        for name in sorted(self._present - now):
+            self._backlog.append(ParameterChange(name, None, snapshot.revision, deleted=True))
+        self._present = now
+        return snapshot.revision
+
+    def _change(self, name: str, kv: KeyValue) -> ParameterChange:
+        entry = self._params._entry(kv)
+        return ParameterChange(name, entry.value, entry.revision)
 
     async def __aenter__(self) -> Self:
-        await self._watch.start()
+        await self._open()
         return self
 
     async def __aexit__(
@@ -226,16 +281,30 @@ class ParameterWatch:
         return self
 
     async def __anext__(self) -> ParameterChange:
+        if self._closed:
+            raise StopAsyncIteration
+        await self._open()
         prefix_len = len(self._params.prefix)
         while True:
-            event = await self._watch.__anext__()
+            while self._backlog:
+                change = self._backlog.popleft()
+                if self._names is None or change.name in self._names:
+                    return change
+            event = await self._watch.next()
+            if event is None:
+                continue  # the parameters were read again
             name = event.kv.key[prefix_len:]
+            if event.revision > self._known_from:
+                if event.type is EventType.DELETE:
+                    self._present.discard(name)
+                else:
+                    self._present.add(name)
             if self._names is not None and name not in self._names:
                 continue
             if event.type is EventType.DELETE:
                 return ParameterChange(name, None, event.revision, deleted=True)
-            entry = self._params._entry(event.kv)
-            return ParameterChange(name, entry.value, entry.revision)
+            return self._change(name, event.kv)
 
     async def aclose(self) -> None:
+        self._closed = True
         await self._watch.aclose()

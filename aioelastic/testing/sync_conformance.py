@@ -458,6 +458,35 @@ class SyncConformance:
         assert all(log.index(f"done{i}") < first_out for i in range(3)), log
         assert (await stores[0].range("D/")).count == 0
 
+    @sync_test
+    async def test_waits_and_observers_ride_out_broken_watches(self, env: SyncEnv) -> None:
+        """Dropped watch streams and a short outage end no wait and lose or repeat no event."""
+        waiter, other = await env.clients(2)
+        passed = anyio.Event()
+
+        async def party(store: Store) -> None:
+            await Barrier(store, "B", 2, config=env.config).wait(timeout=30)
+            if store is waiter:
+                passed.set()
+
+        publisher = EventChannel(other, "ev")
+        async with EventChannel(waiter, "ev").stream() as stream, anyio.create_task_group() as tg:
+            tg.start_soon(party, waiter)
+            await env.settle(0.2)
+            first = await publisher.publish("x", 1)
+            waiter.drop_watches()
+            second = await publisher.publish("x", 2)
+            waiter.partition()  # shorter than the renew deadline: nobody may give up
+            waiter.drop_watches()
+            third = await publisher.publish("x", 3)
+            await anyio.sleep(env.config.renew_deadline / 4)
+            waiter.heal()
+            tg.start_soon(party, other)
+            with anyio.fail_after(env.slack + 5):
+                got = [await stream.__anext__() for _ in range(3)]
+                await passed.wait()
+        assert got == [first, second, third]
+
     # -- events
 
     @sync_test
