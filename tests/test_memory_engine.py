@@ -140,3 +140,33 @@ def test_watchers_are_released_on_close() -> None:
             assert store.engine.watcher_count == 0
 
     run_virtual(main)
+
+
+def test_a_woken_watcher_reads_its_events_without_scanning_the_others() -> None:
+    # Watchers that are caught up are tracked: a write under their prefix records its log index
+    # with them, so a read costs the watcher its own events, not every write since (a round of
+    # N members would otherwise cost O(N^2): each member's control watch scanning the others'
+    # registrations).
+    engine = MemoryEngine()
+    watcher = engine.add_watcher("a/", None, owner=None)
+    engine.put("a/1", b"x")  # wakes it
+    for i in range(1000):  # not its prefix: not recorded with it
+        engine.put(f"b/{i}", b"y")
+    engine.put("a/2", b"x")
+    assert watcher.hits is not None
+    assert len(watcher.hits) == 2
+    assert [e.kv.key for e in engine.read_events(watcher)] == ["a/1", "a/2"]
+    assert watcher.hits == []
+    assert engine.read_events(watcher) == []
+    # a watcher that starts in the past scans the log once, then is tracked
+    past = engine.add_watcher("b/", 1, owner=None)
+    assert past.hits is None
+    assert len(engine.read_events(past)) == 1000
+    assert past.hits == []
+    engine.put("b/late", b"z")
+    assert [e.kv.key for e in engine.read_events(past)] == ["b/late"]
+    # one that starts at a future revision is tracked but sees nothing before it
+    future = engine.add_watcher("a/", engine.revision + 2, owner=None)
+    engine.put("a/3", b"early")
+    engine.put("a/4", b"from here")
+    assert [e.kv.key for e in engine.read_events(future)] == ["a/4"]

@@ -51,7 +51,7 @@ class _Lease:
 class _Watcher:
     """One registered watch on the engine: a cursor into the event log and a wake-up future."""
 
-    __slots__ = ("cursor", "end", "error", "min_revision", "owner", "prefix", "waiter")
+    __slots__ = ("cursor", "end", "error", "hits", "min_revision", "owner", "prefix", "waiter")
 
     def __init__(self, prefix: str, cursor: int, min_revision: int, owner: object) -> None:
         self.prefix = prefix
@@ -61,6 +61,9 @@ class _Watcher:
         self.owner = owner
         self.waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
+        # While tracked (see MemoryEngine._tracked): the absolute log indexes of its unread
+        # events, exactly; None while it must scan the log from its cursor instead.
+        self.hits: list[int] | None = None
 
     def matches(self, key: str) -> bool:
         return key.startswith(self.prefix)
@@ -134,12 +137,13 @@ class MemoryEngine:
         self._log: list[WatchEvent] = []
         self._log_base = 0  # absolute index of _log[0]
         self._watchers: set[_Watcher] = set()
-        # Watchers with nothing unread under their prefix, by prefix ("idle"): a write looks only
-        # at the prefixes it concerns (at a cost that grows with the number of distinct idle
-        # prefixes or with the key's length, whichever is smaller), moves those watchers' cursors
-        # to itself (the events before it did not concern them) and wakes them. So reading costs
-        # a watcher the events under its prefix, not every event written since it last read.
-        self._idle_by_prefix: dict[str, set[_Watcher]] = {}
+        # Watchers whose unread events are known exactly ("tracked"), by prefix: a write looks
+        # only at the prefixes it concerns (at a cost that grows with the number of distinct
+        # tracked prefixes or with the key's length, whichever is smaller), appends its index to
+        # those watchers' hits and wakes those that had none. So reading costs a watcher the
+        # events under its prefix, not every event written since it last read. A watcher that
+        # starts in the past scans the log once, then is tracked.
+        self._tracked: dict[str, set[_Watcher]] = {}
         self._leases: dict[int, _Lease] = {}
         self._last_lease_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -283,20 +287,23 @@ class MemoryEngine:
         self._log.extend(events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
-        idle = self._idle_by_prefix
+        tracked = self._tracked
         first = self._log_base + len(self._log) - len(events)  # absolute index of events[0]
         for index, event in enumerate(events, first):
-            if not idle:
+            if not tracked:
                 break
             key = event.kv.key
-            if len(idle) > len(key):  # look the key's own prefixes up instead
-                hits = [p for p in (key[:i] for i in range(len(key) + 1)) if p in idle]
+            if len(tracked) > len(key):  # look the key's own prefixes up instead
+                prefixes = [p for p in (key[:i] for i in range(len(key) + 1)) if p in tracked]
             else:
-                hits = [p for p in idle if key.startswith(p)]
-            for prefix in hits:
-                for watcher in idle.pop(prefix):
-                    watcher.cursor = index  # idle since its cursor: nothing between concerned it
-                    watcher.wake()
+                prefixes = [p for p in tracked if key.startswith(p)]
+            for prefix in prefixes:
+                for watcher in tracked[prefix]:
+                    hits = watcher.hits
+                    assert hits is not None
+                    hits.append(index)
+                    if len(hits) == 1:
+                        watcher.wake()
         if self.on_commit:
             commit = Commit(self._revision, events)
             for callback in self.on_commit:
@@ -327,13 +334,17 @@ class MemoryEngine:
 
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
-        idle = {w for same in self._idle_by_prefix.values() for w in same}
+        cut = self._log_base + drop  # absolute index of the first event kept
         for watcher in self._watchers:
-            offset = watcher.cursor - self._log_base
-            if watcher in idle:  # nothing unread under its prefix: it loses nothing
-                watcher.cursor = max(watcher.cursor, self._log_base + drop)
-            elif watcher.error is None and offset < drop:  # unread events it can no longer see
-                unread = self._log[offset].kv.mod_revision
+            hits = watcher.hits
+            if hits is not None:  # tracked: loses something only if an unread event goes
+                if hits and hits[0] < cut and watcher.error is None:
+                    unread = self._log[hits[0] - self._log_base].kv.mod_revision
+                    watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
+                else:
+                    watcher.cursor = max(watcher.cursor, cut)
+            elif watcher.error is None and watcher.cursor < cut:  # unread events it cannot see
+                unread = self._log[watcher.cursor - self._log_base].kv.mod_revision
                 watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
         if drop:
             del self._log[:drop]
@@ -353,12 +364,12 @@ class MemoryEngine:
         watcher = _Watcher(prefix, self._log_base + offset, start_revision, owner)
         self._watchers.add(watcher)
         if watcher.cursor == self._log_base + len(self._log):
-            self._mark_idle(watcher)
+            self._track(watcher)
         return watcher
 
     def remove_watcher(self, watcher: _Watcher) -> None:
         self._watchers.discard(watcher)
-        self._unmark_idle(watcher)
+        self._untrack(watcher)
         watcher.wake()
 
     async def wait(self, watcher: _Watcher) -> None:
@@ -367,39 +378,51 @@ class MemoryEngine:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         waiter = watcher.waiter = self._loop.create_future()
-        idle = watcher in self._idle_by_prefix.get(watcher.prefix, ())
-        if not idle or watcher.error is not None:
+        idle = watcher.hits is not None and not watcher.hits
+        if not idle or watcher.error is not None or watcher not in self._watchers:
             waiter.set_result(None)
         try:
             await waiter
         finally:
             watcher.waiter = None
 
-    def _mark_idle(self, watcher: _Watcher) -> None:
-        self._idle_by_prefix.setdefault(watcher.prefix, set()).add(watcher)
+    def _track(self, watcher: _Watcher) -> None:
+        """From now on, writes under its prefix record themselves in ``watcher.hits``."""
+        watcher.hits = []
+        self._tracked.setdefault(watcher.prefix, set()).add(watcher)
 
-    def _unmark_idle(self, watcher: _Watcher) -> None:
-        same = self._idle_by_prefix.get(watcher.prefix)
+    def _untrack(self, watcher: _Watcher) -> None:
+        watcher.hits = None
+        same = self._tracked.get(watcher.prefix)
         if same is not None:
             same.discard(watcher)
             if not same:
-                del self._idle_by_prefix[watcher.prefix]
+                del self._tracked[watcher.prefix]
 
     def read_events(self, watcher: _Watcher) -> list[WatchEvent]:
         """Every event for ``watcher`` not yet read (advances its cursor)."""
         if watcher.error is not None:
             raise watcher.error
-        start = watcher.cursor - self._log_base
-        if start < 0:  # pragma: no cover - _drop_history_before fails such watchers first
-            raise CompactedError(watcher.min_revision, self._compact_revision)
-        watcher.cursor = self._log_base + len(self._log)
-        if watcher in self._watchers:
-            self._mark_idle(watcher)  # caught up: nothing unread under its prefix from here
-        prefix = watcher.prefix
+        log, base = self._log, self._log_base
         minimum = watcher.min_revision
-        return [
-            e for e in self._log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum
-        ]
+        hits = watcher.hits
+        if hits is not None:  # tracked: its unread events are known
+            watcher.cursor = base + len(log)
+            if not hits:
+                return []
+            watcher.hits = []
+            events = [log[index - base] for index in hits]
+            if events[0].revision < minimum:  # a watch that starts at a future revision
+                events = [e for e in events if e.revision >= minimum]
+            return events
+        start = watcher.cursor - base
+        if start < 0:  # pragma: no cover - _drop_history_before fails such watchers first
+            raise CompactedError(minimum, self._compact_revision)
+        watcher.cursor = base + len(log)
+        if watcher in self._watchers:
+            self._track(watcher)  # caught up: writes under its prefix are recorded from here
+        prefix = watcher.prefix
+        return [e for e in log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum]
 
     # -- leases
 
@@ -529,9 +552,10 @@ class MemoryEngine:
         if len(self._log) > self._compact_at:
             self._auto_compact()
         # restores run before anyone watches; should one not, wake and rescan them all
-        idle, self._idle_by_prefix = self._idle_by_prefix, {}
-        for watchers in idle.values():
+        tracked, self._tracked = self._tracked, {}
+        for watchers in tracked.values():
             for watcher in watchers:
+                watcher.hits = None
                 watcher.wake()
 
     def restore_lease(self, lease_id: int, ttl: float) -> None:
