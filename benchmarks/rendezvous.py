@@ -120,7 +120,8 @@ async def new_node(n: int) -> tuple[float, float]:
         done.append(loop.time())
 
     watchers = [loop.create_task(member(h)) for h in members]
-    await asyncio.sleep(0.1)  # every member waits on its watch (opened, counts read)
+    # every member waits on its watch (opened, and the registrations counted: 3 requests each)
+    await asyncio.sleep(0.1 + 0.004 * n)
     start = loop.time()
     result = await late.next_rendezvous()
     done.append(loop.time())
