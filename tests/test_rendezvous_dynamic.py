@@ -636,14 +636,22 @@ class _CountingStore(MemoryStore):
         return super()._watch(prefix, start_revision)
 
 
-@virtual
-async def test_a_rejoin_goes_on_from_the_kept_control_watch() -> None:
+def counted_handlers(
+    n: int, min_nodes: int, max_nodes: int
+) -> tuple[list[_CountingStore], list[DynamicRendezvousHandler]]:
+    """N handlers (no last call) over counting stores of one engine."""
     engine = MemoryEngine()
-    stores = [_CountingStore(engine) for _ in range(3)]
+    stores = [_CountingStore(engine) for _ in range(n)]
     hs = [
-        DynamicRendezvousHandler(s, "job", 2, 3, lease_ttl=TTL, last_call_timeout=0.0)
+        DynamicRendezvousHandler(s, "job", min_nodes, max_nodes, lease_ttl=TTL, last_call_timeout=0)
         for s in stores
     ]
+    return stores, hs
+
+
+@virtual
+async def test_a_rejoin_goes_on_from_the_kept_control_watch() -> None:
+    stores, hs = counted_handlers(3, 2, 3)
     ctl = RunKeys("job").ctl
     check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs[:2])))
     assert all(s.watches.count(ctl) == 1 and s.ranges.count(ctl) == 1 for s in stores[:2])
@@ -659,7 +667,7 @@ async def test_a_rejoin_goes_on_from_the_kept_control_watch() -> None:
     assert all(s.watches.count(ctl) == 1 and s.ranges.count(ctl) == 1 for s in stores[:2])
     assert sum(h.statistics().rounds_driven for h in hs) == 2  # each round driven once
     await close_all(hs)
-    assert not engine.watcher_count  # the kept watches closed with their handlers
+    assert not stores[0].engine.watcher_count  # the kept watches closed with their handlers
 
 
 @virtual
@@ -679,12 +687,7 @@ async def test_a_kept_control_watch_behind_a_compaction_reads_afresh() -> None:
 
 @virtual
 async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> None:
-    engine = MemoryEngine()
-    stores = [_CountingStore(engine) for _ in range(6)]
-    hs = [
-        DynamicRendezvousHandler(s, "job", 2, 6, lease_ttl=TTL, last_call_timeout=0.0)
-        for s in stores
-    ]
+    stores, hs = counted_handlers(6, 2, 6)
     member = hs[0]
     check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs[:2])))
     stores[0].ranges.clear()

@@ -346,7 +346,8 @@ class Store(abc.ABC):
                 await watch.aclose()
                 continue
             except BaseException:
-                await watch.aclose()
+                with anyio.CancelScope(shield=True):
+                    await watch.aclose()
                 raise
             return result, watch
 
