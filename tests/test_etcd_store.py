@@ -427,6 +427,24 @@ async def test_cancelled_or_closed_watches_release_the_server_watcher(etcd: Etcd
     await settled(before)  # closing the store releases what its watches held
 
 
+@pytest.mark.asyncio
+async def test_a_read_cancelled_while_pending_keeps_the_stream(etcd: EtcdServer) -> None:
+    # grpc.aio cancels a whole stream when a read on it is cancelled: the watch reads in a task
+    # of its own, so a caller that races a read against something else and cancels it (as the
+    # rendezvous does on every join) does not break the watch.
+    async with fresh_store(etcd) as store, store.watch("pend/") as events:
+        for i in range(3):
+            reader = asyncio.ensure_future(events.__anext__())
+            await asyncio.sleep(0.05)  # pending inside grpc
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            written = await store.put(f"pend/{i}", b"x")
+            with anyio.fail_after(5):
+                event = await events.__anext__()
+            assert (event.kv.key, event.revision) == (f"pend/{i}", written)
+
+
 def test_missing_grpc_names_the_extra() -> None:
     code = (
         "import sys, asyncio; sys.modules['grpc'] = None\n"

@@ -429,6 +429,10 @@ class _EtcdWatch(Watch):
         self._start_revision = 0
         self._call: Any = None
         self._channel: Any = None
+        # The pending read of ``_call``, in a task of its own: grpc cancels a whole stream when
+        # a read is cancelled, so a caller's cancelled ``__anext__`` must not cancel the read
+        # (it stays pending, and the next ``__anext__`` takes its answer).
+        self._read: asyncio.Future[Any] | None = None
         self._pending: deque[WatchEvent] = deque()
         self._error: BaseException | None = None
 
@@ -445,8 +449,9 @@ class _EtcdWatch(Watch):
 
     def _drop(self) -> None:
         call, self._call = self._call, None
+        self._read = None
         if call is not None:
-            call.cancel()
+            call.cancel()  # ends a pending read too
 
     async def _start(self) -> None:
         store = self._store
@@ -498,6 +503,7 @@ class _EtcdWatch(Watch):
             call.cancel()
             raise
         self._call = call
+        self._read = None
         self._channel = channel
         if response.canceled:  # created and cancelled at once: compacted, or refused
             if _auth_refusal(response) and reauthenticate and client.username is not None:
@@ -560,8 +566,12 @@ class _EtcdWatch(Watch):
                 await self._reconnect()
                 continue
             call = self._call
+            read = self._read
+            if read is None:
+                read = self._read = asyncio.ensure_future(call.read())
+                read.add_done_callback(_retrieve)
             try:
-                response = await call.read()
+                response = await asyncio.shield(read)
             except grpc.aio.AioRpcError as exc:
                 if self._error is not None:
                     raise self._error from None
@@ -572,9 +582,16 @@ class _EtcdWatch(Watch):
                     self._store.client.rotate(self._channel)
                 continue
             except asyncio.CancelledError:
-                if self._error is not None and self._call is None:
+                if not read.done():
+                    raise  # our caller was cancelled: the read goes on for the next call
+                # the read ended because the stream was cancelled: by _drop (failed, closed)
+                if self._error is not None:
                     raise self._error from None
-                raise
+                if self._call is call:  # cancelled under us otherwise: open it again
+                    self._drop()
+                continue
+            if self._read is read:
+                self._read = None
             if response is grpc.aio.EOF:
                 self._drop()
                 continue
@@ -587,6 +604,12 @@ class _EtcdWatch(Watch):
     async def _aclose(self) -> None:
         self._store._watches.discard(self)
         self._drop()
+
+
+def _retrieve(read: asyncio.Future[Any]) -> None:
+    """Retrieve a finished read's outcome (one dropped with its stream is never awaited)."""
+    if not read.cancelled():
+        read.exception()
 
 
 async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdStore:
