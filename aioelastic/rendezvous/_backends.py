@@ -8,7 +8,7 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
-product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``, ``rank``
+product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``, ``fast_reform``, ``rank``
 (static), ``store_url``. Keys torch accepts that mean nothing here (``timeout``,
 ``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``, ``use_libuv``) are accepted
 and ignored; any other key is logged and ignored, as torch does.
@@ -41,6 +41,7 @@ _KNOWN_KEYS = {
     "lease_ttl",
     "node_id",
     "reopen_closed",
+    "fast_reform",
     "rank",
     "store_url",
     "master_addr",
@@ -134,6 +135,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
     )
     close_timeout = params.get_as_seconds("close_timeout", DEFAULTS["close_timeout"])
     reopen = params.get_as_bool("reopen_closed", False)
+    fast_reform = params.get_as_bool("fast_reform", True)
     node_id = params.get("node_id")
     if node_id is not None and not isinstance(node_id, str):
         raise ConfigError("node_id", node_id, "a string")
@@ -155,6 +157,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
             node_id=node_id,
             local_addr=params.local_addr,
             reopen_closed=bool(reopen),
+            fast_reform=bool(fast_reform),
             backend=params.backend,
             owns_store=True,
         )

@@ -11,7 +11,9 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    events and nobody else anything. It completes the round at once when ``max_nodes`` have
    registered, or when ``last_call_timeout`` has passed since ``min_nodes`` had (a deadline on
    the event loop). A round cannot complete while members of the previous round are still in it
-   (they leave it by registering for the next one, or by dying).
+   (they leave it by registering for the next one, or by dying). Once they have, a round whose
+   registrations are all survivors of the last one completes at once (``fast_reform``): after a
+   loss or a restart nobody waits out a last call for nodes that are not coming.
 3. The driver finalises the round by compare-and-swap of ``c/round`` (members in rank order,
    rank 0's master address). Every waiting node wakes on that one write: completion costs each
    node one watch event. If the driver dies, its lease takes ``c/driver`` with it and a waiting
@@ -264,6 +266,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     store with the handler. ``event_sink``: where this handler's structured events go (round
     completions, membership changes, status transitions; see :mod:`aioelastic.events`; default:
     ``AIOELASTIC_EVENTS``, else none); the attribute :attr:`event_sink` may be replaced later.
+    ``fast_reform`` (default on): a round after a completed one forms at once, without its last
+    call, when every surviving member of the last round has registered again and no other node
+    is waiting (torchft's "fast quorum"); off, the last call is always waited out, as torch does.
     """
 
     def __init__(
@@ -281,6 +286,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         node_id: str | None = None,
         local_addr: str | None = None,
         reopen_closed: bool = False,
+        fast_reform: bool = True,
         backend: str = "memory",
         owns_store: bool = False,
         event_sink: EventSink | None = None,
@@ -314,6 +320,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._node_id = check_node_id(node_id) if node_id is not None else secrets.token_hex(6)
         self._local_addr = local_addr
         self._reopen_closed = reopen_closed
+        self._fast_reform = bool(fast_reform)
         self._backend = backend
         self._owns_store = owns_store
 
@@ -821,7 +828,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     if last_call_at is None:
                         last_call_at = now + self._last_call
                         self._last_call_deadline = last_call_at
-                    if len(current) >= self._max or now >= last_call_at:
+                    if (
+                        len(current) >= self._max
+                        or now >= last_call_at
+                        or self._reformed(prev, current)
+                    ):
                         await self._finalize(target, prev_kv, prev, current)
                         return
                 else:
@@ -834,6 +845,19 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                         event = await events.__anext__()
                 if event is not None and event.revision > seen:
                     apply(event.type, event.kv)
+
+    def _reformed(self, prev: RoundRecord | None, current: dict[str, KeyValue]) -> bool:
+        """A fast re-form: every survivor of the last round is back and nobody else is waiting.
+
+        Called once the last round has drained (each of its members registered again or died),
+        so ``current`` holding only members of it means no newcomer waits: the last call would
+        only wait for nodes that are not coming. A later arrival joins the next round, as a new
+        node does. Off with ``fast_reform=False`` (torch's rule: always wait out the last call).
+        """
+        if not self._fast_reform or prev is None:
+            return False
+        members = set(prev.members)
+        return all(node in members for node in current)
 
     async def _finalize(
         self,
