@@ -411,7 +411,8 @@ async def test_fast_reform_waits_for_a_newcomer_and_can_be_turned_off() -> None:
         # a newcomer is waited for: the last call runs either way, and it is in the round
         assert loop.time() - start == pytest.approx(30.0)
         check_round(third)
-        assert third[0].world_size == 3 and second[0].world_size == 2
+        assert third[0].world_size == 3
+        assert second[0].world_size == 2
         await close_all(hs)
 
 

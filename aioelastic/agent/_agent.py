@@ -85,6 +85,12 @@ class WorkerSpec:
     ``rendezvous_retry_timeout``: how long the agent keeps rejoining after the store was
     unreachable (``RendezvousConnectionError``: an etcd leader election, a restarted store
     server) before it gives up; 0 gives up at the first such error.
+    ``loss_window``: a worker failure that comes with the loss of a node is that change's
+    consequence (the survivors' workers fail on the broken collective), not a failure of the job:
+    with no restart left, a failed node waits this long for a membership change before it fails
+    (only when the round has other nodes; ``None``: the rendezvous lease's TTL + 1 s, by which a
+    dead node's lease has expired); with restarts left, it restarts at once and the restart is
+    not counted when the next round shows a node of the last one lost.
     """
 
     entrypoint: Sequence[str]
@@ -99,6 +105,7 @@ class WorkerSpec:
     exit_barrier_timeout: float = 300.0
     monitor_interval: float = 0.1
     rendezvous_retry_timeout: float = 60.0
+    loss_window: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, str) or not self.entrypoint:
@@ -122,6 +129,11 @@ class WorkerSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        window = self.loss_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0
+        ):
+            raise ValueError(f"loss_window must be a number of seconds >= 0, got {window!r}")
         parse_std(self.redirects, self.nproc_per_node, "redirects")
         parse_std(self.tee, self.nproc_per_node, "tee")
 
@@ -479,6 +491,7 @@ class ElasticAgent:
             )
 
         restart_reason: str | None = None
+        restarted_from: RendezvousResult | None = None  # the round a counted restart left
         unreachable_since: float | None = None  # the store failed the joins since then
         backoff = _RETRY_FIRST
 
@@ -517,6 +530,9 @@ class ElasticAgent:
             except RendezvousError as exc:
                 return result(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
             unreachable_since, backoff = None, _RETRY_FIRST
+            if restarted_from is not None:
+                self._refund_restart(restarted_from, rdzv)
+                restarted_from = None
             self.rounds += 1
             self.round, self.group_rank = rdzv.round, rdzv.rank
             self.world_size = rdzv.world_size * spec.nproc_per_node
@@ -595,7 +611,18 @@ class ElasticAgent:
                 if self.metrics is not None:
                     self.metrics.failures.inc(len(failures))
                 await self._stop_workers()
+                loss = None
                 if self.restarts >= spec.max_restarts:
+                    loss = await self._loss_within(rdzv)
+                if loss is not None:
+                    log.info(
+                        "round %d: the worker failure(s) followed %s: re-forming, not counted "
+                        "as a restart",
+                        rdzv.round,
+                        _describe_event(loss),
+                    )
+                    detail = loss
+                elif self.restarts >= spec.max_restarts:
                     log.error(
                         "no restart left (max restarts %d): closing the run", spec.max_restarts
                     )
@@ -603,12 +630,14 @@ class ElasticAgent:
                     return result(
                         AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted"
                     )
-                self.restarts += 1
-                if self.metrics is not None:
-                    self.metrics.restarts.inc()
-                restart_reason = "worker_failed"
-                log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
-                continue
+                else:
+                    self.restarts += 1
+                    restarted_from = rdzv
+                    if self.metrics is not None:
+                        self.metrics.restarts.inc()
+                    restart_reason = "worker_failed"
+                    log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
+                    continue
             event: RendezvousEvent | BaseException = detail
             if isinstance(event, RendezvousEvent) and event.kind is RendezvousEventKind.CLOSED:
                 log.info("round %d: the run was closed: stopping the workers", rdzv.round)
@@ -737,6 +766,8 @@ class ElasticAgent:
                 exited = [waiters[t] for t in done if isinstance(t, asyncio.Task) and t in waiters]
                 pending -= {w.waiter for w in exited}
                 failed = [w for w in exited if w.returncode != 0]
+                if failed and changes in done and _is_loss(changes):
+                    return "changed", changes.result()  # the failures are the loss's consequence
                 if failed:
                     return "failed", [self._failure(rdzv, w) for w in failed]
                 if not pending:
@@ -750,6 +781,50 @@ class ElasticAgent:
             for task in (changes, stopper):
                 task.cancel()
             await _settle(changes, stopper)
+
+    async def _loss_within(self, rdzv: RendezvousResult) -> RendezvousEvent | None:
+        """The loss of a node of ``rdzv`` seen within the loss window, or None (see WorkerSpec)."""
+        if len(rdzv.participants) < 2:
+            return None  # nobody else to lose: the failure is the job's
+        window = self.spec.loss_window
+        if window is None:
+            keeper = getattr(self._handler, "lease", None)
+            ttl = getattr(keeper, "ttl", None)
+            window = float(ttl) + 1.0 if isinstance(ttl, (int, float)) else 0.0
+        if window <= 0:
+            return None
+        log.info(
+            "round %d: waiting up to %.1f s for a membership change that would explain the failure",
+            rdzv.round,
+            window,
+        )
+        waiter = asyncio.ensure_future(self._next_loss(rdzv))
+        try:
+            await asyncio.wait({waiter}, timeout=window)
+        finally:
+            waiter.cancel()
+            await _settle(waiter)
+        return waiter.result() if waiter.done() and _is_loss(waiter) else None
+
+    async def _next_loss(self, rdzv: RendezvousResult) -> RendezvousEvent:
+        while True:
+            event = await self._next_change(rdzv)
+            if event.kind in (RendezvousEventKind.PARTICIPANT_LOST, RendezvousEventKind.CLOSED):
+                return event
+
+    def _refund_restart(self, left: RendezvousResult, rdzv: RendezvousResult) -> None:
+        """A counted restart whose next round lacks a node of the round it left was the loss's
+        consequence, not a failure of the job: give it back."""
+        lost = sorted(set(left.participants) - set(rdzv.participants))
+        if lost and self.restarts > 0:
+            self.restarts -= 1
+            log.info(
+                "round %d: node(s) %s of round %d are gone: the failure was their loss's "
+                "consequence, not counted as a restart",
+                rdzv.round,
+                ", ".join(lost),
+                left.round,
+            )
 
     def _failure(self, rdzv: RendezvousResult, worker: WorkerProcess) -> WorkerFailure:
         code = worker.returncode
@@ -792,6 +867,13 @@ class ElasticAgent:
             log.info("exit barrier: every node is done")
         else:
             log.info("exit barrier: leaving without waiting for every node")
+
+
+def _is_loss(change: asyncio.Future[RendezvousEvent]) -> bool:
+    """Whether a finished change future holds a lost participant."""
+    if change.cancelled() or change.exception() is not None:
+        return False
+    return change.result().kind is RendezvousEventKind.PARTICIPANT_LOST
 
 
 async def _settle(*tasks: asyncio.Future[Any]) -> None:

@@ -8,10 +8,10 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
-product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``, ``fast_reform``, ``rank``
-(static), ``store_url``. Keys torch accepts that mean nothing here (``timeout``,
-``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``, ``use_libuv``) are accepted
-and ignored; any other key is logged and ignored, as torch does.
+product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``,
+``fast_reform``, ``rank`` (static), ``store_url``. Keys torch accepts that mean nothing here
+(``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``,
+``use_libuv``) are accepted and ignored; any other key is logged and ignored, as torch does.
 """
 
 from __future__ import annotations
