@@ -28,6 +28,7 @@ from aioelastic.timer import (
     expires,
     get_client,
 )
+from aioelastic.timer import api as timer_api
 
 
 def virtual(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:
@@ -58,7 +59,7 @@ def test_public_names_are_exported() -> None:
         assert hasattr(timer_pkg, name), name
     public = {
         name
-        for module in (timer_pkg.api, timer_pkg.local, timer_pkg.unix, timer_pkg.store)
+        for module in (timer_api, timer_pkg.local, timer_pkg.unix, timer_pkg.store)
         for name in module.__all__
     }
     assert public - {"DEFAULT_PREFIX"} <= set(timer_pkg.__all__)
