@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ._virtual_time import VirtualTimeLoop, run_virtual, virtual_time_loop
 from .faults import FaultInjectingStore, FaultPlan, InjectedFault
 
@@ -28,3 +29,5 @@ __all__ = [
     "run_virtual",
     "virtual_time_loop",
 ]
+
+_publish(globals())

@@ -8,6 +8,7 @@ socket (:mod:`.unix`), across hosts through any store backend (:mod:`.store`). S
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ._client import TimerClient
 from ._guard import TimerGuard, configure, expires, get_client
 from ._server import Reaper, TimerServer, TimerServerStatistics
@@ -42,3 +43,5 @@ __all__ = [
     "run_prefix",
     "timer_key",
 ]
+
+_publish(globals())
