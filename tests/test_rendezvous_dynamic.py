@@ -7,7 +7,7 @@ take no real time, and ``loop.time()`` tells exactly when something happened.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -28,26 +28,14 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore
-from aioelastic.testing import run_virtual
+from aioelastic.testing import run_virtual, virtual_test
 
 T = TypeVar("T")
 
 TTL = 6.0
 
 
-def virtual(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body on the virtual-time loop."""
-
-    async def bounded() -> None:
-        async with asyncio.timeout(3600):  # virtual seconds: a hang fails fast
-            await fn()
-
-    def run() -> None:
-        run_virtual(bounded())
-
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
+virtual = virtual_test  # every async test body here runs in virtual time
 
 
 def handlers(
