@@ -9,6 +9,7 @@ import shutil
 import socket
 import ssl
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from aioelastic.errors import (
 )
 from aioelastic.store import open_store
 from aioelastic.store.http.server import HttpStoreServer
+from aioelastic.testing.strategies import any_keys
 
 
 @pytest_asyncio.fixture
@@ -467,6 +469,28 @@ def test_fuzzed_requests_never_get_a_5xx(
         after = (engine.revision, len(engine), engine.lease_count)
         if after[2] >= before[2]:  # (unless a fuzzed short lease expired meanwhile)
             assert after == before, (method, target, payload[:300])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=any_keys(max_size=20))
+def test_any_key_round_trips_over_http(fuzz_server: ServerThread, key: str) -> None:
+    """Every key the protocol allows (newlines included: once a 404 "no route") is written,
+    read, listed, watched, added to and deleted through the real client."""
+
+    async def main() -> None:
+        async with open_store(fuzz_server.url, read_retries=0) as store:
+            space = store.namespace(f"any-{uuid.uuid4().hex}/")
+            written = await space.put(key, b"v")
+            assert (await space.get(key)) is not None
+            assert [kv.key for kv in await space.range(key)] == [key]
+            async with space.watch(key, start_revision=written) as events:
+                event = await asyncio.wait_for(events.__anext__(), 10)
+            assert event.kv.key == key
+            assert (await space.compare_and_delete(key, written)).succeeded
+            assert await space.add(key, 3) == 3
+            assert await space.delete_prefix("") == 1
+
+    asyncio.run(main())
 
 
 def test_the_openapi_document_describes_every_route() -> None:

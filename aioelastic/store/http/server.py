@@ -307,7 +307,7 @@ def _fast_path(
     router and middleware).
 
     The fast path skips only the routing: the key is cut from the path as the router's
-    ``{key:.*}`` pattern would (``%2F`` and ``%25`` undone, no newline), and the request is
+    ``{key:...}`` pattern would (``%2F`` and ``%25`` undone), and the request is
     answered by :meth:`_App.answer` as the middleware would (authentication, JSON errors,
     metrics). A request with ``Expect`` (``100-continue``) or anything unusual takes the routed
     way. Fast-path requests have no ``match_info`` (and so no ``request.app``); handlers use
@@ -321,7 +321,7 @@ def _fast_path(
         method = request.method
         if method == "GET" or method == "PUT":
             path = request.rel_url.path_safe
-            if path.startswith("/v1/kv/") and "\n" not in path and "Expect" not in request.headers:
+            if path.startswith("/v1/kv/") and "Expect" not in request.headers:
                 key = path[7:]
                 if "%" in key:
                     key = key.replace("%2F", "/").replace("%25", "%")
@@ -1121,13 +1121,14 @@ def make_app(
     route("GET", "/metrics", state.metrics_route, "metrics")
     route("GET", "/openapi.json", state.openapi, "openapi")
     route("GET", "/v1/revision", state.revision, "revision")
-    route("GET", "/v1/kv/{key:.*}", state.get_key, "get")
-    route("PUT", "/v1/kv/{key:.*}", state.put_key, "put")
-    route("DELETE", "/v1/kv/{key:.*}", state.delete_key, "delete")
-    route("POST", "/v1/add/{key:.*}", state.add, "add")
-    route("GET", "/v1/range/{key:.*}", state.range, "range")
-    route("DELETE", "/v1/range/{key:.*}", state.delete_range, "delete_range")
-    route("GET", "/v1/watch/{key:.*}", state.watch, "watch")
+    # "(?s:.*)": any key, newlines included (a bare ".*" stops at one: 404 "no route").
+    route("GET", "/v1/kv/{key:(?s:.*)}", state.get_key, "get")
+    route("PUT", "/v1/kv/{key:(?s:.*)}", state.put_key, "put")
+    route("DELETE", "/v1/kv/{key:(?s:.*)}", state.delete_key, "delete")
+    route("POST", "/v1/add/{key:(?s:.*)}", state.add, "add")
+    route("GET", "/v1/range/{key:(?s:.*)}", state.range, "range")
+    route("DELETE", "/v1/range/{key:(?s:.*)}", state.delete_range, "delete_range")
+    route("GET", "/v1/watch/{key:(?s:.*)}", state.watch, "watch")
     route("POST", "/v1/compact", state.compact, "compact")
     route("POST", "/v1/lease", state.lease_grant, "lease_grant")
     route("GET", "/v1/leases", state.leases, "leases")
