@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -285,6 +286,62 @@ async def test_huge_and_malformed_http_gets_json_4xx(server: HttpStoreServer) ->
         assert error["message"]
     status, body, _ = await _raw("GET", f"{server.url}/healthz")
     assert status == 200  # still serving
+
+
+@pytest.mark.asyncio
+async def test_compressed_bodies_are_refused_with_415_and_store_nothing(
+    server: HttpStoreServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Content codings are refused (415), never decoded in part or stored compressed; an
+    undecodable body is a 415 too, not a 500 with a traceback."""
+    import gzip
+    import zlib
+
+    value = b"0123456789" * 90  # 900 bytes: under the 1000-byte limit
+    cases = [
+        ("gzip", gzip.compress(value)),
+        ("deflate", zlib.compress(value)),
+        ("gzip", b"this is not gzip at all"),
+        ("deflate", b"\x78\x9c not deflate"),
+        ("br", b"\x00\x01"),
+        ("x-unknown", value),
+        ("gzip, identity", gzip.compress(value)),
+    ]
+    for i, (coding, body) in enumerate(cases):
+        headers = {"Content-Encoding": coding}
+        status, answer, got = await _raw(
+            "PUT", f"{server.url}/v1/kv/c{i}", data=body, headers=headers
+        )
+        assert status == 415, (coding, answer)
+        assert json.loads(answer)["error"] == "unsupported_content_encoding"
+        assert got["Accept-Encoding"] == "identity"
+        assert server.engine.get(f"c{i}") is None
+    status, answer, _ = await _raw(
+        "POST",
+        f"{server.url}/v1/lease",
+        data=gzip.compress(b'{"ttl": 5}'),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert status == 415, answer
+    assert server.engine.lease_count == 0
+    status, answer, _ = await _raw(
+        "PUT", f"{server.url}/v1/kv/plain", data=value, headers={"Content-Encoding": "identity"}
+    )
+    assert status == 200, answer
+    # A transfer coding besides chunked: refused, not stored compressed.
+    compressed = gzip.compress(value)
+    request = (
+        b"PUT /v1/kv/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(compressed), compressed)
+    )
+    raw = await asyncio.to_thread(_raw_socket_exchange, server.port, request)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert int(head.split(b" ", 2)[1]) == 415, raw[:300]
+    assert json.loads(body)["error"] == "unsupported_transfer_encoding"
+    assert server.engine.get("te") is None
+    assert (await _raw("GET", f"{server.url}/healthz"))[0] == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
 
 
 @pytest.mark.asyncio

@@ -78,11 +78,20 @@ def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamRespon
 class _ApiError(Exception):
     """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.extra = extra
 
 
@@ -461,6 +470,28 @@ def _etag_revision(raw: str, header: str) -> int:
     return _parse_int(raw, f"header {header}", 0)
 
 
+def _refuse_codings(request: web.Request) -> None:
+    """415 for a body in a content coding (gzip, deflate, ...) or a transfer coding besides
+    ``chunked``. The server does not decompress (``auto_decompress=False``): a decoded size is
+    unbounded by the body's, a part is never stored, and a compressed one never as the value."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding != "identity":
+        raise _ApiError(
+            415,
+            "unsupported_content_encoding",
+            f"request bodies are taken as they are (Content-Encoding: identity); "
+            f"{coding[:40]!r} is not accepted: send the body uncompressed",
+            headers={"Accept-Encoding": "identity"},
+        )
+    transfer = request.headers.get("Transfer-Encoding")
+    if transfer is not None and transfer.strip().lower() != "chunked":
+        raise _ApiError(
+            415,
+            "unsupported_transfer_encoding",
+            f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
+        )
+
+
 class _Limits:
     def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
         self.max_key_bytes = max_key_bytes
@@ -519,14 +550,21 @@ class _App:
         try:
             if self.token is not None and request.path != "/healthz":
                 self._authenticate(request)
+            if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
+                _refuse_codings(request)
             metered = op
             response = await call(request, arg)
             status = response.status
             return response
         except _ApiError as exc:
             status = exc.status
-            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'} if status == 401 else None
-            return _error_response(exc.status, exc.code, exc.message, headers, **exc.extra)
+            headers = exc.headers
+            if status == 401:
+                headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'}
+            response = _error_response(exc.status, exc.code, exc.message, headers, **exc.extra)
+            if status == 415:
+                response.force_close()  # the refused body is not read: end the connection
+            return response
         except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
             status = exc.status
             if status == 413:
@@ -1266,6 +1304,8 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
+                # Bodies are taken as sent; a content coding is refused (415, _refuse_codings).
+                auto_decompress=False,
                 keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
             )
