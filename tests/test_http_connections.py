@@ -21,8 +21,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, self_signed_cert
+from http_helpers import ROOT, ServerProcess, self_signed_cert
 
+from aioelastic.errors import StoreConnectionError
+from aioelastic.store import open_store
 from aioelastic.store.http._connections import ConnectionBudget, LogLimiter
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -151,6 +153,41 @@ async def test_a_tls_connection_that_never_handshakes_is_closed_at_the_read_time
         finally:
             for _, writer in silent:
                 writer.close()
+
+
+@pytest.mark.asyncio
+async def test_serve_with_a_short_read_timeout_and_few_connections_outlasts_a_flood(
+    tmp_path: Path,
+) -> None:
+    """``aioelastic serve --tls-cert ... --read-timeout 0.5 --max-connections 16`` against 150
+    sockets that never handshake and 150 that handshake and then say nothing: /healthz answers
+    through it, every socket is closed within the read timeout, and the log stays a few lines
+    (it was 221,178 lines of accept tracebacks for 21,000 sockets)."""
+    pytest.importorskip("cryptography")
+    with self_signed_cert(tmp_path) as (cert, key):
+        client_context = ssl.create_default_context(cafile=str(cert))
+        args = ("--tls-cert", str(cert), "--tls-key", str(key), "--read-timeout", "0.5")
+        with ServerProcess(*args, "--max-connections", "16") as srv:
+            assert "at most 16 connections" in "".join(srv.banner)
+            port = int(srv.url.rsplit(":", 1)[1])
+            raw = [await asyncio.open_connection("127.0.0.1", port) for _ in range(150)]
+            quiet = [
+                await asyncio.open_connection("127.0.0.1", port, ssl=client_context)
+                for _ in range(150)
+            ]
+            try:
+                closing = [asyncio.ensure_future(_closed_after(r)) for r, _ in raw + quiet]
+                for _ in range(3):
+                    assert (await _get(f"{srv.url}/healthz", client_context))[0] == 200
+                waited = await asyncio.wait_for(asyncio.gather(*closing), READ_TIMEOUT + 2 * SLACK)
+                assert max(waited) < READ_TIMEOUT + 2 * SLACK
+            finally:
+                for _, writer in raw + quiet:
+                    writer.close()
+            assert (await _get(f"{srv.url}/v1/revision", client_context))[0] == 200
+            code, out = srv.terminate()
+    assert code == 0
+    assert len(out.splitlines()) <= 10, out[:3000]
 
 
 def test_the_log_limiter_lets_one_line_a_second_through_and_counts_the_rest() -> None:
@@ -292,6 +329,9 @@ async def test_out_of_descriptors_a_clear_refusal_healthz_and_no_log_flood(
         assert not closed or uvloop, closed[:3]
         assert all(b"Retry-After: 1" in a for a in refused)
         assert await _get(f"{url}/healthz") == (200, b'{"status":"ok"}')
+        async with open_store(url, read_retries=0) as store:
+            with pytest.raises(StoreConnectionError, match="at most 128 connections"):
+                await store.put("k", b"v")
     finally:
         for writer in held:
             writer.close()
