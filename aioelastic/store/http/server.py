@@ -209,7 +209,7 @@ class _JsonErrorRequestHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self._budget is not None:
-            self._budget.opened(self, self._loop.time())
+            self._budget.opened(self, asyncio.get_running_loop().time())
         if self._read_timeout is not None:
             # The first request's head must arrive within the deadline of the connection (a
             # socket that never sends a byte was kept until the keep-alive timeout).
