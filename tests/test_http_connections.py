@@ -73,7 +73,11 @@ async def test_silent_sockets_are_closed_at_the_read_timeout_and_healthz_answers
         status, body = await _get(f"{srv.url}/metrics")
         assert status == 200
         assert _metric(body.decode(), "aioelastic_requests_total", "408") >= 1
-        assert _metric(body.decode(), "aioelastic_connections_refused_total", "over_limit") >= 20
+        text = body.decode()
+        # Each of the 22 beyond the limit either went over it or, when the flood took longer
+        # than the grace (a loaded machine), closed an older silent one to make room.
+        over = _metric(text, "aioelastic_connections_refused_total", "over_limit")
+        assert over + _metric(text, "aioelastic_connections_refused_total", "silent_closed") >= 22
         assert (await _get(f"{srv.url}/v1/revision"))[0] == 200
 
 
@@ -83,10 +87,12 @@ async def test_the_oldest_silent_connection_makes_room_once_it_was_silent_a_whil
     (a client that just connected is about to speak), and served once they have been silent
     for the grace (half the read timeout, at most 1 s): the oldest is closed for it."""
     async with HttpStoreServer(port=0, read_timeout=30, max_connections=8) as srv:
+        started = time.monotonic()
         silent = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(8)]
         try:
             status, body = await _get(f"{srv.url}/v1/revision")
-            assert (status, json.loads(body)["error"]) == (503, "too_many_connections")
+            if time.monotonic() - started < 0.9:  # (else the grace had passed: a loaded machine)
+                assert (status, json.loads(body)["error"]) == (503, "too_many_connections")
             await asyncio.sleep(1.2)
             assert (await _get(f"{srv.url}/v1/revision"))[0] == 200
             assert await asyncio.wait_for(_closed_after(silent[0][0]), SLACK) < SLACK
