@@ -47,7 +47,7 @@ from ..rendezvous import (
     create_handler,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
-from ._workers import WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
+from ._workers import Std, WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
 
 if TYPE_CHECKING:
@@ -62,6 +62,19 @@ T = TypeVar("T")
 
 _DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
 _WORKER_PREFIX = "w/"  # the workers' own namespace inside the round store
+
+
+def _visible_device(local_rank: int) -> str:
+    """``--virtual-local-rank``: the GPU of ``local_rank`` among the agent's visible devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    devices = [d.strip() for d in visible.split(",")]
+    if local_rank >= len(devices):
+        raise ValueError(
+            f"local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return devices[local_rank]
 
 
 class AgentState(enum.Enum):
@@ -85,6 +98,9 @@ class WorkerSpec:
     ``rendezvous_retry_timeout``: how long the agent keeps rejoining after the store was
     unreachable (``RendezvousConnectionError``: an etcd leader election, a restarted store
     server) before it gives up; 0 gives up at the first such error.
+    ``local_ranks_filter`` (torchrun's ``--local-ranks-filter``): only these local ranks' output
+    reaches the console (the others' log files are still written). ``virtual_local_rank``:
+    ``LOCAL_RANK=0`` in every worker and ``CUDA_VISIBLE_DEVICES`` its one GPU, as torchrun's.
     """
 
     entrypoint: Sequence[str]
@@ -99,6 +115,8 @@ class WorkerSpec:
     exit_barrier_timeout: float = 300.0
     monitor_interval: float = 0.1
     rendezvous_retry_timeout: float = 60.0
+    local_ranks_filter: frozenset[int] | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, str) or not self.entrypoint:
@@ -124,6 +142,10 @@ class WorkerSpec:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
         parse_std(self.redirects, self.nproc_per_node, "redirects")
         parse_std(self.tee, self.nproc_per_node, "tee")
+        if self.local_ranks_filter is not None and not all(
+            isinstance(r, int) and 0 <= r < self.nproc_per_node for r in self.local_ranks_filter
+        ):
+            raise ValueError(f"local_ranks_filter: {self.local_ranks_filter!r} are not local ranks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +695,9 @@ class ElasticAgent:
                 ROUND_ENV: str(rdzv.round),
             }
         )
+        if spec.virtual_local_rank:
+            env["LOCAL_RANK"] = "0"
+            env["CUDA_VISIBLE_DEVICES"] = _visible_device(local_rank)
         if self._timer_server is not None:
             env[TIMER_SOCKET_ENV] = self._timer_server.path
         prefix = getattr(rdzv.store, "prefix", None)
@@ -688,22 +713,27 @@ class ElasticAgent:
             attempt_dir = os.path.join(
                 self._log_dir, f"{rdzv.run_id}", f"round_{rdzv.round}_{uuid.uuid4().hex[:6]}"
             )
+        shown = spec.local_ranks_filter
         for local_rank in range(spec.nproc_per_node):
+            quiet = shown is not None and local_rank not in shown
+            redirect, tee = self._redirects[local_rank], self._tee[local_rank]
             worker = await spawn_worker(
                 list(spec.entrypoint),
                 self._worker_env(rdzv, local_rank),
                 local_rank=local_rank,
                 rank=rdzv.rank * spec.nproc_per_node + local_rank,
                 log_dir=None if attempt_dir is None else os.path.join(attempt_dir, str(local_rank)),
-                redirect=self._redirects[local_rank],
-                tee=self._tee[local_rank],
+                redirect=redirect | tee if quiet else redirect,  # as torchrun: files, no console
+                tee=Std.NONE if quiet else tee,
+                console=not quiet,
             )
             self._workers.append(worker)
 
     async def _stop_workers(self) -> None:
         workers, self._workers = self._workers, []
         try:
-            await stop_workers(workers, self.spec.stop_timeout)
+            sig = signal.SIGTERM if self._stop_signal is None else signal.Signals(self._stop_signal)
+            await stop_workers(workers, self.spec.stop_timeout, sig)
         finally:
             kill_groups(workers)
 
