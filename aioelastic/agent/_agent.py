@@ -44,6 +44,7 @@ from ..rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
     RendezvousResult,
+    _hints,
     create_handler,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
@@ -60,6 +61,8 @@ log = logging.getLogger("aioelastic.agent")
 
 T = TypeVar("T")
 
+#: seconds a join may take before the agent looks once whether this node is a standby
+STANDBY_CHECK = 3.0
 _DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
 _WORKER_PREFIX = "w/"  # the workers' own namespace inside the round store
 
@@ -178,7 +181,7 @@ class WorkerFailure:
         )
         if self.reaped_scope is not None:
             how += f" (its watchdog timer {self.reaped_scope!r} expired)"
-        where = self.log_path or "not captured (use --redirects/--tee with --log-dir)"
+        where = self.log_path or "not captured (--redirects or --tee keeps it in a file)"
         return (
             f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}, round "
             f"{self.round}): {how}; log: {where}"
@@ -508,18 +511,26 @@ class ElasticAgent:
             try:
                 log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
                 joined_at = loop.time()
-                rdzv = await self._until_stop(handler.next_rendezvous())
+                rdzv = await self._until_stop(self._join(handler))
             except _Stop:
                 return self._interrupted(result)
             except RendezvousGracefulExitError as exc:
                 return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
             except RendezvousClosedError as exc:
-                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}")
+                hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
+                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
             except RendezvousConnectionError as exc:
                 # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
                 now = loop.time()
                 if unreachable_since is None:
                     unreachable_since = now
+                    log.warning(
+                        "the rendezvous store at %s does not answer (%s); retrying until it "
+                        "does, for up to %.0f s (rendezvous_retry_timeout), then failing",
+                        self._store_url or handler.get_backend(),
+                        exc,
+                        spec.rendezvous_retry_timeout,
+                    )
                 left = unreachable_since + spec.rendezvous_retry_timeout - now
                 if left <= 0:
                     return result(
@@ -548,7 +559,7 @@ class ElasticAgent:
                 self.metrics.world_size.set(self.world_size)
                 self.metrics.node_world_size.set(rdzv.world_size)
             log.info(
-                "round %d: node rank %d of %d node(s), world size %d, restarts %d/%d",
+                "round %d: node rank %d of %d node(s), world size %d worker(s), restarts %d/%d",
                 rdzv.round,
                 rdzv.rank,
                 rdzv.world_size,
@@ -659,6 +670,35 @@ class ElasticAgent:
         name = signal.Signals(sig).name if sig is not None else "a stop request"
         out: RunResult = result(AgentState.INTERRUPTED, code, f"stopped by {name}")
         return out
+
+    async def _join(self, handler: RendezvousHandler) -> RendezvousResult:
+        """``next_rendezvous()``; if it is still waiting after :data:`STANDBY_CHECK` seconds, say
+        once why when this node is a standby (one status read, not a poll)."""
+        join = asyncio.ensure_future(handler.next_rendezvous())
+        try:
+            done, _ = await asyncio.wait({join}, timeout=STANDBY_CHECK)
+            if not done:
+                await self._explain_wait(handler)
+            return await join
+        finally:
+            if not join.done():
+                join.cancel()
+                with contextlib.suppress(BaseException):
+                    await join
+
+    async def _explain_wait(self, handler: RendezvousHandler) -> None:
+        store, node = getattr(handler, "store", None), getattr(handler, "node_id", None)
+        if store is None or node is None:
+            return  # a handler of someone else's: nothing to read
+        from ..rendezvous._status import read_run_status
+
+        try:
+            status = await read_run_status(store, handler.run_id)
+        except Exception:  # only an explanation: the join itself reports real errors
+            return
+        if any(n.node_id == node for n in status.standby):
+            log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
+            self._emit("agent.standby", members=len(status.members))
 
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:

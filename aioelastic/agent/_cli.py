@@ -236,12 +236,18 @@ def main(args: argparse.Namespace) -> int:
         return 1
 
 
+def _no_metrics_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("prometheus-client is not installed")
+
+
 async def _serve(plan: LaunchPlan) -> Any:
     """The store this node's agent serves: ``--standalone`` (a free loopback port) or node rank
     0 of the static backend (``--master-addr:--master-port``, as torchrun's rank 0 hosts its
     TCPStore there)."""
     from ..store.http.server import HttpStoreServer
 
+    # this store's /metrics is nobody's concern here: --metrics-port is the agent's own
+    logging.getLogger("aioelastic.serve").addFilter(_no_metrics_notice)
     host, port = plan.serve_store or ("127.0.0.1", 0)
     server = HttpStoreServer(host=host, port=port)
     await server.start()
