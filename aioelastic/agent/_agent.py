@@ -48,6 +48,7 @@ from ..rendezvous import (
     create_handler,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
+from . import _tmpdirs
 from ._workers import Std, WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
 
@@ -400,7 +401,8 @@ class ElasticAgent:
             await self.aclose()
 
     async def _start(self) -> None:
-        self._tmpdir = tempfile.mkdtemp(prefix="aioelastic-agent-")
+        _tmpdirs.clean_stale_dirs()  # what SIGKILLed agents could not remove
+        self._tmpdir = _tmpdirs.make_dir()
         if self._log_dir is None and any(
             self._redirects[r] | self._tee[r] for r in range(self.spec.nproc_per_node)
         ):
