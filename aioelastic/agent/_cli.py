@@ -194,7 +194,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no_python",
         dest="no_python",
         action="store_true",
-        help="run COMMAND as an executable even if it ends in .py",
+        help="run COMMAND as an executable (without it COMMAND runs with Python, whatever its "
+        "name, as torchrun)",
     )
     parser.add_argument(
         "entrypoint",
@@ -205,6 +206,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_torchrun_flags(parser)
     apply_env_defaults(parser)  # last: every flag above reads PET_<NAME>, as torchrun's do
+    parser.epilog = (
+        "Every flag can also come from the environment as PET_<FLAG> (PET_NPROC_PER_NODE=8, "
+        "PET_STANDALONE=1), as torchrun's; the command line wins."
+    )
     parser.set_defaults(run_parser=parser)
 
 
