@@ -689,18 +689,23 @@ class ElasticAgent:
                     await join
 
     async def _explain_wait(self, handler: RendezvousHandler) -> None:
+        """One read of the round record (O(1), not the run's every record): a full round without
+        this node means it stands by."""
         store, node = getattr(handler, "store", None), getattr(handler, "node_id", None)
-        if store is None or node is None:
+        max_nodes = getattr(handler, "max_nodes", None)
+        if store is None or node is None or not isinstance(max_nodes, int):
             return  # a handler of someone else's: nothing to read
-        from ..rendezvous._status import read_run_status
+        from ..rendezvous._state import RoundRecord, RunKeys
 
         try:
-            status = await read_run_status(store, handler.run_id)
+            key = RunKeys(handler.run_id).round
+            kv = await store.get(key)
+            latest = None if kv is None else RoundRecord.decode(key, kv.value)
         except Exception:  # only an explanation: the join itself reports real errors
             return
-        if any(n.node_id == node for n in status.standby):
+        if latest is not None and len(latest.members) >= max_nodes and node not in latest.members:
             log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
-            self._emit("agent.standby", members=len(status.members))
+            self._emit("agent.standby", round=latest.round, members=len(latest.members))
 
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:
