@@ -42,6 +42,7 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 
 from . import errors
 from .rendezvous import RendezvousHandler, RendezvousParameters, create_handler
+from .rendezvous._hints import CLOSED_RUN
 from .store import Store
 
 __all__ = [
@@ -220,6 +221,7 @@ class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]
         self._handler = handler
         self._loop = loop
         self._shut = False
+        self._joined = False  # a round completed: a closed run is no longer a stale run id
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -238,7 +240,13 @@ class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]
         return False
 
     def next_rendezvous(self) -> torch_api.RendezvousInfo:
-        result = self._run(self._handler.next_rendezvous())
+        try:
+            result = self._run(self._handler.next_rendezvous())
+        except torch_api.RendezvousClosedError as exc:
+            if self._shut or self._joined:  # closed under a running job: no new job to start
+                raise
+            raise torch_api.RendezvousClosedError(f"{exc}; {CLOSED_RUN}") from exc
+        self._joined = True
         info = result.bootstrap_store_info
         return torch_api.RendezvousInfo(
             TorchStore(result.store, self._loop),

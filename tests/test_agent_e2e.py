@@ -270,6 +270,10 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
           f"(lease TTL 0.9 s + last call 3 s + worker start)")  # fmt: skip
     # the killed agent's workers died with it (PDEATHSIG); the fixture checks nothing is left
     _assert_no_orphans(str(out))
+    # its temporary directory (the timer socket) is what the next agent to start removes
+    from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
+
+    assert any(f"{PREFIX}{victim.pid}-" in path for path in clean_stale_dirs())
 
 
 @pytest.mark.asyncio

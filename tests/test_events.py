@@ -436,7 +436,7 @@ def test_cli_metrics_port_without_prometheus_is_a_clear_error(tmp_path: Path) ->
     env = _env()
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
     proc = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--metrics-port=0", "true"],
+        [PY, "-m", "aioelastic", "run", "--standalone", "--metrics-port=0", "--no-python", "true"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -129,6 +129,8 @@ async def test_snapshot_of_a_formed_round_with_a_standby_then_a_crash_and_a_clos
     text = format_run_status(status)
     assert "closed after round 1" in text
     assert "node-c" in text
+    # nodes, not "world size" (the agent's world size counts workers)
+    assert "round: 1  nodes 2  master" in text
     assert json.loads(format_run_status(status, as_json=True))["closed"] is True
     for h in (a, b, c):
         await h.aclose()

@@ -44,10 +44,12 @@ from ..rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
     RendezvousResult,
+    _hints,
     create_handler,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
-from ._workers import WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
+from . import _tmpdirs
+from ._workers import Std, WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
 
 if TYPE_CHECKING:
@@ -60,8 +62,23 @@ log = logging.getLogger("aioelastic.agent")
 
 T = TypeVar("T")
 
+#: seconds a join may take before the agent looks once whether this node is a standby
+STANDBY_CHECK = 3.0
 _DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
 _WORKER_PREFIX = "w/"  # the workers' own namespace inside the round store
+
+
+def _visible_device(local_rank: int) -> str:
+    """``--virtual-local-rank``: the GPU of ``local_rank`` among the agent's visible devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    devices = [d.strip() for d in visible.split(",")]
+    if local_rank >= len(devices):
+        raise ValueError(
+            f"local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return devices[local_rank]
 
 
 class AgentState(enum.Enum):
@@ -91,6 +108,9 @@ class WorkerSpec:
     (only when the round has other nodes; ``None``: the rendezvous lease's TTL + 1 s, by which a
     dead node's lease has expired); with restarts left, it restarts at once and the restart is
     not counted when the next round shows a node of the last one lost.
+    ``local_ranks_filter`` (torchrun's ``--local-ranks-filter``): only these local ranks' output
+    reaches the console (the others' log files are still written). ``virtual_local_rank``:
+    ``LOCAL_RANK=0`` in every worker and ``CUDA_VISIBLE_DEVICES`` its one GPU, as torchrun's.
     """
 
     entrypoint: Sequence[str]
@@ -106,6 +126,8 @@ class WorkerSpec:
     monitor_interval: float = 0.1
     rendezvous_retry_timeout: float = 60.0
     loss_window: float | None = None
+    local_ranks_filter: frozenset[int] | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, str) or not self.entrypoint:
@@ -136,6 +158,10 @@ class WorkerSpec:
             raise ValueError(f"loss_window must be a number of seconds >= 0, got {window!r}")
         parse_std(self.redirects, self.nproc_per_node, "redirects")
         parse_std(self.tee, self.nproc_per_node, "tee")
+        if self.local_ranks_filter is not None and not all(
+            isinstance(r, int) and 0 <= r < self.nproc_per_node for r in self.local_ranks_filter
+        ):
+            raise ValueError(f"local_ranks_filter: {self.local_ranks_filter!r} are not local ranks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +194,7 @@ class WorkerFailure:
         )
         if self.reaped_scope is not None:
             how += f" (its watchdog timer {self.reaped_scope!r} expired)"
-        where = self.log_path or "not captured (use --redirects/--tee with --log-dir)"
+        where = self.log_path or "not captured (--redirects or --tee keeps it in a file)"
         return (
             f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}, round "
             f"{self.round}): {how}; log: {where}"
@@ -387,7 +413,8 @@ class ElasticAgent:
             await self.aclose()
 
     async def _start(self) -> None:
-        self._tmpdir = tempfile.mkdtemp(prefix="aioelastic-agent-")
+        _tmpdirs.clean_stale_dirs()  # what SIGKILLed agents could not remove
+        self._tmpdir = _tmpdirs.make_dir()
         if self._log_dir is None and any(
             self._redirects[r] | self._tee[r] for r in range(self.spec.nproc_per_node)
         ):
@@ -499,18 +526,26 @@ class ElasticAgent:
             try:
                 log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
                 joined_at = loop.time()
-                rdzv = await self._until_stop(handler.next_rendezvous())
+                rdzv = await self._until_stop(self._join(handler))
             except _Stop:
                 return self._interrupted(result)
             except RendezvousGracefulExitError as exc:
                 return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
             except RendezvousClosedError as exc:
-                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}")
+                hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
+                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
             except RendezvousConnectionError as exc:
                 # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
                 now = loop.time()
                 if unreachable_since is None:
                     unreachable_since = now
+                    log.warning(
+                        "the rendezvous store at %s does not answer (%s); retrying until it "
+                        "does, for up to %.0f s (rendezvous_retry_timeout), then failing",
+                        self._store_url or handler.get_backend(),
+                        exc,
+                        spec.rendezvous_retry_timeout,
+                    )
                 left = unreachable_since + spec.rendezvous_retry_timeout - now
                 if left <= 0:
                     return result(
@@ -542,7 +577,7 @@ class ElasticAgent:
                 self.metrics.world_size.set(self.world_size)
                 self.metrics.node_world_size.set(rdzv.world_size)
             log.info(
-                "round %d: node rank %d of %d node(s), world size %d, restarts %d/%d",
+                "round %d: node rank %d of %d node(s), world size %d worker(s), restarts %d/%d",
                 rdzv.round,
                 rdzv.rank,
                 rdzv.world_size,
@@ -667,6 +702,40 @@ class ElasticAgent:
         out: RunResult = result(AgentState.INTERRUPTED, code, f"stopped by {name}")
         return out
 
+    async def _join(self, handler: RendezvousHandler) -> RendezvousResult:
+        """``next_rendezvous()``; if it is still waiting after :data:`STANDBY_CHECK` seconds, say
+        once why when this node is a standby (one status read, not a poll)."""
+        join = asyncio.ensure_future(handler.next_rendezvous())
+        try:
+            done, _ = await asyncio.wait({join}, timeout=STANDBY_CHECK)
+            if not done:
+                await self._explain_wait(handler)
+            return await join
+        finally:
+            if not join.done():
+                join.cancel()
+                with contextlib.suppress(BaseException):
+                    await join
+
+    async def _explain_wait(self, handler: RendezvousHandler) -> None:
+        """One read of the round record (O(1), not the run's every record): a full round without
+        this node means it stands by."""
+        store, node = getattr(handler, "store", None), getattr(handler, "node_id", None)
+        max_nodes = getattr(handler, "max_nodes", None)
+        if store is None or node is None or not isinstance(max_nodes, int):
+            return  # a handler of someone else's: nothing to read
+        from ..rendezvous._state import RoundRecord, RunKeys
+
+        try:
+            key = RunKeys(handler.run_id).round
+            kv = await store.get(key)
+            latest = None if kv is None else RoundRecord.decode(key, kv.value)
+        except Exception:  # only an explanation: the join itself reports real errors
+            return
+        if latest is not None and len(latest.members) >= max_nodes and node not in latest.members:
+            log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
+            self._emit("agent.standby", round=latest.round, members=len(latest.members))
+
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:
             await handler.set_closed()
@@ -702,6 +771,9 @@ class ElasticAgent:
                 ROUND_ENV: str(rdzv.round),
             }
         )
+        if spec.virtual_local_rank:
+            env["LOCAL_RANK"] = "0"
+            env["CUDA_VISIBLE_DEVICES"] = _visible_device(local_rank)
         if self._timer_server is not None:
             env[TIMER_SOCKET_ENV] = self._timer_server.path
         prefix = getattr(rdzv.store, "prefix", None)
@@ -717,22 +789,27 @@ class ElasticAgent:
             attempt_dir = os.path.join(
                 self._log_dir, f"{rdzv.run_id}", f"round_{rdzv.round}_{uuid.uuid4().hex[:6]}"
             )
+        shown = spec.local_ranks_filter
         for local_rank in range(spec.nproc_per_node):
+            quiet = shown is not None and local_rank not in shown
+            redirect, tee = self._redirects[local_rank], self._tee[local_rank]
             worker = await spawn_worker(
                 list(spec.entrypoint),
                 self._worker_env(rdzv, local_rank),
                 local_rank=local_rank,
                 rank=rdzv.rank * spec.nproc_per_node + local_rank,
                 log_dir=None if attempt_dir is None else os.path.join(attempt_dir, str(local_rank)),
-                redirect=self._redirects[local_rank],
-                tee=self._tee[local_rank],
+                redirect=redirect | tee if quiet else redirect,  # as torchrun: files, no console
+                tee=Std.NONE if quiet else tee,
+                console=not quiet,
             )
             self._workers.append(worker)
 
     async def _stop_workers(self) -> None:
         workers, self._workers = self._workers, []
         try:
-            await stop_workers(workers, self.spec.stop_timeout)
+            sig = signal.SIGTERM if self._stop_signal is None else signal.Signals(self._stop_signal)
+            await stop_workers(workers, self.spec.stop_timeout, sig)
         finally:
             kill_groups(workers)
 

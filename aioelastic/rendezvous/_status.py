@@ -385,7 +385,7 @@ def format_run_status(status: RunStatus, *, as_json: bool = False) -> str:
         lines.append("round: none completed yet")
     else:
         lines.append(
-            f"round: {status.round}  world size {len(status.members)}  "
+            f"round: {status.round}  nodes {len(status.members)}  "
             f"master {status.master_addr}:{status.master_port}"
         )
         rows = [
