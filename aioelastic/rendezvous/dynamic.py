@@ -321,6 +321,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._lock = asyncio.Lock()
         self._round = -1  # the last round returned to this node
         self._result: RendezvousResult | None = None
+        self._round_record: RoundRecord | None = None  # the round of self._result
         self._record_round: int | None = None  # the round our node record is registered for
         self._standby = False
         self._closed_seen = False
@@ -442,6 +443,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             self._note_status()
 
     # -- structured events (aioelastic.events): never raise, cost ~nothing with no sink
+
+    def _sink_active(self) -> bool:
+        return not isinstance(self.event_sink, _events.NullSink)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         _events.emit(self.event_sink, kind, run_id=self.run_id, node=self._node_id, **fields)
@@ -577,7 +581,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     and ctl.round_kv is not None
                     and latest.round > self._round
                     and latest.round == self._record_round
-                    and self._node_id in latest.members
+                    and latest.rank_of(self._node_id) is not None
                 ):
                     completed = True
                     return self._completed(latest, ctl.round_kv.mod_revision)
@@ -669,7 +673,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     async def _is_standby(self, latest: RoundRecord | None) -> bool:
         """Whether this node arrives as a standby: the latest round is full and all alive."""
-        if latest is None or len(latest.members) < self._max or self._node_id in latest.members:
+        if (
+            latest is None
+            or len(latest.members) < self._max
+            or latest.rank_of(self._node_id) is not None
+        ):
             return False
         live = await self._store.range(self._keys.nodes_of(latest.round), limit=1)
         return live.count >= self._max
@@ -746,8 +754,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 log.warning("could not withdraw %s from %r: %s", self._node_id, self.run_id, exc)
 
     def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
-        rank = record.members.index(self._node_id)
+        rank = record.rank_of(self._node_id)
+        assert rank is not None
         self._round = record.round
+        self._round_record = record
         self._standby = False
         self._member_revision = revision
         self._rejoined = set()
@@ -769,7 +779,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             round=record.round,
             rank=rank,
             world_size=len(record.members),
-            participants=list(record.members),
+            # N members each listing N participants is O(N^2): only for a sink that takes them
+            participants=list(record.members) if self._sink_active() else [],
             master_addr=record.master_addr,
             master_port=record.master_port,
             duration=None if self._join_started is None else round(now - self._join_started, 6),
@@ -1014,7 +1025,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if self._error is not None or keeper is None or keeper.lost:
             return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=self._error)
         keys = self._keys
-        members = set(result.participants)
+        members = self._round_record
+        assert members is not None
         try:
             with keeper.guard(), self._translate("wait_for_change"):
                 if self._member_watch is None:
@@ -1060,7 +1072,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._note_status()
 
     def _interpret(
-        self, event: WatchEvent, round_: int, members: set[str], counts: _Counts
+        self, event: WatchEvent, round_: int, members: RoundRecord, counts: _Counts
     ) -> RendezvousEvent | None:
         keys, kv = self._keys, event.kv
         put = event.type is EventType.PUT
@@ -1081,7 +1093,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -1091,11 +1103,16 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     num_nodes_waiting=waiting,
                 )
             return None
-        if node_round == round_ and not put and node in members and node != self._node_id:
+        if (
+            node_round == round_
+            and not put
+            and members.rank_of(node) is not None
+            and node != self._node_id
+        ):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,
