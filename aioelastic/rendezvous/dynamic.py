@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import secrets
@@ -117,6 +118,30 @@ def _default_addr() -> str:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+#: the context of the wake-ups below: they only resolve a future, so need no copy of the caller's
+_WAKE_CONTEXT = contextvars.Context()
+
+
+async def _first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Wait until one of ``futures`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its
+    sets, coroutines and context copies, since every joining node waits on this at once."""
+    futures = tuple(futures)
+    if any(f.done() for f in futures):
+        return
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        _resolve(waiter)
+
+    for future in futures:
+        future.add_done_callback(wake, context=_WAKE_CONTEXT)
+    try:
+        await waiter
+    finally:
+        for future in futures:
+            future.remove_done_callback(wake)
 
 
 def _free_port() -> int:
@@ -519,6 +544,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 ctl = await _Control.open(self._store, self._keys)
             if granting is not None:
                 keeper = await granting
+                granting = None  # done and its result taken: let it go for the join's length
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
                 result = await self._take_part(keeper, ctl, deadline)
@@ -553,7 +579,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         next_event: asyncio.Task[WatchEvent] | None = loop.create_task(ctl.watch.__anext__())
         # one timer for the join deadline (not one per wait)
         timed_out: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_at(deadline, _resolve, timed_out)
+        timer = loop.call_at(deadline, _resolve, timed_out, context=_WAKE_CONTEXT)
         try:
             while True:
                 if next_event is not None and next_event.done():
@@ -611,17 +637,18 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 # wait for a control event, the driver's end, or the join deadline
                 if next_event is None:
                     next_event = loop.create_task(ctl.watch.__anext__())
-                waiters: set[asyncio.Future[Any]] = {next_event, closing}
+                waiters: list[asyncio.Future[Any]] = [next_event, closing]
                 if driver is not None:
-                    waiters.add(driver)
-                if not self._standby:  # a standby waits without a join timeout
-                    waiters.add(timed_out)
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if closing in done:
+                    waiters.append(driver)
+                timing = not self._standby  # a standby waits without a join timeout
+                if timing:
+                    waiters.append(timed_out)
+                await _first_done(waiters)
+                if closing.done():
                     raise RendezvousClosedError(
                         f"the rendezvous handler for {self.run_id!r} was closed while joining"
                     )
-                if timed_out in done:
+                if timing and timed_out.done():
                     raise RendezvousTimeoutError(
                         f"the rendezvous {self.run_id!r} did not complete within "
                         f"join_timeout={self._join_timeout}s"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from ._types import (
 )
 
 __all__ = ["Commit", "EngineState", "EngineWork", "LeaseChange", "MemoryEngine", "MemoryStore"]
+
+_TIMER_CONTEXT = contextvars.Context()
 
 #: Default number of events of history kept for watches before the oldest are compacted.
 DEFAULT_HISTORY_LIMIT = 10_000
@@ -534,7 +537,11 @@ class MemoryEngine:
 
     def _schedule(self, lease: _Lease) -> None:
         assert self._loop is not None
-        lease.handle = self._loop.call_at(lease.deadline, self._on_lease_timer, lease)
+        # in a context of its own: the expiry needs none of the granting caller's (and a copy
+        # of it per lease would be one more object per lease for the garbage collector)
+        lease.handle = self._loop.call_at(
+            lease.deadline, self._on_lease_timer, lease, context=_TIMER_CONTEXT
+        )
 
     def _on_lease_timer(self, lease: _Lease) -> None:
         if self._leases.get(lease.id) is not lease:

@@ -1,0 +1,238 @@
+"""Scale benchmark: one rendezvous round of N nodes (min = max = N), how long it takes and how
+much work it costs: events delivered to watchers, store writes, round state bytes.
+
+Modes (``--mode``):
+
+- ``memory``: N handlers as tasks in this process over one memory engine (the engine counts
+  its work, see :class:`aioelastic.store.memory.EngineWork`);
+- ``simulate``: the same under the test kit's virtual-time loop (lease keep-alives, join and
+  last-call deadlines never fire in real time), for N far beyond what one loop runs in real
+  time, e.g. 100,000;
+- ``http``: one ``aioelastic serve`` process and N handlers spread over ``--clients`` client
+  processes (8), each opening its store over http, all starting at a shared wall-clock t0.
+
+::
+
+    python -m benchmarks.scale                                 # memory, N = 1k, 2k, 5k, 10k
+    python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --plot docs/benchmarks/scale.png
+    python -m benchmarks.scale --mode simulate --sizes 100000
+    python -m benchmarks.scale --mode http --sizes 1000,2000
+
+Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
+the per-round work. ``--json PATH`` writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aioelastic.rendezvous import DynamicRendezvousHandler
+from aioelastic.rendezvous._state import RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.testing import run_virtual
+
+SIZES = (1000, 2000, 5000, 10_000)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    """One round of ``n`` nodes: time from all started to all returned, and its work.
+
+    ``seconds`` is wall-clock time, ``cpu_seconds`` this process's CPU time over the same span
+    (on a loaded machine the fairer figure). ``events``: events delivered to watchers while
+    the round formed; ``writes``: store writes (revisions); ``watcher_visits`` and
+    ``keys_scanned``: the engine's work counters; the bytes are
+    the round record every member reads (``c/round``) and every key and value of the run at
+    completion (node records included). Counters are None where the store does not count
+    (http: another process).
+    """
+
+    n: int
+    seconds: float
+    cpu_seconds: float
+    events: int | None
+    writes: int | None
+    watcher_visits: int | None
+    keys_scanned: int | None
+    record_bytes: int
+    state_bytes: int
+
+    def per_node(self, value: int | None) -> float | None:
+        return None if value is None else value / self.n
+
+
+def make_handlers(engine: MemoryEngine, n: int, **kw: Any) -> list[DynamicRendezvousHandler]:
+    """N handlers of one run (min = max = N), one memory store client each over ``engine``."""
+    return [
+        DynamicRendezvousHandler(
+            MemoryStore(engine), "scale", n, n, local_addr="127.0.0.1", owns_store=True, **kw
+        )
+        for _ in range(n)
+    ]
+
+
+async def timed_round(
+    engine: MemoryEngine, handlers: Sequence[DynamicRendezvousHandler]
+) -> RoundFigures:
+    """All of ``handlers`` call ``next_rendezvous`` at once; the figures of that round."""
+    n = len(handlers)
+    before = engine.work()
+    start, cpu = time.perf_counter(), time.process_time()
+    results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    after = engine.work()
+    if sorted(r.rank for r in results) != list(range(n)):
+        raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
+    keys = RunKeys(handlers[0].run_id)
+    record = engine.get(keys.round)
+    assert record is not None
+    state = engine.range(keys.root)
+    return RoundFigures(
+        n=n,
+        seconds=seconds,
+        cpu_seconds=cpu,
+        events=after.events_delivered - before.events_delivered,
+        writes=after.writes - before.writes,
+        watcher_visits=after.watcher_visits - before.watcher_visits,
+        keys_scanned=after.keys_scanned - before.keys_scanned,
+        record_bytes=len(record.value),
+        state_bytes=sum(len(kv.key) + len(kv.value) for kv in state.kvs),
+    )
+
+
+async def memory_rounds(n: int, rounds: int = 1) -> list[RoundFigures]:
+    """``rounds`` rounds of the same N nodes (each later one: every member rejoins)."""
+    engine = MemoryEngine()
+    handlers = make_handlers(engine, n)
+    try:
+        return [await timed_round(engine, handlers) for _ in range(rounds)]
+    finally:
+        await asyncio.gather(*(h.aclose() for h in handlers))
+        engine.close()
+
+
+def run_memory(n: int, rounds: int = 1) -> list[RoundFigures]:
+    return asyncio.run(memory_rounds(n, rounds))
+
+
+def run_simulated(n: int, rounds: int = 1) -> list[RoundFigures]:
+    """:func:`memory_rounds` under the virtual-time loop (``seconds`` stays real time)."""
+    return run_virtual(memory_rounds(n, rounds))
+
+
+# -- reporting
+
+
+def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
+    first = sizes[0]
+    base = statistics.median(f.seconds for f in runs[first])
+    base_cpu = statistics.median(f.cpu_seconds for f in runs[first])
+    lines = [
+        f"{'N':>7} {'wall median':>11} {'range':>15} {'cpu median':>10} {'t/t0':>5} {'cpu/c0':>6} "
+        f"{'N/N0':>5} {'events/N':>8} {'writes/N':>8} {'visits/N':>8} {'record B':>9} "
+        f"{'state B':>10}"
+    ]
+    for n in sizes:
+        figures = runs[n]
+        times = [f.seconds for f in figures]
+        med = statistics.median(times)
+        cpu = statistics.median(f.cpu_seconds for f in figures)
+        f = figures[0]
+
+        def per(value: int | None, f: RoundFigures = f) -> str:
+            v = f.per_node(value)
+            return "-" if v is None else f"{v:.2f}"
+
+        lines.append(
+            f"{n:>7} {med:>10.3f}s {min(times):>6.3f}-{max(times):.3f}s {cpu:>9.3f}s "
+            f"{med / base:>5.2f} {cpu / base_cpu:>6.2f} {n / first:>5.1f} {per(f.events):>8} "
+            f"{per(f.writes):>8} {per(f.watcher_visits):>8} {f.record_bytes:>9,} "
+            f"{f.state_bytes:>10,}"
+        )
+    return "\n".join(lines)
+
+
+def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, title: str) -> bool:
+    """t(N) beside linear (through the first size); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'aioelastic[bench]'): no plot written")
+        return False
+    med = [statistics.median(f.seconds for f in runs[n]) for n in sizes]
+    low = [m - min(f.seconds for f in runs[n]) for m, n in zip(med, sizes, strict=True)]
+    high = [max(f.seconds for f in runs[n]) - m for m, n in zip(med, sizes, strict=True)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.errorbar(sizes, med, yerr=[low, high], fmt="o-", capsize=3, label="measured t(N)")
+    ax.plot(sizes, [med[0] * n / sizes[0] for n in sizes], "k--", label="linear from the first N")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes N (min = max = N)")
+    ax.set_ylabel("all started -> all returned (s, log)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
+    parser.add_argument("--mode", choices=("memory", "simulate", "http"), default="memory")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
+    parser.add_argument("--clients", type=int, default=8, help="http: client processes")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--plot", type=Path, help="write t(N) beside linear here (matplotlib)")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    if not args.sizes or min(args.sizes) < 1 or args.repeat < 1:
+        parser.error("--sizes needs positive integers, --repeat >= 1")
+    return args
+
+
+def measure(args: argparse.Namespace, n: int) -> list[RoundFigures]:
+    if args.mode == "http":
+        from benchmarks.scale_http import run_http
+
+        return [run_http(n, args.clients) for _ in range(args.repeat)]
+    # a fresh run per repeat: each is a first round of N new nodes
+    run = run_simulated if args.mode == "simulate" else run_memory
+    return [run(n)[0] for _ in range(args.repeat)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs: dict[int, list[RoundFigures]] = {}
+    for n in args.sizes:
+        print(f"{args.mode}: N={n} x {args.repeat}", file=sys.stderr, flush=True)
+        runs[n] = measure(args, n)
+    print(summary(args.sizes, runs))
+    if args.json is not None:
+        data = {"mode": args.mode, "runs": {n: [asdict(f) for f in runs[n]] for n in runs}}
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    if args.plot is not None:
+        layout = f"{args.clients} client processes" if args.mode == "http" else "tasks"
+        title = f"one rendezvous round, {args.mode} store, {layout}"
+        if plot(args.sizes, runs, args.plot, title):
+            print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
