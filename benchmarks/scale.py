@@ -53,7 +53,8 @@ class RoundFigures:
     ``keys_scanned``: the engine's work counters; the bytes are
     the round record every member reads (``c/round``) and every key and value of the run at
     completion (node records included). Counters are None where the store does not count
-    (http: another process).
+    (http: another process); there ``cpu_seconds`` is the server's CPU time over the round and
+    ``server_rss_bytes`` its resident memory after it.
     """
 
     n: int
@@ -65,6 +66,7 @@ class RoundFigures:
     keys_scanned: int | None
     record_bytes: int
     state_bytes: int
+    server_rss_bytes: int | None = None
 
     def per_node(self, value: int | None) -> float | None:
         return None if value is None else value / self.n
@@ -206,11 +208,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, n: int) -> list[RoundFigures]:
+def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[RoundFigures]:
     if args.mode == "http":
-        from benchmarks.scale_http import run_http
+        from benchmarks.scale_http import run_http  # a module of its own: processes, serve
 
-        return [run_http(n, args.clients) for _ in range(args.repeat)]
+        figures = []
+        for _ in range(args.repeat):
+            try:
+                figures.append(run_http(n, args.clients))
+            except (RuntimeError, AssertionError, OSError) as exc:  # reported, not hidden
+                failures[n] = str(exc)
+                print(f"http: N={n} failed: {exc}", file=sys.stderr, flush=True)
+                break
+        return figures
     # a fresh run per repeat: each is a first round of N new nodes
     run = run_simulated if args.mode == "simulate" else run_memory
     return [run(n)[0] for _ in range(args.repeat)]
@@ -219,17 +229,34 @@ def measure(args: argparse.Namespace, n: int) -> list[RoundFigures]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     runs: dict[int, list[RoundFigures]] = {}
+    failures: dict[int, str] = {}
     for n in args.sizes:
         print(f"{args.mode}: N={n} x {args.repeat}", file=sys.stderr, flush=True)
-        runs[n] = measure(args, n)
-    print(summary(args.sizes, runs))
+        figures = measure(args, n, failures)
+        if figures:
+            runs[n] = figures
+    sizes = [n for n in args.sizes if n in runs]
+    if sizes:
+        print(summary(sizes, runs))
+    for n, why in failures.items():
+        print(f"N={n}: FAILED: {why}")
+    if args.mode == "http":
+        for n in sizes:
+            rss = runs[n][0].server_rss_bytes or 0
+            cpu = statistics.median(f.cpu_seconds for f in runs[n])
+            print(f"N={n}: server CPU {cpu:.2f} s ({cpu / n * 1e6:.0f} us per join), "
+                  f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
     if args.json is not None:
-        data = {"mode": args.mode, "runs": {n: [asdict(f) for f in runs[n]] for n in runs}}
+        data = {
+            "mode": args.mode,
+            "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
+            "failures": failures,
+        }
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     if args.plot is not None:
         layout = f"{args.clients} client processes" if args.mode == "http" else "tasks"
         title = f"one rendezvous round, {args.mode} store, {layout}"
-        if plot(args.sizes, runs, args.plot, title):
+        if len(sizes) > 1 and plot(sizes, runs, args.plot, title):
             print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
