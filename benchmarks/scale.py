@@ -111,9 +111,16 @@ async def timed_round(
     )
 
 
-async def memory_rounds(n: int, rounds: int = 1) -> list[RoundFigures]:
-    """``rounds`` rounds of the same N nodes (each later one: every member rejoins)."""
-    engine = MemoryEngine()
+async def memory_rounds(
+    n: int, rounds: int = 1, history_limit: int | None = None
+) -> list[RoundFigures]:
+    """``rounds`` rounds of the same N nodes (each later one: every member rejoins).
+
+    ``history_limit``: the engine's (default: its default, 10,000 events): below about N, the
+    nodes' watches of ``c/`` fall behind a compaction while N registrations are written, and
+    each node reads ``c/`` afresh instead of getting its events (fewer events, more reads).
+    """
+    engine = MemoryEngine() if history_limit is None else MemoryEngine(history_limit=history_limit)
     handlers = make_handlers(engine, n)
     try:
         return [await timed_round(engine, handlers) for _ in range(rounds)]
@@ -122,13 +129,13 @@ async def memory_rounds(n: int, rounds: int = 1) -> list[RoundFigures]:
         engine.close()
 
 
-def run_memory(n: int, rounds: int = 1) -> list[RoundFigures]:
-    return asyncio.run(memory_rounds(n, rounds))
+def run_memory(n: int, rounds: int = 1, history_limit: int | None = None) -> list[RoundFigures]:
+    return asyncio.run(memory_rounds(n, rounds, history_limit))
 
 
-def run_simulated(n: int, rounds: int = 1) -> list[RoundFigures]:
+def run_simulated(n: int, rounds: int = 1, history_limit: int | None = None) -> list[RoundFigures]:
     """:func:`memory_rounds` under the virtual-time loop (``seconds`` stays real time)."""
-    return run_virtual(memory_rounds(n, rounds))
+    return run_virtual(memory_rounds(n, rounds, history_limit))
 
 
 # -- reporting
@@ -199,6 +206,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
+    parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="memory/simulate: rounds per run (the table: the first; --json: all)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--plot", type=Path, help="write t(N) beside linear here (matplotlib)")
     args = parser.parse_args(argv)
@@ -223,7 +237,7 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
         return figures
     # a fresh run per repeat: each is a first round of N new nodes
     run = run_simulated if args.mode == "simulate" else run_memory
-    return [run(n)[0] for _ in range(args.repeat)]
+    return [f for _ in range(args.repeat) for f in run(n, args.rounds, args.history_limit)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
