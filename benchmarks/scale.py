@@ -30,12 +30,17 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from aioelastic.rendezvous import DynamicRendezvousHandler
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEvent,
+    RendezvousEventKind,
+    RendezvousResult,
+)
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual
@@ -72,24 +77,32 @@ class RoundFigures:
         return None if value is None else value / self.n
 
 
-def make_handlers(engine: MemoryEngine, n: int, **kw: Any) -> list[DynamicRendezvousHandler]:
-    """N handlers of one run (min = max = N), one memory store client each over ``engine``."""
+def make_handlers(
+    engine: MemoryEngine, n: int, min_nodes: int | None = None, **kw: Any
+) -> list[DynamicRendezvousHandler]:
+    """N handlers of one run (min = max = N unless ``min_nodes``), one memory store client each
+    over ``engine``."""
+    low = n if min_nodes is None else min_nodes
     return [
         DynamicRendezvousHandler(
-            MemoryStore(engine), "scale", n, n, local_addr="127.0.0.1", owns_store=True, **kw
+            MemoryStore(engine), "scale", low, n, local_addr="127.0.0.1", owns_store=True, **kw
         )
         for _ in range(n)
     ]
 
 
 async def timed_round(
-    engine: MemoryEngine, handlers: Sequence[DynamicRendezvousHandler]
+    engine: MemoryEngine,
+    handlers: Sequence[DynamicRendezvousHandler],
+    joins: Callable[[], Sequence[Awaitable[RendezvousResult]]] | None = None,
 ) -> RoundFigures:
-    """All of ``handlers`` call ``next_rendezvous`` at once; the figures of that round."""
+    """All of ``handlers`` call ``next_rendezvous`` at once (or ``joins()`` starts the round's
+    joins, one per handler); the figures of that round."""
     n = len(handlers)
     before = engine.work()
     start, cpu = time.perf_counter(), time.process_time()
-    results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    started = [h.next_rendezvous() for h in handlers] if joins is None else joins()
+    results = await asyncio.gather(*started)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     after = engine.work()
     if sorted(r.rank for r in results) != list(range(n)):
@@ -127,6 +140,36 @@ async def memory_rounds(
     finally:
         await asyncio.gather(*(h.aclose() for h in handlers))
         engine.close()
+
+
+async def newcomer_round(n: int) -> RoundFigures:
+    """N members wait in ``wait_for_change``; a newcomer arrives and every member rejoins at
+    its ``NODES_WAITING``: the figures of that N+1 round (min = N, max = N + 1)."""
+    engine = MemoryEngine()
+    handlers = make_handlers(engine, n + 1, min_nodes=n, last_call_timeout=0.0)
+    members, newcomer = handlers[:n], handlers[n]
+    try:
+        await asyncio.gather(*(h.next_rendezvous() for h in members))
+        changes = [asyncio.ensure_future(h.wait_for_change()) for h in members]
+        await asyncio.sleep(0.1)  # every member's watch is open (virtual time: at once)
+
+        def joins() -> list[Awaitable[RendezvousResult]]:
+            rejoins = [_rejoin(h, c) for h, c in zip(members, changes, strict=True)]
+            return [*rejoins, newcomer.next_rendezvous()]
+
+        return await timed_round(engine, handlers, joins)
+    finally:
+        await asyncio.gather(*(h.aclose() for h in handlers))
+        engine.close()
+
+
+async def _rejoin(
+    h: DynamicRendezvousHandler, change: asyncio.Future[RendezvousEvent]
+) -> RendezvousResult:
+    event = await change
+    if event.kind is not RendezvousEventKind.NODES_WAITING:
+        raise AssertionError(f"a member saw {event}, not the newcomer")
+    return await h.next_rendezvous()
 
 
 def run_memory(n: int, rounds: int = 1, history_limit: int | None = None) -> list[RoundFigures]:

@@ -20,7 +20,7 @@ from aioelastic.rendezvous import _state
 from aioelastic.rendezvous._state import RoundRecord
 from aioelastic.store import MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual
-from benchmarks.scale import RoundFigures, memory_rounds
+from benchmarks.scale import RoundFigures, memory_rounds, newcomer_round
 
 SMALL, LARGE = 100, 400
 #: linear growth is LARGE / SMALL = 4 (plus constant terms); quadratic is 16
@@ -187,3 +187,25 @@ def test_lease_keeper_holds_a_timer_not_a_task_between_renewals() -> None:
     tasks, idle_tasks, renewals = run_virtual(_keeper_tasks())
     assert (tasks, idle_tasks) == (0, 0)
     assert renewals >= 9
+
+
+def test_a_newcomer_round_delivers_linearly_many_events() -> None:
+    """N members in wait_for_change, a newcomer, every member rejoins: events read are O(N)."""
+    small, large = (run_virtual(newcomer_round(n)) for n in (SMALL, LARGE))
+    assert small.events is not None
+    assert large.events is not None
+    assert large.events <= LINEAR * small.events
+    assert large.events <= 8 * large.n
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation: every open member watch is sent every re-registration and every "
+    "removal of a rejoining member's old record until that member rejoins, O(N^2) fan-out "
+    "(docs/rendezvous.md, 'Scale')",
+)
+def test_a_newcomer_round_fans_out_linearly() -> None:
+    small, large = (run_virtual(newcomer_round(n)) for n in (SMALL, LARGE))
+    assert small.watcher_visits is not None
+    assert large.watcher_visits is not None
+    assert large.watcher_visits <= LINEAR * small.watcher_visits
