@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -95,15 +96,25 @@ async def timed_round(
     engine: MemoryEngine,
     handlers: Sequence[DynamicRendezvousHandler],
     joins: Callable[[], Sequence[Awaitable[RendezvousResult]]] | None = None,
+    *,
+    pause_gc: bool = False,
 ) -> RoundFigures:
     """All of ``handlers`` call ``next_rendezvous`` at once (or ``joins()`` starts the round's
-    joins, one per handler); the figures of that round."""
+    joins, one per handler); the figures of that round. ``pause_gc``: no cyclic garbage
+    collection while it forms (what is left is the rendezvous' own work: with N participants'
+    objects alive in one process, each full collection traverses all of them)."""
     n = len(handlers)
     before = engine.work()
-    start, cpu = time.perf_counter(), time.process_time()
-    started = [h.next_rendezvous() for h in handlers] if joins is None else joins()
-    results = await asyncio.gather(*started)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if pause_gc:
+        gc.disable()
+    try:
+        start, cpu = time.perf_counter(), time.process_time()
+        started = [h.next_rendezvous() for h in handlers] if joins is None else joins()
+        results = await asyncio.gather(*started)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        if pause_gc:
+            gc.enable()
     after = engine.work()
     if sorted(r.rank for r in results) != list(range(n)):
         raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
@@ -125,7 +136,7 @@ async def timed_round(
 
 
 async def memory_rounds(
-    n: int, rounds: int = 1, history_limit: int | None = None
+    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
 ) -> list[RoundFigures]:
     """``rounds`` rounds of the same N nodes (each later one: every member rejoins).
 
@@ -136,7 +147,7 @@ async def memory_rounds(
     engine = MemoryEngine() if history_limit is None else MemoryEngine(history_limit=history_limit)
     handlers = make_handlers(engine, n)
     try:
-        return [await timed_round(engine, handlers) for _ in range(rounds)]
+        return [await timed_round(engine, handlers, pause_gc=pause_gc) for _ in range(rounds)]
     finally:
         await asyncio.gather(*(h.aclose() for h in handlers))
         engine.close()
@@ -172,13 +183,17 @@ async def _rejoin(
     return await h.next_rendezvous()
 
 
-def run_memory(n: int, rounds: int = 1, history_limit: int | None = None) -> list[RoundFigures]:
-    return asyncio.run(memory_rounds(n, rounds, history_limit))
+def run_memory(
+    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+) -> list[RoundFigures]:
+    return asyncio.run(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
 
 
-def run_simulated(n: int, rounds: int = 1, history_limit: int | None = None) -> list[RoundFigures]:
+def run_simulated(
+    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+) -> list[RoundFigures]:
     """:func:`memory_rounds` under the virtual-time loop (``seconds`` stays real time)."""
-    return run_virtual(memory_rounds(n, rounds, history_limit))
+    return run_virtual(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
 
 
 # -- reporting
@@ -249,6 +264,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
+    parser.add_argument(
+        "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
+    )
     parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
     parser.add_argument(
         "--rounds",
@@ -280,7 +298,11 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
         return figures
     # a fresh run per repeat: each is a first round of N new nodes
     run = run_simulated if args.mode == "simulate" else run_memory
-    return [f for _ in range(args.repeat) for f in run(n, args.rounds, args.history_limit)]
+    return [
+        f
+        for _ in range(args.repeat)
+        for f in run(n, args.rounds, args.history_limit, pause_gc=args.pause_gc)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
