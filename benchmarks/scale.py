@@ -229,7 +229,8 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
 
 
 def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, title: str) -> bool:
-    """t(N) beside linear (through the first size); False when matplotlib is missing."""
+    """t(N), wall clock and CPU, beside linear (through the first size's CPU time); False when
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -242,8 +243,11 @@ def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, 
     low = [m - min(f.seconds for f in runs[n]) for m, n in zip(med, sizes, strict=True)]
     high = [max(f.seconds for f in runs[n]) - m for m, n in zip(med, sizes, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.errorbar(sizes, med, yerr=[low, high], fmt="o-", capsize=3, label="measured t(N)")
-    ax.plot(sizes, [med[0] * n / sizes[0] for n in sizes], "k--", label="linear from the first N")
+    cpu = [statistics.median(f.cpu_seconds for f in runs[n]) for n in sizes]
+    ax.errorbar(sizes, med, yerr=[low, high], fmt="o-", capsize=3, label="t(N), wall clock")
+    what = "server CPU" if runs[sizes[0]][0].events is None else "CPU"
+    ax.plot(sizes, cpu, "s-", label=f"t(N), {what} time")
+    ax.plot(sizes, [cpu[0] * n / sizes[0] for n in sizes], "k--", label="linear from the first N")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("nodes N (min = max = N)")
