@@ -18,7 +18,8 @@ import pytest
 from aioelastic.errors import CompactedError
 from aioelastic.rendezvous import _state
 from aioelastic.rendezvous._state import RoundRecord
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, WatchEvent
+from aioelastic.store.memory import Commit
 from aioelastic.testing import run_virtual
 from benchmarks.scale import RoundFigures, memory_rounds, newcomer_round
 
@@ -209,3 +210,20 @@ def test_a_newcomer_round_fans_out_linearly() -> None:
     assert small.watcher_visits is not None
     assert large.watcher_visits is not None
     assert large.watcher_visits <= LINEAR * small.watcher_visits
+
+
+async def _restored_under_a_watcher() -> list[str]:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    async with store.watch("w/") as watch:
+        await store.put("w/a", b"1")  # unread when the commit is restored
+        revision = engine.revision + 1
+        kv = KeyValue("w/b", b"2", revision, revision, 1, 0)
+        engine.restore_commit(Commit(revision, (WatchEvent(EventType.PUT, kv),)))
+        keys = [(await anext(watch)).kv.key for _ in range(2)]
+    await store.aclose()
+    return keys
+
+
+def test_a_watcher_tracked_before_a_restored_commit_reads_it_after_what_it_had() -> None:
+    assert run_virtual(_restored_under_a_watcher()) == ["w/a", "w/b"]
