@@ -228,9 +228,15 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
     return "\n".join(lines)
 
 
-def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, title: str) -> bool:
-    """t(N), wall clock and CPU, beside linear (through the first size's CPU time); False when
-    matplotlib is missing."""
+def plot(
+    sizes: Sequence[int],
+    runs: dict[int, list[RoundFigures]],
+    path: Path,
+    title: str,
+    also: dict[str, dict[int, list[RoundFigures]]] | None = None,
+) -> bool:
+    """t(N), wall clock and CPU, beside linear (through the first size's CPU time), and the CPU
+    time of the runs in ``also`` (label -> runs); False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -247,6 +253,10 @@ def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, 
     ax.errorbar(sizes, med, yerr=[low, high], fmt="o-", capsize=3, label="t(N), wall clock")
     what = "server CPU" if runs[sizes[0]][0].events is None else "CPU"
     ax.plot(sizes, cpu, "s-", label=f"t(N), {what} time")
+    for label, other in (also or {}).items():
+        xs = [n for n in sizes if n in other]
+        ax.plot(xs, [statistics.median(f.cpu_seconds for f in other[n]) for n in xs], "^-",
+                label=f"t(N), {what} time, {label}")  # fmt: skip
     ax.plot(sizes, [cpu[0] * n / sizes[0] for n in sizes], "k--", label="linear from the first N")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -260,6 +270,14 @@ def plot(sizes: Sequence[int], runs: dict[int, list[RoundFigures]], path: Path, 
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+def load_runs(path: Path) -> dict[str, dict[int, list[RoundFigures]]]:
+    """The runs of a ``--json`` file, labelled for :func:`plot`."""
+    data = json.loads(path.read_text())
+    runs = {int(n): [RoundFigures(**f) for f in figures] for n, figures in data["runs"].items()}
+    label = "GC paused" if data.get("pause_gc") else f"{data['mode']} ({path.name})"
+    return {label: runs}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -280,6 +298,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--plot", type=Path, help="write t(N) beside linear here (matplotlib)")
+    parser.add_argument(
+        "--plot-also", type=Path, help="with --plot: the CPU time of another run's --json too"
+    )
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     if not args.sizes or min(args.sizes) < 1 or args.repeat < 1:
@@ -332,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         data = {
             "mode": args.mode,
+            "pause_gc": args.pause_gc,
             "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
             "failures": failures,
         }
@@ -339,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot is not None:
         layout = f"{args.clients} client processes" if args.mode == "http" else "tasks"
         title = f"one rendezvous round, {args.mode} store, {layout}"
-        if len(sizes) > 1 and plot(sizes, runs, args.plot, title):
+        also = None if args.plot_also is None else load_runs(args.plot_also)
+        if len(sizes) > 1 and plot(sizes, runs, args.plot, title, also):
             print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

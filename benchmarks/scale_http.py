@@ -174,11 +174,13 @@ def run_http(n: int, clients: int) -> RoundFigures:
         if failed:
             total = sum(int(a[1]) for a in failed if a[0] == "FAILED")
             first = " ".join(failed[0]).strip()
-            raise RuntimeError(f"{total} of {n} handlers failed; first: {first}")
+            said = f"; the server logged {len(server_lines)} lines" + (
+                f", the last: {server_lines[-1].strip()[:200]}" if server_lines else ""
+            )
+            raise RuntimeError(f"{total} of {n} handlers failed; first: {first}{said}")
         ranks = sorted(int(r) for a in answers for r in a[2].split(","))
         if ranks != list(range(n)):
             raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
-        del server_lines
     return RoundFigures(
         n=n,
         seconds=max(float(a[1]) for a in answers) - t0,
