@@ -138,6 +138,28 @@ def _answer(proc: subprocess.Popen[str]) -> list[str]:
     return proc.stdout.readline().strip().split(" ", 2)
 
 
+def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(line)
+        proc.stdin.flush()
+
+
+def _check(answers: list[list[str]], n: int, server_lines: list[str]) -> None:
+    """Every client answered DONE, and the ranks are 0..N-1 exactly once; else raise."""
+    failed = [a for a in answers if a[0] != "DONE"]
+    if failed:
+        total = sum(int(a[1]) for a in failed if a[0] == "FAILED")
+        first = " ".join(failed[0]).strip()
+        said = f"; the server logged {len(server_lines)} lines" + (
+            f", the last: {server_lines[-1].strip()[:200]}" if server_lines else ""
+        )
+        raise RuntimeError(f"{total} of {n} handlers failed; first: {first}{said}")
+    ranks = sorted(int(r) for a in answers for r in a[2].split(","))
+    if ranks != list(range(n)):
+        raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
+
+
 def run_http(n: int, clients: int) -> RoundFigures:
     """One round of N over one ``aioelastic serve``, the handlers spread over ``clients``."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
@@ -152,17 +174,11 @@ def run_http(n: int, clients: int) -> RoundFigures:
                     raise RuntimeError(f"a client process said {line!r}")
             cpu_before, _ = _proc_cpu_rss(server.pid)
             t0 = time.time() + 0.5
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write(f"{t0}\n")
-                proc.stdin.flush()
+            _tell(procs, f"{t0}\n")
             answers = [_answer(proc) for proc in procs]
             cpu_after, rss = _proc_cpu_rss(server.pid)
             record_bytes, state_bytes = asyncio.run(_record_sizes(url, run_id))  # before leaving
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
+            _tell(procs, "go\n")
             for proc in procs:
                 proc.wait(timeout=120)
         finally:
@@ -170,17 +186,7 @@ def run_http(n: int, clients: int) -> RoundFigures:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-        failed = [a for a in answers if a[0] != "DONE"]
-        if failed:
-            total = sum(int(a[1]) for a in failed if a[0] == "FAILED")
-            first = " ".join(failed[0]).strip()
-            said = f"; the server logged {len(server_lines)} lines" + (
-                f", the last: {server_lines[-1].strip()[:200]}" if server_lines else ""
-            )
-            raise RuntimeError(f"{total} of {n} handlers failed; first: {first}{said}")
-        ranks = sorted(int(r) for a in answers for r in a[2].split(","))
-        if ranks != list(range(n)):
-            raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
+        _check(answers, n, server_lines)
     return RoundFigures(
         n=n,
         seconds=max(float(a[1]) for a in answers) - t0,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, SupportsIndex
 
 import pytest
@@ -22,6 +24,7 @@ from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, Wat
 from aioelastic.store.memory import Commit
 from aioelastic.testing import run_virtual
 from benchmarks.scale import RoundFigures, memory_rounds, newcomer_round
+from benchmarks.scale import main as scale_main
 
 SMALL, LARGE = 100, 400
 #: linear growth is LARGE / SMALL = 4 (plus constant terms); quadratic is 16
@@ -227,3 +230,23 @@ async def _restored_under_a_watcher() -> list[str]:
 
 def test_a_watcher_tracked_before_a_restored_commit_reads_it_after_what_it_had() -> None:
     assert run_virtual(_restored_under_a_watcher()) == ["w/a", "w/b"]
+
+
+def test_the_scale_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    """``python -m benchmarks.scale`` at tiny sizes: the JSON has every round, with its work."""
+    out = tmp_path / "scale.json"
+    for mode in ("memory", "simulate"):
+        assert (
+            scale_main(["--mode", mode, "--sizes", "10,20", "--repeat", "2", "--json", str(out)])
+            == 0
+        )
+        data = json.loads(out.read_text())
+        assert data["mode"] == mode
+        assert data["failures"] == {}
+        for n, figures in data["runs"].items():
+            assert len(figures) == 2
+            for f in figures:
+                assert f["n"] == int(n)
+                assert f["seconds"] > 0
+                assert f["events"] == 2 * f["n"]
+                assert f["record_bytes"] > 0
