@@ -18,7 +18,7 @@ from typing import Any, SupportsIndex
 import pytest
 
 from aioelastic.errors import CompactedError
-from aioelastic.rendezvous import _state
+from aioelastic.rendezvous import StaticRendezvousHandler, _state
 from aioelastic.rendezvous._state import RoundRecord
 from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, WatchEvent
 from aioelastic.store.memory import Commit
@@ -250,3 +250,34 @@ def test_the_scale_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None
                 assert f["seconds"] > 0
                 assert f["events"] == 2 * f["n"]
                 assert f["record_bytes"] > 0
+
+
+async def _static_round(n: int) -> tuple[int, int]:
+    """Events delivered and watchers visited while a static round of N forms."""
+    engine = MemoryEngine()
+    hs = [
+        StaticRendezvousHandler(
+            MemoryStore(engine), "static", rank, n, local_addr="127.0.0.1", owns_store=True
+        )
+        for rank in reversed(range(n))  # rank 0 last: the others wait for its round record
+    ]
+    before = engine.work()
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    after = engine.work()
+    assert sorted(r.rank for r in results) == list(range(n))
+    assert {r.participants for r in results} == {tuple(f"rank{r}" for r in range(n))}
+    await asyncio.gather(*(h.aclose() for h in hs))
+    return (
+        after.events_delivered - before.events_delivered,
+        after.watcher_visits - before.watcher_visits,
+    )
+
+
+def test_a_static_round_delivers_linearly_many_events() -> None:
+    """Rank 0 watches the registrations; the others wait for its one round record."""
+    (events, visits), (large_events, large_visits) = (
+        run_virtual(_static_round(n)) for n in (SMALL, LARGE)
+    )
+    assert large_events <= LINEAR * events
+    assert large_visits <= LINEAR * visits  # every rank watching every registration: 16-fold
+    assert large_visits <= 3 * LARGE
