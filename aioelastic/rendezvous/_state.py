@@ -194,8 +194,9 @@ class RoundRecord:
         """``node_id``'s rank in this round, None if it is not a member (O(1) after the first
         call, so that each of N members finding itself costs O(1), not a scan of N)."""
         ranks = self._ranks
-        if not ranks:
-            ranks.update(zip(self.members, range(len(self.members)), strict=True))
+        if not ranks:  # built whole, then added in one C-level update: a thread that shares
+            # the record (decode's cache is per process) never sees it half-filled
+            ranks.update({node: rank for rank, node in enumerate(self.members)})
         return ranks.get(node_id)
 
     def encode(self) -> bytes:
