@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import secrets
@@ -119,6 +120,30 @@ def _default_addr() -> str:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+#: the context of the wake-ups below: they only resolve a future, so need no copy of the caller's
+_WAKE_CONTEXT = contextvars.Context()
+
+
+async def _first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Wait until one of ``futures`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its
+    sets, coroutines and context copies, since every joining node waits on this at once."""
+    futures = tuple(futures)
+    if any(f.done() for f in futures):
+        return
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        _resolve(waiter)
+
+    for future in futures:
+        future.add_done_callback(wake, context=_WAKE_CONTEXT)
+    try:
+        await waiter
+    finally:
+        for future in futures:
+            future.remove_done_callback(wake)
 
 
 def _free_port() -> int:
@@ -328,6 +353,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._lock = asyncio.Lock()
         self._round = -1  # the last round returned to this node
         self._result: RendezvousResult | None = None
+        self._round_record: RoundRecord | None = None  # the round of self._result
         self._record_round: int | None = None  # the round our node record is registered for
         self._standby = False
         self._closed_seen = False
@@ -450,6 +476,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     # -- structured events (aioelastic.events): never raise, cost ~nothing with no sink
 
+    def _sink_active(self) -> bool:
+        return not isinstance(self.event_sink, _events.NullSink)
+
     def _emit(self, kind: str, **fields: Any) -> None:
         _events.emit(self.event_sink, kind, run_id=self.run_id, node=self._node_id, **fields)
 
@@ -522,6 +551,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 ctl = await _Control.open(self._store, self._keys)
             if granting is not None:
                 keeper = await granting
+                granting = None  # done and its result taken: let it go for the join's length
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
                 result = await self._take_part(keeper, ctl, deadline)
@@ -556,7 +586,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         next_event: asyncio.Task[WatchEvent] | None = loop.create_task(ctl.watch.__anext__())
         # one timer for the join deadline (not one per wait)
         timed_out: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_at(deadline, _resolve, timed_out)
+        timer = loop.call_at(deadline, _resolve, timed_out, context=_WAKE_CONTEXT)
         try:
             while True:
                 if next_event is not None and next_event.done():
@@ -584,7 +614,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     and ctl.round_kv is not None
                     and latest.round > self._round
                     and latest.round == self._record_round
-                    and self._node_id in latest.members
+                    and latest.rank_of(self._node_id) is not None
                 ):
                     completed = True
                     return self._completed(latest, ctl.round_kv.mod_revision)
@@ -614,17 +644,18 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 # wait for a control event, the driver's end, or the join deadline
                 if next_event is None:
                     next_event = loop.create_task(ctl.watch.__anext__())
-                waiters: set[asyncio.Future[Any]] = {next_event, closing}
+                waiters: list[asyncio.Future[Any]] = [next_event, closing]
                 if driver is not None:
-                    waiters.add(driver)
-                if not self._standby:  # a standby waits without a join timeout
-                    waiters.add(timed_out)
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if closing in done:
+                    waiters.append(driver)
+                timing = not self._standby  # a standby waits without a join timeout
+                if timing:
+                    waiters.append(timed_out)
+                await _first_done(waiters)
+                if closing.done():
                     raise RendezvousClosedError(
                         f"the rendezvous handler for {self.run_id!r} was closed while joining"
                     )
-                if timed_out in done:
+                if timing and timed_out.done():
                     raise RendezvousTimeoutError(
                         f"the rendezvous {self.run_id!r} did not complete within "
                         f"join_timeout={self._join_timeout}s"
@@ -676,7 +707,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     async def _is_standby(self, latest: RoundRecord | None) -> bool:
         """Whether this node arrives as a standby: the latest round is full and all alive."""
-        if latest is None or len(latest.members) < self._max or self._node_id in latest.members:
+        if (
+            latest is None
+            or len(latest.members) < self._max
+            or latest.rank_of(self._node_id) is not None
+        ):
             return False
         live = await self._store.range(self._keys.nodes_of(latest.round), limit=1)
         return live.count >= self._max
@@ -753,8 +788,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 log.warning("could not withdraw %s from %r: %s", self._node_id, self.run_id, exc)
 
     def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
-        rank = record.members.index(self._node_id)
+        rank = record.rank_of(self._node_id)
+        assert rank is not None
         self._round = record.round
+        self._round_record = record
         self._standby = False
         self._member_revision = revision
         self._rejoined = set()
@@ -776,7 +813,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             round=record.round,
             rank=rank,
             world_size=len(record.members),
-            participants=list(record.members),
+            # N members each listing N participants is O(N^2): only for a sink that takes them
+            participants=list(record.members) if self._sink_active() else [],
             master_addr=record.master_addr,
             master_port=record.master_port,
             duration=None if self._join_started is None else round(now - self._join_started, 6),
@@ -1038,7 +1076,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if self._error is not None or keeper is None or keeper.lost:
             return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=self._error)
         keys = self._keys
-        members = set(result.participants)
+        members = self._round_record
+        assert members is not None
         try:
             with keeper.guard(), self._translate("wait_for_change"):
                 if self._member_watch is None:
@@ -1084,7 +1123,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._note_status()
 
     def _interpret(
-        self, event: WatchEvent, round_: int, members: set[str], counts: _Counts
+        self, event: WatchEvent, round_: int, members: RoundRecord, counts: _Counts
     ) -> RendezvousEvent | None:
         keys, kv = self._keys, event.kv
         put = event.type is EventType.PUT
@@ -1105,7 +1144,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -1115,11 +1154,16 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     num_nodes_waiting=waiting,
                 )
             return None
-        if node_round == round_ and not put and node in members and node != self._node_id:
+        if (
+            node_round == round_
+            and not put
+            and members.rank_of(node) is not None
+            and node != self._node_id
+        ):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,
