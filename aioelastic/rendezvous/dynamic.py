@@ -836,6 +836,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             return  # a newer round completed meanwhile: the joiner sees it on its watch
         current: dict[str, KeyValue] = {}  # registered for target
         previous: set[str] = set()  # still registered for target - 1 (the round must drain)
+        newcomers: set[str] = set()  # registered for target, not members of target - 1
 
         def apply(type_: EventType, kv: KeyValue) -> None:
             parsed = keys.parse_node_key(kv.key)
@@ -846,8 +847,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 if type_ is EventType.PUT:
                     NodeRecord.decode(kv.key, kv.value)  # validate on read
                     current[node] = kv
+                    if prev is None or prev.rank_of(node) is None:
+                        newcomers.add(node)
                 else:
                     current.pop(node, None)
+                    newcomers.discard(node)
             elif round_ == target - 1:
                 if type_ is EventType.PUT:
                     previous.add(node)
@@ -861,6 +865,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             seen = snapshot.revision
             last_call_at: float | None = None
             while True:
+                # Once the last round has drained (each member registered again or died), a
+                # round of its survivors only (no newcomer) forms at once when fast_reform is on:
+                # the last call would wait for nodes that are not coming (torchft's fast quorum).
                 if not previous and len(current) >= self._min:
                     now = loop.time()
                     if last_call_at is None:
@@ -869,7 +876,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     if (
                         len(current) >= self._max
                         or now >= last_call_at
-                        or self._reformed(prev, current)
+                        or (self._fast_reform and prev is not None and not newcomers)
                     ):
                         await self._finalize(target, prev_kv, prev, current)
                         return
@@ -883,19 +890,6 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                         event = await events.__anext__()
                 if event is not None and event.revision > seen:
                     apply(event.type, event.kv)
-
-    def _reformed(self, prev: RoundRecord | None, current: dict[str, KeyValue]) -> bool:
-        """A fast re-form: every survivor of the last round is back and nobody else is waiting.
-
-        Called once the last round has drained (each of its members registered again or died),
-        so ``current`` holding only members of it means no newcomer waits: the last call would
-        only wait for nodes that are not coming. A later arrival joins the next round, as a new
-        node does. Off with ``fast_reform=False`` (torch's rule: always wait out the last call).
-        """
-        if not self._fast_reform or prev is None:
-            return False
-        members = set(prev.members)
-        return all(node in members for node in current)
 
     async def _finalize(
         self,
