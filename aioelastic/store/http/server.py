@@ -490,6 +490,8 @@ class _App:
         self.metrics = metrics
         self.closing = False
         self.watch_streams = 0
+        #: Paths served without a token: no store data behind them (the page's files, /healthz).
+        self.public_paths: set[str] = {"/healthz"}
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers of the same prefix at
@@ -517,7 +519,7 @@ class _App:
         metered = "other"
         status = 500
         try:
-            if self.token is not None and request.path != "/healthz":
+            if self.token is not None and request.path not in self.public_paths:
                 self._authenticate(request)
             metered = op
             response = await call(request, arg)
@@ -1134,6 +1136,9 @@ def make_app(
     route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
     route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
     route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
+    from ._ui import add_ui_routes  # the web page and its data routes (docs/ui.md)
+
+    add_ui_routes(state, route)
 
     async def on_shutdown(app: web.Application) -> None:
         state.end_watch_streams()
