@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from http_helpers import ROOT, ServerProcess, self_signed_cert
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(60)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -225,6 +225,8 @@ def test_page_follows_a_job_live(browser: Any, side: _Loop, tmp_path: Path) -> N
         round_after = int(page.locator("#round").inner_text().split()[0])
         assert round_after > round_before
         expect(page.locator("#events")).to_contain_text(f"round {round_after} formed")
+        # seen lost (its lease expired) or, if the new round came first, not in it
+        expect(page.locator("#events li").filter(has_text=victim)).not_to_have_count(0)
 
         # the run closed: the page says so
         side.run(lambda: _close_run(server.url))

@@ -248,6 +248,33 @@ async def test_events_stream_pushes_a_snapshot_per_change_and_says_closing() -> 
 
 
 @pytest.mark.asyncio
+async def test_events_stream_refreshes_lease_times_without_writes(server: HttpStoreServer) -> None:
+    """A keep-alive writes no key, so no watch sees it: while the page shows a lease the stream
+    sends a fresh snapshot every TICK seconds; with nothing running down, a ping."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/v1/ui/events") as resp:
+            stream = _events(resp)
+            name, first = await asyncio.wait_for(anext(stream), 10)
+            assert first["queues"] == []
+            name, data = await asyncio.wait_for(anext(stream), 10)
+            assert name == "ping"
+            assert data == {"revision": first["revision"]}
+        async with (
+            open_store(server.url) as store,
+            store_lock(store, "ckpt"),
+            session.get(f"{server.url}/v1/ui/events") as resp,
+        ):
+            stream = _events(resp)
+            name, first = await asyncio.wait_for(anext(stream), 10)
+            name, again = await asyncio.wait_for(anext(stream), 10)
+        assert name == "snapshot"
+        assert again["revision"] == first["revision"]  # no write in between
+        assert again["time"] - first["time"] >= 0.9  # TICK, not a change
+        assert again["queues"][0]["lease_remaining"] != first["queues"][0]["lease_remaining"]
+        assert again["events"] == []
+
+
+@pytest.mark.asyncio
 async def test_events_stream_ends_its_watch_when_the_page_goes(server: HttpStoreServer) -> None:
     # the server learns of the hang-up asynchronously: wait until its stream removes its watcher
     removed = asyncio.Event()
