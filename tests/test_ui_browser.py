@@ -240,6 +240,7 @@ def test_page_follows_a_job_live(browser: Any, side: _Loop, tmp_path: Path) -> N
         code, _ = server.terminate()
         assert code == 0
         expect(page.locator("#conn")).to_contain_text("connection lost", timeout=WAIT_MS)
+        expect(page.locator("#conn")).to_contain_text("the server stopped")
         expect(page.locator("#conn")).to_have_class("conn lost")
         server = ServerProcess("--port", str(port)).start()
         expect(page.locator("#conn")).to_contain_text("connected again", timeout=WAIT_MS)

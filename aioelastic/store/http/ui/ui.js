@@ -24,6 +24,7 @@ let serverStopping = false;
 let received = 0; // performance.now() of the last snapshot
 let heard = 0; // performance.now() of the last event of any kind
 let streaming = false;
+let lostBecause = null; // what the banner says since the connection was lost
 
 const $ = (id) => document.getElementById(id);
 
@@ -80,6 +81,7 @@ async function connect() {
   }
   $('auth').hidden = true;
   retries = 0;
+  lostBecause = null;
   serverStopping = false;
   setConn('ok', everConnected ? 'connected again at ' + clock(Date.now() / 1000) : 'connected');
   everConnected = true;
@@ -119,8 +121,11 @@ async function readEvents(body, handle) {
 }
 
 function lost(why) {
+  // the first reason stays on show (why it was lost); later ones say why it is not back yet
+  if (!lostBecause) lostBecause = 'connection lost at ' + clock(Date.now() / 1000) + ': ' + why;
+  const now = lostBecause.endsWith(why) ? '' : ' (' + why + ')';
   const delay = Math.min(RETRY_MAX_MS, 500 * 2 ** retries++);
-  setConn('lost', 'connection lost: ' + why + '; retrying in ' + Math.round(delay / 1000) + ' s');
+  setConn('lost', lostBecause + now + '; retrying in ' + Math.round(delay / 1000) + ' s');
   document.body.classList.add('stale');
   retryTimer = setTimeout(connect, delay);
 }
