@@ -360,3 +360,52 @@ async def test_read_overview_of_an_empty_store() -> None:
         assert overview["error"] is None
         with pytest.raises(ValueError, match="run_id"):
             await read_overview(store, "a/b")
+
+
+def test_store_modules_import_nothing_above_them_at_module_level() -> None:
+    """store/ stays below rendezvous/, timer/ and sync/ (DESIGN.md's layers): its modules import
+    them (the page's overview) only inside functions, when a page or a script asks."""
+    import ast
+
+    above = ("rendezvous", "timer", "sync", "agent", "_overview")
+    store_dir = ROOT / "aioelastic" / "store"
+    offenders = []
+    for path in sorted(store_dir.rglob("*.py")):
+        depth = len(path.relative_to(store_dir).parts)  # 1: store/x.py, 2: store/http/x.py
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                absolute = module.startswith("aioelastic.")
+                if absolute or node.level == depth + 1:  # ``from ...rendezvous import``
+                    first = module.removeprefix("aioelastic.").split(".")[0]
+                    if first in above:
+                        offenders.append(f"{path.relative_to(ROOT)}: {module}")
+    assert offenders == []
+
+
+def test_the_overview_is_imported_at_the_first_request() -> None:
+    import subprocess
+
+    code = """
+import asyncio, sys
+from aioelastic.store import MemoryEngine
+from aioelastic.store.http.server import HttpStoreServer, make_app
+make_app(MemoryEngine())
+print("aioelastic._overview" in sys.modules)
+async def ask():
+    import aiohttp
+    async with HttpStoreServer(port=0) as srv, aiohttp.ClientSession() as s:
+        async with s.get(srv.url + "/v1/ui/snapshot") as r:
+            assert r.status == 200
+asyncio.run(ask())
+print("aioelastic._overview" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=60,
+    )
+    assert out.stdout.split("\n")[:2] == ["False", "True"]
