@@ -275,6 +275,31 @@ async def test_events_stream_refreshes_lease_times_without_writes(server: HttpSt
 
 
 @pytest.mark.asyncio
+async def test_a_write_at_the_tick_is_a_snapshot_not_a_ping() -> None:
+    """The tick and a write in the same wait: the write wins (a ping would hide it until the
+    next change)."""
+    from aiohttp import web
+
+    from aioelastic.store import MemoryEngine
+    from aioelastic.store.http._ui import _EventStream
+    from aioelastic.store.http.server import _STATE, make_app
+
+    engine = MemoryEngine()
+    state = make_app(engine)[_STATE]
+    loop = asyncio.get_running_loop()
+    async with MemoryStore(engine=engine) as store:
+        stream = _EventStream(state, store, None, web.StreamResponse())
+        watcher = engine.add_watcher("", None, state)
+        stream.due = True  # the tick fired ...
+        engine.put("k", b"v")  # ... and a write came
+        assert await stream._wait_for_change(watcher, loop.time() - 1) is True
+        stream.due = True  # the tick alone
+        assert await stream._wait_for_change(watcher, loop.time() - 1) is False
+        engine.remove_watcher(watcher)
+    engine.close()
+
+
+@pytest.mark.asyncio
 async def test_events_stream_ends_its_watch_when_the_page_goes(server: HttpStoreServer) -> None:
     # the server learns of the hang-up asynchronously: wait until its stream removes its watcher
     removed = asyncio.Event()

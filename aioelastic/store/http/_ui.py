@@ -203,9 +203,10 @@ class _EventStream:
             watcher.wake()
 
         previous: dict[str, Any] | None = None
+        changed = True
         try:
             while True:
-                if previous is not None and self.due and not _times_shown(previous):
+                if previous is not None and not changed and not _times_shown(previous):
                     # nothing on the page runs down: a ping says the stream is alive
                     await self.response.write(_sse("ping", {"revision": previous["revision"]}))
                 else:
@@ -220,28 +221,29 @@ class _EventStream:
                     tick.cancel()
                 tick = self.loop.call_at(sent + TICK, fire)
                 try:
-                    await self._wait_for_change(watcher, sent)
+                    changed = await self._wait_for_change(watcher, sent)
                 except StoreClosedError:
                     await self.response.write(_sse("closing", {"reason": "server stopping"}))
                     return
                 except CompactedError:  # fell behind the history: re-read, watch from now
                     engine.remove_watcher(watcher)
                     watcher = engine.add_watcher("", None, self.state)
+                    changed = True
         finally:
             if tick is not None:
                 tick.cancel()
             engine.remove_watcher(watcher)
 
-    async def _wait_for_change(self, watcher: Any, sent: float) -> None:
-        """Until a write (or the tick) after ``sent + MIN_GAP``; every event up to then is read
-        here (the next snapshot covers them all)."""
+    async def _wait_for_change(self, watcher: Any, sent: float) -> bool:
+        """Until a write (then True) or the tick (False), and ``sent + MIN_GAP``; every event up
+        to then is read here (the next snapshot covers them all)."""
         engine = self.engine
-        while not engine.read_events(watcher) and not self.due:
+        while not (changed := bool(engine.read_events(watcher))) and not self.due:
             await engine.wait(watcher)
         gap = sent + MIN_GAP - self.loop.time()
         if gap > 0:
             await asyncio.sleep(gap)  # coalesce a burst: one snapshot covers it
-        engine.read_events(watcher)
+        return bool(engine.read_events(watcher)) or changed
 
 
 def add_ui_routes(state: _App, route: Callable[[str, str, _Handler, str], None]) -> None:
