@@ -4,8 +4,9 @@ Debian's chromium, driven by Playwright's Python package (its own browser downlo
 a server subprocess, a job of two rendezvous node processes, the page following it live: both
 members with their ranks, one SIGKILLed and gone with the round changing, the run closed, the
 server stopped (the page says so) and started again (the page says it is back); with a token,
-the page refuses to show anything without it. Without chromium or playwright the tests skip,
-or fail when ``AIOELASTIC_REQUIRE_BROWSER`` is set (CI sets it).
+the page refuses to show anything without it. Without chromium (``AIOELASTIC_CHROMIUM`` names
+another binary) or playwright the tests skip, or fail when ``AIOELASTIC_REQUIRE_BROWSER`` is set
+(CI sets it).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def browser() -> Iterator[Any]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         _unusable("playwright is not installed (pip install playwright)")
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    chromium = (
+        os.environ.get("AIOELASTIC_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    )
     if not Path(chromium).exists():
         _unusable("chromium is not installed (apt-get install chromium)")
     with sync_playwright() as playwright:
