@@ -488,10 +488,10 @@ class _App:
         self.limits = limits
         self.data = data
         self.metrics = metrics
-        self.closing = False
-        self.watch_streams = 0
         #: Paths served without a token: no store data behind them (the page's files, /healthz).
         self.public_paths: set[str] = {"/healthz"}
+        self.closing = False
+        self.watch_streams = 0
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers of the same prefix at
@@ -1121,6 +1121,9 @@ def make_app(
 
     route("GET", "/healthz", state.healthz, "healthz")
     route("GET", "/metrics", state.metrics_route, "metrics")
+    from ._ui import add_ui_routes  # the web page and its data routes (docs/ui.md)
+
+    add_ui_routes(state, route)
     route("GET", "/openapi.json", state.openapi, "openapi")
     route("GET", "/v1/revision", state.revision, "revision")
     route("GET", "/v1/kv/{key:.*}", state.get_key, "get")
@@ -1136,9 +1139,6 @@ def make_app(
     route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
     route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
     route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
-    from ._ui import add_ui_routes  # the web page and its data routes (docs/ui.md)
-
-    add_ui_routes(state, route)
 
     async def on_shutdown(app: web.Application) -> None:
         state.end_watch_streams()
