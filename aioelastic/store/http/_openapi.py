@@ -372,15 +372,12 @@ def _ui_paths() -> dict[str, Any]:
         "/ui/ui.js": {"get": {"summary": "the page's script", **page}},
         "/ui/ui.css": {"get": {"summary": "the page's style", **page}},
         "/v1/status/{run_id}": {
+            "parameters": [
+                {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
             "get": {
                 "summary": "a run's status: the object `aioelastic status --json` prints",
                 "parameters": [
-                    {
-                        "name": "run_id",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
                     {"name": "timers_prefix", "in": "query", "schema": {"type": "string"}},
                 ],
                 "responses": {
@@ -389,7 +386,7 @@ def _ui_paths() -> dict[str, Any]:
                     "422": _error("rendezvous_state: a record is corrupt or foreign"),
                     **_COMMON,
                 },
-            }
+            },
         },
         "/v1/ui/snapshot": {
             "get": {
