@@ -434,3 +434,18 @@ print("aioelastic._overview" in sys.modules)
         timeout=60,
     )
     assert out.stdout.split("\n")[:2] == ["False", "True"]
+
+
+@pytest.mark.asyncio
+async def test_events_streams_count_against_max_watch_streams() -> None:
+    async with (
+        HttpStoreServer(port=0, max_watch_streams=1) as srv,
+        aiohttp.ClientSession() as session,
+        session.get(f"{srv.url}/v1/ui/events") as first,
+    ):
+        await asyncio.wait_for(anext(_events(first)), 10)
+        code, body, _ = await _get(f"{srv.url}/v1/ui/events")
+        assert code == 503
+        assert json.loads(body)["error"] == "too_many_watches"
+        code, _, _ = await _get(f"{srv.url}/v1/watch/")
+        assert code == 503
