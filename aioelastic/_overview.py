@@ -200,7 +200,7 @@ def changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[s
     for run_id in sorted(set(before["runs"]) - set(after["runs"])):
         events.append(_event("run", f"run {run_id} is gone from the store"))
     if after["run"] is not None:
-        # a different run followed (the first run changed): everything in it is news
+        # a run followed now, none before (the stream picked the first run): all of it is news
         old_run = before["run"] if before["run_id"] == after["run_id"] else None
         events += _run_changes(old_run, after["run"])
         events += _timer_changes(old_run, after["run"], after["time"] - before["time"])

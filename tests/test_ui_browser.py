@@ -183,6 +183,16 @@ async def _close_run(url: str) -> None:
             await handler.aclose()
 
 
+async def _put_round(url: str, run_id: str) -> None:
+    """A completed round 3 of ``run_id`` whose members x and y have no records (gone)."""
+    from aioelastic.rendezvous._state import RoundRecord, RunKeys
+    from aioelastic.store import open_store
+
+    async with open_store(url) as store:
+        record = RoundRecord(3, ("x", "y"), "127.0.0.1", 29500)
+        await store.put(RunKeys(run_id).round, record.encode())
+
+
 def _members(page: Any) -> Any:
     return page.locator("#members tbody tr[data-rank]")
 
@@ -237,6 +247,20 @@ def test_page_follows_a_job_live(browser: Any, side: _Loop, tmp_path: Path) -> N
             f"closed after round {round_after}", timeout=WAIT_MS
         )
         expect(page.locator("#events")).to_contain_text("run closed")
+
+        # a second run: its link shows it (the choice kept in the address), and back
+        side.run(lambda: _put_round(server.url, "other"))
+        expect(page.locator("#runs a")).to_have_text(["other", RUN], timeout=WAIT_MS)
+        expect(page.locator("#run-id")).to_have_text(RUN)  # not switched to the new first run
+        page.click("#runs a >> text=other")
+        expect(page.locator("#run-id")).to_have_text("other", timeout=WAIT_MS)
+        assert page.url.endswith("#run=other")
+        expect(page.locator("#round")).to_have_text("3 (world size 2)")
+        expect(page.locator("#members tr.gone")).to_have_count(2)  # no node records: gone
+        page.click(f"#runs a >> text={RUN}")
+        expect(page.locator("#run-state")).to_have_text(
+            f"closed after round {round_after}", timeout=WAIT_MS
+        )
 
         # the server stopped: the page says the connection is lost; started again: it is back
         side.run(extras.stop)

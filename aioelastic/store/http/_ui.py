@@ -211,6 +211,9 @@ class _EventStream:
                     await self.response.write(_sse("ping", {"revision": previous["revision"]}))
                 else:
                     overview = await read_overview(self.store, self.run_id)
+                    # no run asked for: the first one seen, kept (a new run sorted before it
+                    # does not switch the page away)
+                    self.run_id = overview["run_id"]
                     await self.response.write(
                         _sse("snapshot", {**overview, "events": changes(previous, overview)})
                     )

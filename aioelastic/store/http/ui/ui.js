@@ -152,6 +152,7 @@ function onEvent(name, data) {
 
 function render(snapshot) {
   received = performance.now();
+  if (!selected && snapshot.run_id) selected = snapshot.run_id; // kept when reconnecting
   $('revision').textContent = 'store revision ' + snapshot.revision;
   renderRuns(snapshot.runs, snapshot.run_id);
   renderRun(snapshot.run_id, snapshot.run, snapshot.error);
