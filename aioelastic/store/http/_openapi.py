@@ -448,5 +448,63 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                     },
                 },
             },
+            **_ui_paths(),
+        },
+    }
+
+
+_RUN_QUERY = {
+    "name": "run",
+    "in": "query",
+    "schema": {"type": "string"},
+    "description": "the run to show (default: the first run, by id)",
+}
+
+
+def _ui_paths() -> dict[str, Any]:
+    """The web page (docs/ui.md) and the JSON it reads."""
+    page = {"security": [], "responses": {"200": {"description": "HTML, JS or CSS"}}}
+    return {
+        "/": {"get": {"summary": "links to the page and the service routes", **page}},
+        "/ui": {"get": {"summary": "the live page (no token needed: it holds no data)", **page}},
+        "/ui/ui.js": {"get": {"summary": "the page's script", **page}},
+        "/ui/ui.css": {"get": {"summary": "the page's style", **page}},
+        "/v1/status/{run_id}": {
+            "parameters": [
+                {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "get": {
+                "summary": "a run's status: the object `aioelastic status --json` prints",
+                "parameters": [
+                    {"name": "timers_prefix", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "RunStatus JSON (docs/ui.md)"},
+                    "404": _error("run_not_found: no records for the run"),
+                    "422": _error("rendezvous_state: a record is corrupt or foreign"),
+                    **_COMMON,
+                },
+            },
+        },
+        "/v1/ui/snapshot": {
+            "get": {
+                "summary": "the page's overview: runs, one run's status, locks and elections",
+                "parameters": [_RUN_QUERY],
+                "responses": {"200": {"description": "overview JSON (docs/ui.md)"}, **_COMMON},
+            }
+        },
+        "/v1/ui/events": {
+            "get": {
+                "summary": "server-sent events: an overview after every change in the store",
+                "parameters": [_RUN_QUERY],
+                "responses": {
+                    "200": {
+                        "description": "text/event-stream",
+                        "content": {"text/event-stream": {}},
+                    },
+                    "503": _error("shutting down, or too many watch streams"),
+                    **_COMMON,
+                },
+            }
         },
     }

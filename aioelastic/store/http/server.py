@@ -585,6 +585,8 @@ class _App:
         self.limits = limits
         self.data = data
         self.metrics = metrics
+        #: Paths served without a token: no store data behind them (the page's files, /healthz).
+        self.public_paths: set[str] = {"/healthz"}
         self.closing = False
         self.watch_streams = 0
         #: Set by the runner: the connection limit (None: none).
@@ -616,7 +618,7 @@ class _App:
         metered = "other"
         status = 500
         try:
-            if self.token is not None and request.path != "/healthz":
+            if self.token is not None and request.path not in self.public_paths:
                 self._authenticate(request)
             if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
                 _refuse_codings(request)
@@ -1329,6 +1331,9 @@ def make_app(
 
     route("GET", "/healthz", state.healthz, "healthz")
     route("GET", "/metrics", state.metrics_route, "metrics")
+    from ._ui import add_ui_routes  # the web page and its data routes (docs/ui.md)
+
+    add_ui_routes(state, route)
     route("GET", "/openapi.json", state.openapi, "openapi")
     route("GET", "/v1/revision", state.revision, "revision")
     # "(?s:.*)": any key, newlines included (a bare ".*" stops at one: 404 "no route").
