@@ -695,7 +695,7 @@ class _App:
             if expect.strip().lower() != "100-continue":
                 message = f"unknown Expect: {expect[:40]!r} (only 100-continue)"
                 raise _ApiError(417, "expectation_failed", message)
-            if self.token is not None and request.path != "/healthz":
+            if self.token is not None and request.path not in self.public_paths:
                 self._authenticate(request)
             _refuse_codings(request)
             length = request.content_length
