@@ -255,7 +255,7 @@ def test_page_follows_a_job_live(browser: Any, side: _Loop, tmp_path: Path) -> N
         page.click("#runs a >> text=other")
         expect(page.locator("#run-id")).to_have_text("other", timeout=WAIT_MS)
         assert page.url.endswith("#run=other")
-        expect(page.locator("#round")).to_have_text("3 (world size 2)")
+        expect(page.locator("#round")).to_have_text("3 (2 nodes)")
         expect(page.locator("#members tr.gone")).to_have_count(2)  # no node records: gone
         page.click(f"#runs a >> text={RUN}")
         expect(page.locator("#run-state")).to_have_text(

@@ -190,7 +190,7 @@ function renderRun(runId, run, error) {
     state.textContent = run.reopened ? 'open (reopened)' : 'open';
     state.className = 'badge open';
   }
-  $('round').textContent = run.round === null ? 'none yet' : run.round + ' (world size ' + run.members.length + ')';
+  $('round').textContent = run.round === null ? 'none yet' : run.round + ' (' + run.members.length + (run.members.length === 1 ? ' node)' : ' nodes)');
   $('master').textContent = run.master_addr ? run.master_addr + ':' + run.master_port : '–';
   $('forming').textContent = run.forming_round;
   $('driver').textContent = run.driver || 'none';
