@@ -53,6 +53,9 @@ class LeaseKeeper:
     was revoked, or the store stayed unreachable until the TTL ran out — :attr:`lost` becomes
     true, :meth:`wait_lost` returns, the callbacks from :meth:`on_lost` run, and every
     :meth:`guard` scope is cancelled and raises :class:`~aioelastic.errors.LeaseExpiredError`.
+    Any other error that ends the renewal (a refused token after a rotation, a bug) is a loss
+    too, reported the same way with that error as the loss's ``__cause__``: a keeper never stops
+    renewing without saying so.
 
     Connection errors are retried until the TTL since the last renewal has passed: a store that
     comes back in time costs nothing. With ``renew_deadline`` (shorter than the TTL), the keeper
@@ -131,6 +134,7 @@ class LeaseKeeper:
         loop = asyncio.get_running_loop()
         self._last_renewal = loop.time()
         self._task = loop.create_task(self._run(), name=f"aioelastic-lease-{grant.id:x}")
+        self._task.add_done_callback(self._on_task_done)
 
     async def aclose(self, *, revoke: bool = True) -> None:
         """Stop renewing; revoke the lease (deleting its keys) unless ``revoke=False``."""
@@ -245,8 +249,20 @@ class LeaseKeeper:
             self._last_renewal = loop.time()
             delay = interval
 
-    def _lose(self, reason: str) -> None:
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """Whatever ended the renewal task, unless :meth:`aclose` did, is a reported loss."""
+        exc = None if task.cancelled() else task.exception()  # retrieved: no "never retrieved"
+        if self._error is not None or self._closed:
+            return
+        if exc is None:
+            self._lose("the keep-alive task was cancelled or ended")
+            return
+        self._failures += 1
+        self._lose(f"keep-alive failed: {type(exc).__name__}: {exc}", cause=exc)
+
+    def _lose(self, reason: str, *, cause: BaseException | None = None) -> None:
         error = LeaseExpiredError(self._id, reason)
+        error.__cause__ = cause
         self._error = error
         self._lost.set()
         log.warning("%s", error)
