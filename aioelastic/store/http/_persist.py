@@ -4,10 +4,13 @@ Every change of the served :class:`~aioelastic.store.MemoryEngine` (a commit, a 
 ended, an explicit compaction) is appended to ``wal.log`` by the engine's hooks, synchronously,
 before the request that caused it is answered: after ``kill -9`` the kernel still has every
 acknowledged record. When the log holds ``snapshot_every`` records, the whole engine is written to
-``snapshot.json`` (atomically: temporary file, fsync, rename) and the log starts again.
+``snapshot.json`` and a new log is started after it (each file replaced atomically).
 
-Each log line is ``<crc32 hex> <json>``; a torn last line (a crash mid-write) is cut off on load,
-a damaged line elsewhere stops the load with :class:`CorruptDataDirError`.
+Lines are checksummed and records numbered (:mod:`._persist_codec`); loading (:mod:`._persist_load`)
+cuts only a partial last record, as a torn write, after keeping its bytes aside. Any other damage
+is refused with :class:`CorruptDataDirError`, saying what and how many records, unless
+``accept_data_loss`` (then the damaged files are moved aside and the server goes on from the last
+consistent state, with revisions and lease ids moved past any on disk).
 
 fsync policy (``fsync=``): ``"always"`` (default) — a write is answered only after an fsync covers
 it, several concurrent writes sharing one fsync (group commit): nothing acknowledged is lost even
@@ -19,18 +22,24 @@ it to the OS (fsync only at snapshots and on close).
 from __future__ import annotations
 
 import asyncio
-import base64
 import fcntl
-import json
 import logging
 import os
-import zlib
-from collections.abc import Iterator
+import time
 from pathlib import Path
 from typing import Any, Literal
 
-from .._types import EventType, KeyValue, WatchEvent
-from ..memory import Commit, EngineState, LeaseChange, MemoryEngine
+from ..memory import Commit, LeaseChange, MemoryEngine
+from ._persist_codec import (
+    FORMAT,
+    LOCK,
+    SNAPSHOT,
+    WAL,
+    encode_line,
+    event_out,
+    snapshot_document,
+)
+from ._persist_load import Recovery, load
 
 __all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy"]
 
@@ -38,61 +47,10 @@ log = logging.getLogger("aioelastic.serve")
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
-FORMAT = 1
-WAL = "wal.log"
-SNAPSHOT = "snapshot.json"
-LOCK = "LOCK"
 
 
 class CorruptDataDirError(RuntimeError):
-    """The data directory cannot be loaded: a damaged log line or snapshot (names the file)."""
-
-
-# -- encoding ------------------------------------------------------------------------------------
-
-
-def _b64(value: bytes) -> str:
-    return base64.b64encode(value).decode("ascii")
-
-
-def _kv_out(kv: KeyValue) -> list[Any]:
-    return [kv.key, _b64(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease]
-
-
-def _kv_in(row: list[Any]) -> KeyValue:
-    key, value, create, mod, version, lease = row
-    return KeyValue(key, base64.b64decode(value), create, mod, version, lease)
-
-
-def _event_out(event: WatchEvent) -> list[Any]:
-    if event.type is EventType.PUT:
-        return ["P", *_kv_out(event.kv)]
-    return ["D", event.kv.key, event.kv.mod_revision]
-
-
-def _event_in(row: list[Any]) -> WatchEvent:
-    if row[0] == "P":
-        return WatchEvent(EventType.PUT, _kv_in(row[1:]))
-    return WatchEvent(EventType.DELETE, KeyValue(row[1], b"", 0, row[2], 0, 0))
-
-
-def _line(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
-    return b"%08x %s\n" % (zlib.crc32(body), body)
-
-
-def _parse_line(line: bytes) -> dict[str, Any] | None:
-    """The record on ``line``, or None if it is damaged (bad checksum, torn, not JSON)."""
-    if len(line) < 10 or line[8:9] != b" " or not line.endswith(b"\n"):
-        return None
-    body = line[9:-1]
-    try:
-        if int(line[:8], 16) != zlib.crc32(body):
-            return None
-        record = json.loads(body)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("q"), int) else None
+    """The data directory is damaged: the message says what, and how many records it affects."""
 
 
 # -- the data directory --------------------------------------------------------------------------
@@ -112,6 +70,7 @@ class DataDir:
         fsync: FsyncPolicy = "always",
         fsync_interval: float = 0.05,
         snapshot_every: int = 10_000,
+        accept_data_loss: bool = False,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -123,6 +82,9 @@ class DataDir:
         self.fsync = fsync
         self.fsync_interval = fsync_interval
         self.snapshot_every = snapshot_every
+        self.accept_data_loss = accept_data_loss
+        #: What was lost when a damaged directory was opened with ``accept_data_loss``.
+        self.data_loss: str | None = None
         self._engine: MemoryEngine | None = None
         self._lock_fd = -1
         self._fd = -1
@@ -150,9 +112,11 @@ class DataDir:
                 f"data directory {str(self.path)!r} is in use by another server"
             ) from None
         try:
-            self._load(engine)
-            self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._recover(load(self.path, engine), engine)
         except BaseException:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise
@@ -245,13 +209,14 @@ class DataDir:
             return
         self._seq += 1
         record["q"] = self._seq
-        os.write(self._fd, _line(record))
+        os.write(self._fd, encode_line(record))
         self._records += 1
         if self._records >= self.snapshot_every and self._engine is not None:
             self._snapshot(self._engine)
+            self.snapshots += 1
 
     def _on_commit(self, commit: Commit) -> None:
-        self._append({"c": commit.revision, "e": [_event_out(e) for e in commit.events]})
+        self._append({"c": commit.revision, "e": [event_out(e) for e in commit.events]})
 
     def _on_lease(self, change: LeaseChange) -> None:
         if change.ttl is None:
@@ -265,33 +230,36 @@ class DataDir:
     # -- snapshots
 
     def _snapshot(self, engine: MemoryEngine) -> None:
-        """Write the whole engine to ``snapshot.json`` atomically, then empty the log."""
+        """Write the whole engine to ``snapshot.json``, then start a new log after it.
+
+        Each file is replaced atomically (temporary file, fsync, rename, directory fsync), the
+        snapshot first: a crash in between leaves the old log, whose records the snapshot covers
+        (they are skipped on load by sequence number).
+        """
         state = engine.export_state()
-        document = {
-            "format": FORMAT,
-            "q": self._seq,
+        self._replace(SNAPSHOT, encode_line(snapshot_document(state, self._seq)))
+        header = {
+            "log": FORMAT,
+            "after": self._seq,
             "revision": state.revision,
-            "compact_revision": state.compact_revision,
-            "last_lease_id": state.last_lease_id,
-            "leases": [[lease_id, ttl] for lease_id, ttl in state.leases.items()],
-            "kvs": [_kv_out(kv) for kv in state.kvs],
-            "history": [_event_out(e) for e in state.history],
+            "lease": state.last_lease_id,
         }
-        tmp = self.path / (SNAPSHOT + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / SNAPSHOT)
-        self._fsync_dir()
-        # The snapshot covers every record so far: records of the old log are skipped on load
-        # (by sequence number) even if a crash comes before this truncation.
-        os.ftruncate(self._fd, 0)
-        os.fsync(self._fd)
+        self._replace(WAL, encode_line(header))
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
         self._synced = self._seq
         self._records = 0
-        self.snapshots += 1
         self._release_waiters()
+
+    def _replace(self, name: str, data: bytes) -> None:
+        tmp = self.path / (name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / name)
+        self._fsync_dir()
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.path, os.O_RDONLY)
@@ -300,80 +268,111 @@ class DataDir:
         finally:
             os.close(fd)
 
-    # -- loading
+    # -- opening: refuse damage, or keep it aside and accept the loss; cut a torn record
 
-    def _load(self, engine: MemoryEngine) -> None:
-        snapshot_seq = 0
-        snapshot_path = self.path / SNAPSHOT
-        if snapshot_path.exists():
-            try:
-                document = json.loads(snapshot_path.read_bytes())
-                if document.get("format") != FORMAT:
-                    raise ValueError(f"unknown format {document.get('format')!r}")
-                state = EngineState(
-                    revision=document["revision"],
-                    compact_revision=document["compact_revision"],
-                    kvs=tuple(_kv_in(row) for row in document["kvs"]),
-                    history=tuple(_event_in(row) for row in document["history"]),
-                    leases={int(i): float(t) for i, t in document["leases"]},
-                    last_lease_id=document["last_lease_id"],
+    def _recover(self, found: Recovery, engine: MemoryEngine) -> None:
+        rewrite = found.legacy or not found.log_exists
+        if found.damage:
+            message = _damage_message(self.path, found, engine)
+            if not self.accept_data_loss:
+                raise CorruptDataDirError(
+                    f"{message} Nothing on disk was changed. Restore the damaged files from a "
+                    "copy, or start with accept_data_loss (serve --accept-data-loss) to go on "
+                    "from that state, the damaged files kept aside."
                 )
-                snapshot_seq = int(document["q"])
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                raise CorruptDataDirError(
-                    f"snapshot {str(snapshot_path)!r} is damaged: {exc}"
-                ) from None
-            engine.restore(state)
-        self._seq = snapshot_seq
-        wal_path = self.path / WAL
-        if not wal_path.exists():
-            return
-        for record in self._read_wal(wal_path):
-            seq = record["q"]
-            if seq <= snapshot_seq:
-                continue
-            try:
-                self._replay(engine, record)
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                raise CorruptDataDirError(
-                    f"log {str(wal_path)!r}: record {seq} cannot be replayed: {exc}"
-                ) from None
-            self._seq = seq
-            self._records += 1
-
-    def _read_wal(self, wal_path: Path) -> Iterator[dict[str, Any]]:
-        with open(wal_path, "rb") as f:
-            data = f.read()
-        offset = 0
-        lines = data.splitlines(keepends=True)
-        for index, line in enumerate(lines):
-            record = _parse_line(line)
-            if record is None:
-                rest = lines[index + 1 :]
-                if any(_parse_line(other) is not None for other in rest):
-                    raise CorruptDataDirError(
-                        f"log {str(wal_path)!r} is damaged at byte {offset} (a later record is "
-                        "intact, so this is not a torn write)"
-                    )
-                log.warning("cutting a torn record off the end of %s at byte %d", wal_path, offset)
-                with open(wal_path, "r+b") as f:
-                    f.truncate(offset)
-                    f.flush()
-                    os.fsync(f.fileno())
-                return
-            offset += len(line)
-            yield record
-
-    @staticmethod
-    def _replay(engine: MemoryEngine, record: dict[str, Any]) -> None:
-        if "c" in record:
-            events = tuple(_event_in(row) for row in record["e"])
-            engine.restore_commit(Commit(int(record["c"]), events))
-        elif "g" in record:
-            engine.restore_lease(int(record["g"]), float(record["ttl"]))
-        elif "x" in record:
-            engine.restore_lease_end(int(record["x"]))
-        elif "k" in record:
-            engine.restore_compact(int(record["k"]))
+            kept = [
+                str(self._move_aside(name, "damaged"))
+                for name in (WAL, SNAPSHOT)
+                if (self.path / name).exists()
+            ]
+            _skip_used_ids(engine, found)
+            self.data_loss = message
+            log.error(
+                "ACCEPTING DATA LOSS (--accept-data-loss): %s The damaged files are kept as %s; "
+                "the server goes on from there, at revision %d.",
+                message,
+                ", ".join(kept) or "(none)",
+                engine.revision,
+            )
+            rewrite = True
+        elif found.torn_at is not None:
+            self._cut_torn(found)
+        self._seq = found.sequence
+        self._records = found.records
+        if rewrite:
+            if found.legacy and found.log_exists and not found.damage:
+                log.info("rewriting data directory %s in format %d", self.path, FORMAT)
+            self._snapshot(engine)
         else:
-            raise ValueError(f"unknown record {sorted(record)}")
+            self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
+
+    def _cut_torn(self, found: Recovery) -> None:
+        """Keep a partial last record (a write cut short by a crash) aside, then cut it off."""
+        assert found.torn_at is not None
+        wal = self.path / WAL
+        kept = self._write_aside(WAL, "torn", found.torn)
+        log.warning(
+            "cut a torn record (%d bytes, never acknowledged) off the end of %s at byte %d; "
+            "the bytes are kept in %s",
+            len(found.torn),
+            wal,
+            found.torn_at,
+            kept,
+        )
+        with open(wal, "r+b") as f:
+            f.truncate(found.torn_at)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _aside_name(self, name: str, tag: str) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for n in range(1000):
+            target = self.path / f"{name}.{tag}-{stamp}{f'.{n}' if n else ''}"
+            if not target.exists():
+                return target
+        raise RuntimeError(f"too many {name}.{tag}-* files in {self.path}")
+
+    def _write_aside(self, name: str, tag: str, data: bytes) -> Path:
+        target = self._aside_name(name, tag)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._fsync_dir()
+        return target
+
+    def _move_aside(self, name: str, tag: str) -> Path:
+        target = self._aside_name(name, tag)
+        os.rename(self.path / name, target)
+        self._fsync_dir()
+        return target
+
+
+def _records(n: int) -> str:
+    return f"{n} record" if n == 1 else f"{n} records"
+
+
+def _damage_message(path: Path, found: Recovery, engine: MemoryEngine) -> str:
+    if found.count_known:
+        verb = "is" if found.affected == 1 else "are"
+        count = f"{_records(found.affected)} {verb} affected"
+    elif found.affected:
+        count = f"An unknown number of records (at least {found.affected}) are affected"
+    else:
+        count = "An unknown number of records are affected"
+    return (
+        f"data directory {str(path)!r} is damaged: {'; '.join(found.damage)}. {count}; the "
+        f"last consistent state is record {found.sequence} (revision {engine.revision})."
+    )
+
+
+def _skip_used_ids(engine: MemoryEngine, found: Recovery) -> None:
+    """After a loss, move the revision and lease ids past any on disk: none is handed out twice
+    (a watcher or a lease holder may have seen the lost ones)."""
+    if found.high_revision > engine.revision:
+        engine.restore_commit(Commit(found.high_revision, ()))
+    if found.high_lease > engine.export_state().last_lease_id:
+        engine.restore_lease(found.high_lease, 1.0)
+        engine.restore_lease_end(found.high_lease)

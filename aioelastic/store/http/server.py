@@ -1153,7 +1153,9 @@ class HttpStoreServer:
 
     ``async with HttpStoreServer(port=0) as server: store = await open_store(server.url)``.
     Without ``data_dir`` the store lives in memory only; with it every acknowledged write survives
-    a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies). ``engine``
+    a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies); a damaged
+    data dir is refused unless ``accept_data_loss`` (then it goes on from its last consistent
+    state, the damaged files kept aside). ``engine``
     serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
@@ -1170,6 +1172,7 @@ class HttpStoreServer:
         data_dir: str | None = None,
         fsync: FsyncPolicy = "always",
         snapshot_every: int = 10_000,
+        accept_data_loss: bool = False,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
@@ -1199,7 +1202,12 @@ class HttpStoreServer:
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else MemoryEngine(history_limit=history_limit)
         self.data = (
-            DataDir(data_dir, fsync=fsync, snapshot_every=snapshot_every)
+            DataDir(
+                data_dir,
+                fsync=fsync,
+                snapshot_every=snapshot_every,
+                accept_data_loss=accept_data_loss,
+            )
             if data_dir is not None
             else None
         )
