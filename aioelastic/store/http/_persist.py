@@ -22,6 +22,8 @@ it to the OS (fsync only at snapshots and on close).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -41,7 +43,7 @@ from ._persist_codec import (
 )
 from ._persist_load import Recovery, load
 
-__all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy"]
+__all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy", "LogWriteError"]
 
 log = logging.getLogger("aioelastic.serve")
 
@@ -51,6 +53,20 @@ FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
 
 class CorruptDataDirError(RuntimeError):
     """The data directory is damaged: the message says what, and how many records it affects."""
+
+
+class LogWriteError(OSError):
+    """The log could not be written, so the change it was to record was not made.
+
+    ``full`` when the disk (or the file size limit) is full: ``ENOSPC``, ``EFBIG``, ``EDQUOT``.
+    """
+
+    @property
+    def full(self) -> bool:
+        return self.errno in _FULL
+
+
+_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
 # -- the data directory --------------------------------------------------------------------------
@@ -94,7 +110,10 @@ class DataDir:
         self._dirty = asyncio.Event()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # an fsync failed: nothing more is promised
+        self._size = 0  # bytes in the log: where a record cut short by a full disk is cut off
+        self._broken: LogWriteError | None = None  # the log ends in a partial record
+        self._refusing = False  # the last write failed (logged once, until one succeeds)
         self.snapshots = 0
 
     # -- lifecycle
@@ -204,16 +223,70 @@ class DataDir:
 
     # -- the hooks (synchronous: the record reaches the kernel before the reply is sent)
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], *, snapshot: bool = True) -> None:
+        """Write one whole record, or raise :class:`LogWriteError` leaving no part of it.
+
+        ``snapshot=False``: the engine does not hold the change yet (a compaction is recorded
+        before it is made), so a snapshot due now waits for the next record.
+        """
         if self._fd < 0:
             return
+        self._check_writable()
+        record["q"] = self._seq + 1
+        line = encode_line(record)
+        written = 0
+        try:
+            while written < len(line):  # a short write (the disk filled up) goes on, or raises
+                written += os.write(self._fd, memoryview(line)[written:])
+        except OSError as exc:
+            self._cut_back(written, exc)
+            if not self._refusing:
+                self._refusing = True
+                log.error("%s cannot be written (%s): refusing writes until it can", WAL, exc)
+            raise LogWriteError(
+                exc.errno, f"the log {str(self.path / WAL)!r} cannot be written: {exc.strerror}"
+            ) from exc
+        if self._refusing:
+            self._refusing = False
+            log.warning("%s can be written again: taking writes", WAL)
         self._seq += 1
-        record["q"] = self._seq
-        os.write(self._fd, encode_line(record))
+        self._size += written
         self._records += 1
-        if self._records >= self.snapshot_every and self._engine is not None:
-            self._snapshot(self._engine)
-            self.snapshots += 1
+        if snapshot and self._records >= self.snapshot_every and self._engine is not None:
+            try:
+                self._snapshot(self._engine)
+            except OSError as exc:  # the record is safe in the log; try again later
+                log.error("snapshot of %s failed (the log goes on): %s", self.path, exc)
+                self._records = 0
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path / (SNAPSHOT + ".tmp"))
+                    os.unlink(self.path / (WAL + ".tmp"))
+            else:
+                self.snapshots += 1
+
+    def _check_writable(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self._error is not None:
+            raise LogWriteError(
+                errno.EIO,
+                f"an fsync of the log failed ({self._error}): writes are refused until the "
+                "server restarts",
+            )
+
+    def _cut_back(self, written: int, exc: OSError) -> None:
+        """Cut a record that did not fit off the log (it was never acknowledged)."""
+        if not written:
+            return
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as cut:  # appending after a partial record would make it damage
+            log.error("cannot cut a partial record off %s: %s", self.path / WAL, cut)
+            self._broken = LogWriteError(
+                exc.errno,
+                f"the log {str(self.path / WAL)!r} ends in a partial record that cannot be cut "
+                f"off ({cut}): writes are refused until the server restarts",
+            )
 
     def _on_commit(self, commit: Commit) -> None:
         self._append({"c": commit.revision, "e": [event_out(e) for e in commit.events]})
@@ -225,7 +298,7 @@ class DataDir:
             self._append({"g": change.id, "ttl": change.ttl})
 
     def _on_compact(self, revision: int) -> None:
-        self._append({"k": revision})
+        self._append({"k": revision}, snapshot=False)
 
     # -- snapshots
 
@@ -245,9 +318,11 @@ class DataDir:
             "lease": state.last_lease_id,
         }
         self._replace(WAL, encode_line(header))
+        fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
         self._synced = self._seq
         self._records = 0
         self._release_waiters()
@@ -305,6 +380,7 @@ class DataDir:
             self._snapshot(engine)
         else:
             self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
+            self._size = os.fstat(self._fd).st_size
 
     def _cut_torn(self, found: Recovery) -> None:
         """Keep a partial last record (a write cut short by a crash) aside, then cut it off."""

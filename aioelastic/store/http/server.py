@@ -35,7 +35,7 @@ from aiohttp.web_server import Server
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
-from ._persist import DataDir, FsyncPolicy
+from ._persist import DataDir, FsyncPolicy, LogWriteError
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -571,6 +571,10 @@ class _App:
             response = _error_response(408, "request_timeout", f"{exc}; closing the connection")
             response.force_close()
             return response
+        except LogWriteError as exc:  # the log cannot take the write: it was not made
+            status = 507 if exc.full else 503
+            code = "insufficient_storage" if exc.full else "storage_unavailable"
+            return _error_response(status, code, f"{exc.strerror}; the write was not applied")
         except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
             status = 500
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
