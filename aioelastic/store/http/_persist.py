@@ -27,7 +27,6 @@ import errno
 import fcntl
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +40,7 @@ from ._persist_codec import (
     event_out,
     snapshot_document,
 )
+from ._persist_files import cut_file, move_aside, replace_file, write_aside
 from ._persist_load import Recovery, load
 
 __all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy", "LogWriteError"]
@@ -310,14 +310,14 @@ class DataDir:
         (they are skipped on load by sequence number).
         """
         state = engine.export_state()
-        self._replace(SNAPSHOT, encode_line(snapshot_document(state, self._seq)))
+        replace_file(self.path, SNAPSHOT, encode_line(snapshot_document(state, self._seq)))
         header = {
             "log": FORMAT,
             "after": self._seq,
             "revision": state.revision,
             "lease": state.last_lease_id,
         }
-        self._replace(WAL, encode_line(header))
+        replace_file(self.path, WAL, encode_line(header))
         fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
         if self._fd >= 0:
             os.close(self._fd)
@@ -326,22 +326,6 @@ class DataDir:
         self._synced = self._seq
         self._records = 0
         self._release_waiters()
-
-    def _replace(self, name: str, data: bytes) -> None:
-        tmp = self.path / (name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / name)
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- opening: refuse damage, or keep it aside and accept the loss; cut a torn record
 
@@ -356,7 +340,7 @@ class DataDir:
                     "from that state, the damaged files kept aside."
                 )
             kept = [
-                str(self._move_aside(name, "damaged"))
+                str(move_aside(self.path, name, "damaged"))
                 for name in (WAL, SNAPSHOT)
                 if (self.path / name).exists()
             ]
@@ -386,7 +370,7 @@ class DataDir:
         """Keep a partial last record (a write cut short by a crash) aside, then cut it off."""
         assert found.torn_at is not None
         wal = self.path / WAL
-        kept = self._write_aside(WAL, "torn", found.torn)
+        kept = write_aside(self.path, WAL, "torn", found.torn)
         log.warning(
             "cut a torn record (%d bytes, never acknowledged) off the end of %s at byte %d; "
             "the bytes are kept in %s",
@@ -395,35 +379,7 @@ class DataDir:
             found.torn_at,
             kept,
         )
-        with open(wal, "r+b") as f:
-            f.truncate(found.torn_at)
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _aside_name(self, name: str, tag: str) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        for n in range(1000):
-            target = self.path / f"{name}.{tag}-{stamp}{f'.{n}' if n else ''}"
-            if not target.exists():
-                return target
-        raise RuntimeError(f"too many {name}.{tag}-* files in {self.path}")
-
-    def _write_aside(self, name: str, tag: str, data: bytes) -> Path:
-        target = self._aside_name(name, tag)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._fsync_dir()
-        return target
-
-    def _move_aside(self, name: str, tag: str) -> Path:
-        target = self._aside_name(name, tag)
-        os.rename(self.path / name, target)
-        self._fsync_dir()
-        return target
+        cut_file(wal, found.torn_at)
 
 
 def _records(n: int) -> str:
