@@ -472,3 +472,42 @@ async def test_serve_refuses_a_damaged_dir_unless_told_to_accept_the_loss(tmp_pa
         assert "revision 70" in banner  # moved past every revision on disk
     finally:
         server.kill()
+
+
+@pytest.mark.asyncio
+async def test_a_record_the_log_refuses_leaves_no_trace(tmp_path: Path) -> None:
+    import os
+
+    from aioelastic.store.http._persist import LogWriteError
+
+    engine, data = await _reopen(tmp_path, fsync="never")
+    lease = engine.lease_grant(60).id
+    engine.put("a", b"1", lease)
+    log_before = (tmp_path / "wal.log").read_bytes()
+    state_before = _comparable(engine.export_state())
+    writable, data._fd = data._fd, os.open(tmp_path / "wal.log", os.O_RDONLY)  # writes: EBADF
+    try:
+        with pytest.raises(LogWriteError) as raised:
+            engine.put("b", b"2")
+        assert not raised.value.full
+        with pytest.raises(LogWriteError):
+            engine.lease_revoke(lease)  # its keys' deletion and its end: one record, or neither
+        assert _comparable(engine.export_state()) == state_before
+        assert engine.lease_time_to_live(lease).keys == ("a",)
+    finally:
+        os.close(data._fd)
+        data._fd = writable
+    assert (tmp_path / "wal.log").read_bytes() == log_before
+    engine.lease_revoke(lease)
+    last = json.loads((tmp_path / "wal.log").read_bytes().splitlines()[-1][9:])
+    assert last["c"] == 2  # the deletion of its key and the lease's end are one record
+    assert last["x"] == lease
+    assert engine.put("c", b"3") == 3  # the revoke was revision 2: nothing was skipped or reused
+    await data.aclose()
+    engine.close()
+    again, data = await _reopen(tmp_path)
+    assert again.lease_count == 0
+    assert [kv.key for kv in again.range("").kvs] == ["c"]
+    assert again.revision == 3
+    await data.aclose()
+    again.close()

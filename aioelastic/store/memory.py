@@ -81,10 +81,15 @@ class _Watcher:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """What one write changed: the new revision and its events (for persistence and metrics)."""
+    """What one write changed: the new revision and its events (for persistence and metrics).
+
+    ``ended_lease``: the lease whose end deleted these keys (its :class:`LeaseChange` follows),
+    so that a log can record both at once.
+    """
 
     revision: int
     events: tuple[WatchEvent, ...]
+    ended_lease: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +294,10 @@ class MemoryEngine:
             held.keys.discard(key)
         return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, self._revision, 0, 0))
 
-    def _commit(self, events: tuple[WatchEvent, ...]) -> None:
+    def _commit(self, events: tuple[WatchEvent, ...], ended_lease: int = 0) -> None:
         self._log.extend(events)
         if self.on_commit:
-            commit = Commit(self._revision, events)
+            commit = Commit(self._revision, events, ended_lease)
             try:
                 for callback in self.on_commit:
                     callback(commit)
@@ -537,7 +542,7 @@ class MemoryEngine:
         if lease.keys:
             self._revision += 1
             try:
-                self._commit(tuple(self._remove(k) for k in sorted(lease.keys)))
+                self._commit(tuple(self._remove(k) for k in sorted(lease.keys)), lease.id)
             except BaseException:  # vetoed: the keys are back; so is the lease
                 self._leases[lease.id] = lease
                 raise

@@ -114,6 +114,7 @@ class DataDir:
         self._size = 0  # bytes in the log: where a record cut short by a full disk is cut off
         self._broken: LogWriteError | None = None  # the log ends in a partial record
         self._refusing = False  # the last write failed (logged once, until one succeeds)
+        self._ended = 0  # the lease whose end the last commit record holds
         self.snapshots = 0
 
     # -- lifecycle
@@ -289,11 +290,17 @@ class DataDir:
             )
 
     def _on_commit(self, commit: Commit) -> None:
-        self._append({"c": commit.revision, "e": [event_out(e) for e in commit.events]})
+        record: dict[str, Any] = {"c": commit.revision, "e": [event_out(e) for e in commit.events]}
+        if commit.ended_lease:  # one record: a lease's keys deleted and its end, or neither
+            record["x"] = commit.ended_lease
+        self._append(record)
+        self._ended = commit.ended_lease
 
     def _on_lease(self, change: LeaseChange) -> None:
+        ended, self._ended = self._ended, 0
         if change.ttl is None:
-            self._append({"x": change.id})
+            if change.id != ended:  # (else its end is in the commit just written)
+                self._append({"x": change.id})
         else:
             self._append({"g": change.id, "ttl": change.ttl})
 

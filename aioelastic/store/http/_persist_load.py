@@ -260,6 +260,8 @@ def _apply(engine: MemoryEngine, record: dict[str, Any]) -> None:
     if "c" in record:
         events = tuple(event_in(row) for row in record["e"])
         engine.restore_commit(Commit(int(record["c"]), events))
+        if "x" in record:  # the commit of a lease's end
+            engine.restore_lease_end(int(record["x"]))
     elif "g" in record:
         engine.restore_lease(int(record["g"]), float(record["ttl"]))
     elif "x" in record:
