@@ -511,3 +511,18 @@ async def test_a_record_the_log_refuses_leaves_no_trace(tmp_path: Path) -> None:
     assert again.revision == 3
     await data.aclose()
     again.close()
+
+
+@pytest.mark.asyncio
+async def test_accepting_a_loss_that_cannot_be_written_changes_nothing(tmp_path: Path) -> None:
+    await _written(tmp_path)
+    _delete_middle_line(tmp_path)
+    before = _files(tmp_path)
+    (tmp_path / "snapshot.json.tmp").mkdir()  # the fresh snapshot cannot be written
+    with pytest.raises(IsADirectoryError):
+        await _reopen(tmp_path, accept_data_loss=True)
+    (tmp_path / "snapshot.json.tmp").rmdir()
+    after = _files(tmp_path)
+    assert {name: after[name] for name in before} == before  # the damaged files are in place
+    with pytest.raises(CorruptDataDirError, match="record 60 is absent"):
+        await _reopen(tmp_path)  # refused again: not an empty directory that starts silently

@@ -9,7 +9,7 @@ acknowledged record. When the log holds ``snapshot_every`` records, the whole en
 Lines are checksummed and records numbered (:mod:`._persist_codec`); loading (:mod:`._persist_load`)
 cuts only a partial last record, as a torn write, after keeping its bytes aside. Any other damage
 is refused with :class:`CorruptDataDirError`, saying what and how many records, unless
-``accept_data_loss`` (then the damaged files are moved aside and the server goes on from the last
+``accept_data_loss`` (then the damaged files are kept aside and the server goes on from the last
 consistent state, with revisions and lease ids moved past any on disk).
 
 fsync policy (``fsync=``): ``"always"`` (default) — a write is answered only after an fsync covers
@@ -40,7 +40,7 @@ from ._persist_codec import (
     event_out,
     snapshot_document,
 )
-from ._persist_files import cut_file, move_aside, replace_file, write_aside
+from ._persist_files import cut_file, keep_aside, replace_file, write_aside
 from ._persist_load import Recovery, load
 
 __all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy", "LogWriteError"]
@@ -347,7 +347,7 @@ class DataDir:
                     "from that state, the damaged files kept aside."
                 )
             kept = [
-                str(move_aside(self.path, name, "damaged"))
+                str(keep_aside(self.path, name, "damaged"))
                 for name in (WAL, SNAPSHOT)
                 if (self.path / name).exists()
             ]

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["cut_file", "fsync_dir", "move_aside", "replace_file", "write_aside"]
+__all__ = ["cut_file", "fsync_dir", "keep_aside", "replace_file", "write_aside"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -59,10 +59,16 @@ def write_aside(path: Path, name: str, tag: str, data: bytes) -> Path:
     return target
 
 
-def move_aside(path: Path, name: str, tag: str) -> Path:
-    """Rename ``path/name`` to ``path/name.tag-<UTC time>`` (durably); its new path."""
+def keep_aside(path: Path, name: str, tag: str) -> Path:
+    """Keep ``path/name`` as ``path/name.tag-<UTC time>`` too (durably); its path.
+
+    A hard link (no space needed; the file stays where it is until it is replaced), else a copy.
+    """
     target = _aside_name(path, name, tag)
-    os.rename(path / name, target)
+    try:
+        os.link(path / name, target)
+    except OSError:  # a file system without hard links
+        write_aside(path, name, tag, (path / name).read_bytes())
     fsync_dir(path)
     return target
 
