@@ -41,12 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
         module = _load(name)
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(command)
+        command.set_defaults(command_parser=command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top-level one (argparse reports them there)
+        culprit: argparse.ArgumentParser = getattr(args, "command_parser", parser)
+        culprit.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

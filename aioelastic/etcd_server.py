@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
+from . import _tmpdirs
 from ._proc import die_with_parent
 from .errors import StoreError
 
@@ -36,6 +37,26 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = ["EtcdServer", "find_etcd_binary", "find_etcdctl_binary"]
+
+_TMP_PREFIX = "aioelastic-etcd-"  # + the owner's pid: see _tmpdirs
+
+
+def _wal_locked(directory: str) -> bool:
+    """Whether an etcd still holds one of its WAL files under ``directory`` (etcd locks them;
+    its OFD locks conflict with the POSIX lock tried here)."""
+    for wal in Path(directory).glob("member-*/member/wal/*.wal"):
+        try:
+            fd = os.open(wal, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # releases the lock we may have taken
+    return False
+
 
 ENV_BINARY = "AIOELASTIC_ETCD_BINARY"
 ENV_ETCDCTL = "AIOELASTIC_ETCDCTL_BINARY"
@@ -346,7 +367,9 @@ class EtcdServer:
             self._root = self._given_data_dir
             self._root.mkdir(parents=True, exist_ok=True)
         else:
-            self._root = Path(tempfile.mkdtemp(prefix="aioelastic-etcd-"))
+            # a SIGKILLed owner cannot remove its throwaway dir (60+ MB): the next one does
+            _tmpdirs.clean_stale_dirs(_TMP_PREFIX, _wal_locked)
+            self._root = Path(_tmpdirs.make_dir(_TMP_PREFIX))
             self._owns_root = True
         self._members = [
             _Member(

@@ -11,7 +11,9 @@ serve``. ``--rdzv-conf`` takes the keys of ``docs/rendezvous.md`` (``last_call_t
 ``lease_ttl``, ``join_timeout``, ...).
 
 torch finds the backend through the ``torchrun.handlers`` entry-point group
-(``aioelastic = "aioelastic.torchrun:handler_creator"``); :func:`register` registers it by hand.
+(``aioelastic = "aioelastic._torchrun_entry:handler_creator"``, importable without torch, so
+that the import order of torch and this module does not matter); :func:`register` registers it
+by hand.
 torch stays optional: this module imports it, nothing else in aioelastic does.
 
 As torch's contract says, ``shutdown()`` closes the run (torch's agent calls it when it ends, so a
@@ -22,16 +24,25 @@ re-form without it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import anyio.lowlevel
+
+# Bound before torch is imported: importing torch's rendezvous package runs its registry, which
+# loads this package's entry point, possibly while this module is half-initialised.
+from ._torchrun_entry import handler_creator
+
+# isort: split
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api as torch_api
 
 from . import errors
 from .rendezvous import RendezvousHandler, RendezvousParameters, create_handler
+from .rendezvous._hints import CLOSED_RUN
 from .store import Store
 
 __all__ = [
@@ -210,6 +221,7 @@ class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]
         self._handler = handler
         self._loop = loop
         self._shut = False
+        self._joined = False  # a round completed: a closed run is no longer a stale run id
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -228,7 +240,13 @@ class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]
         return False
 
     def next_rendezvous(self) -> torch_api.RendezvousInfo:
-        result = self._run(self._handler.next_rendezvous())
+        try:
+            result = self._run(self._handler.next_rendezvous())
+        except torch_api.RendezvousClosedError as exc:
+            if self._shut or self._joined:  # closed under a running job: no new job to start
+                raise
+            raise torch_api.RendezvousClosedError(f"{exc}; {CLOSED_RUN}") from exc
+        self._joined = True
         info = result.bootstrap_store_info
         return torch_api.RendezvousInfo(
             TorchStore(result.store, self._loop),
@@ -278,12 +296,26 @@ def _parameters(params: torch_api.RendezvousParameters) -> RendezvousParameters:
     )
 
 
+async def _warm_up(handler: RendezvousHandler) -> None:
+    """Do the first join's one-time work now: anyio's backend import and the store's first
+    connection (a real round trip: is the run closed?)."""
+    await anyio.lowlevel.checkpoint()
+    await handler.is_closed()
+
+
 def create_torch_handler(params: torch_api.RendezvousParameters) -> TorchRendezvousHandler:
-    """The creator torch's registry calls: build the async handler on a new loop thread."""
+    """The creator torch's registry calls: build the async handler on a new loop thread.
+
+    The one-time work of a first join is done here, not inside ``next_rendezvous()``: the lazy
+    imports and the store's connection (:func:`_warm_up`), and a full garbage collection, so that
+    the join does not pay for collecting torch's large heap (70-90 ms on a 2-core machine).
+    """
     ours = _parameters(params)
     loop = _LoopThread()
     try:
         handler = loop.run(create_handler(ours))
+        loop.run(_warm_up(handler))
+        gc.collect()
     except BaseException as exc:
         loop.close()
         translated = _translate(exc)
@@ -293,13 +325,9 @@ def create_torch_handler(params: torch_api.RendezvousParameters) -> TorchRendezv
     return TorchRendezvousHandler(params.backend, handler, loop)
 
 
-def handler_creator() -> Callable[[torch_api.RendezvousParameters], TorchRendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: returns the handler creator."""
-    return create_torch_handler
-
-
 def register(name: str = BACKEND) -> None:
     """Register the backend with torch's registry by hand (idempotent)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(name, create_torch_handler)
+    # the creator the entry point gives, so that both ways of registering agree
+    rendezvous_handler_registry.register(name, handler_creator())

@@ -12,6 +12,8 @@ mode decides what it does:
   smaller world once the marker exists.
 - ``grow``: wait while WORLD_SIZE is below 4; exit 0 at 4.
 - ``sleep``: wait to be stopped (SIGTERM), recording that it was.
+- ``fragile``: while WORLD_SIZE is 4, fail (exit 1, as a collective does when a peer's connection
+  closes) once ``OUT_DIR/killed`` exists; exit 0 in a smaller world.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def main() -> None:
         if os.environ["WORLD_SIZE"] == "4":
             return
         wait_forever(out)
+    if mode == "fragile":
+        if os.environ["WORLD_SIZE"] != "4":
+            return
+        while not os.path.exists(os.path.join(out, "killed")):
+            time.sleep(0.02)
+        print("Connection closed by peer", file=sys.stderr, flush=True)
+        sys.exit(1)
     if mode == "sleep":
         wait_forever(out)
     raise SystemExit(f"unknown mode {mode!r}")

@@ -270,6 +270,57 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
           f"(lease TTL 0.9 s + last call 3 s + worker start)")  # fmt: skip
     # the killed agent's workers died with it (PDEATHSIG); the fixture checks nothing is left
     _assert_no_orphans(str(out))
+    # its temporary directory (the timer socket) is what the next agent to start removes
+    from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
+
+    assert any(f"{PREFIX}{victim.pid}-" in path for path in clean_stale_dirs())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("max_restarts", [0, 3])
+async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int) -> None:
+    """The survivor's workers fail when a peer dies (a broken collective): that is the loss's
+    consequence. The survivor re-forms without counting a restart (none needed with
+    --max-restarts 0) and, every survivor being back, without waiting out the last call."""
+    async with HttpStoreServer(port=0) as server:
+        common = [
+            "--nnodes=1:2",
+            "--nproc-per-node=2",
+            f"--max-restarts={max_restarts}",
+            f"--rdzv-endpoint=127.0.0.1:{server.port}",
+            "--rdzv-id=fragile",
+            "--rdzv-conf=last_call_timeout=30,keep_alive_interval=0.3,keep_alive_max_attempt=3",
+            "--local-addr=127.0.0.1",
+            "--stop-timeout=5",
+            WORKER,
+            "fragile",
+            str(out),
+        ]
+        agents = [await _spawn_agent(*common) for _ in range(2)]
+        try:
+            big = await _wait_lines(out / "starts.jsonl", 4, 60, WORLD_SIZE="4")
+            victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == "1"}
+            parents = {_parent_of(pid) for pid in victim_pids}
+            (victim,) = [a for a in agents if a.pid in parents]
+            (survivor,) = [a for a in agents if a is not victim]
+            killed_at = time.monotonic()
+            victim.kill()
+            (out / "killed").touch()
+            code, stderr = await _finish(survivor, 60)
+            took = time.monotonic() - killed_at
+            await victim.wait()
+        finally:
+            for agent in agents:
+                if agent.returncode is None:
+                    agent.kill()
+                    await agent.wait()
+    assert code == 0, stderr
+    assert "not counted as a restart" in stderr
+    small = [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "2"]
+    assert sorted(s["RANK"] for s in small) == ["0", "1"]
+    assert {s["TORCHELASTIC_RESTART_COUNT"] for s in small} == {"0"}
+    assert took < 20, stderr  # TTL 0.9 s + worker start, not the 30 s last call
+    _assert_no_orphans(str(out))
 
 
 def test_sigterm_stops_workers_and_leaves(out: Path) -> None:

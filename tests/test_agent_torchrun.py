@@ -199,14 +199,25 @@ def test_errors_are_translated_for_torch() -> None:
 
 
 def test_handler_creator_and_registration() -> None:
+    from torch.distributed.elastic.rendezvous import api as torch_api
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    from aioelastic.torchrun import BACKEND, create_torch_handler, handler_creator, register
+    from aioelastic.torchrun import (
+        BACKEND,
+        TorchRendezvousHandler,
+        handler_creator,
+        register,
+    )
 
-    assert handler_creator() is create_torch_handler
+    creator = handler_creator()  # what torch's registry registers
+    handler = creator(torch_api.RendezvousParameters("aioelastic", "memory://creator", "j", 1, 1))
+    try:
+        assert isinstance(handler, TorchRendezvousHandler)
+    finally:
+        handler.shutdown()
     register()
     register()  # idempotent
-    assert rendezvous_handler_registry._registry[BACKEND] is create_torch_handler
+    assert rendezvous_handler_registry._registry[BACKEND] is creator
 
 
 def test_torchrun_finds_the_backend_through_its_entry_point() -> None:
@@ -216,8 +227,61 @@ def test_torchrun_finds_the_backend_through_its_entry_point() -> None:
     from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 
     (entry,) = [e for e in entry_points(group="torchrun.handlers") if e.name == "aioelastic"]
-    assert entry.value == "aioelastic.torchrun:handler_creator"
+    assert entry.value == "aioelastic._torchrun_entry:handler_creator"
     _register_out_of_tree_handlers()
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     assert rendezvous_handler_registry._registry.get("aioelastic") is not None
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import aioelastic.torchrun",
+        "import aioelastic.torchrun, torch.distributed.elastic.rendezvous.registry",
+        "import torch.distributed.elastic.rendezvous.registry, aioelastic.torchrun",
+    ],
+)
+def test_the_import_order_of_torch_and_the_plugin_does_not_matter(imports: str) -> None:
+    """torch's registry loads the entry point while ``aioelastic.torchrun`` may be half-imported:
+    that printed a warning with a traceback ("partially initialized module")."""
+    import subprocess
+
+    check = (
+        f"{imports}\n"
+        "from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as r\n"
+        "assert r._registry.get('aioelastic') is not None, 'not registered'\n"
+    )
+    done = subprocess.run(
+        [PY, "-W", "error", "-c", check], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception while registering" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_first_join_does_its_lazy_work_at_handler_creation() -> None:
+    """The first ``next_rendezvous()`` in a fresh process imports nothing and runs no full
+    garbage collection of torch's heap (both cost 70-300 ms in the join before)."""
+    import subprocess
+
+    check = """
+import gc, sys
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+import aioelastic.torchrun as tr
+tr.register()
+h = get_rendezvous_handler(RendezvousParameters("aioelastic", "memory://warm", "j", 1, 1))
+full = []
+gc.callbacks.append(lambda phase, info: full.append(info) if info["generation"] == 2 else None)
+before = set(sys.modules)
+h.next_rendezvous()
+new = sorted(m for m in set(sys.modules) - before if m.startswith(("anyio", "aioelastic")))
+h.shutdown()
+assert not new, new
+assert not [i for i in full if i.get("collected") is not None], full
+"""
+    done = subprocess.run(
+        [PY, "-W", "error", "-c", check], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

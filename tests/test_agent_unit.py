@@ -69,7 +69,11 @@ def test_build_entrypoint() -> None:
         "pkg.train",
     ]
     assert build_entrypoint(_ns("./run.py", no_python=True)) == ["./run.py"]
-    assert build_entrypoint(_ns("echo", "hi")) == ["echo", "hi"]
+    # as torchrun: a COMMAND without .py still runs with Python unless --no-python
+    assert build_entrypoint(_ns("train", "hi")) == [sys.executable, "-u", "train", "hi"]
+    assert build_entrypoint(_ns("echo", "hi", no_python=True)) == ["echo", "hi"]
+    with pytest.raises(ValueError, match="--no-python and --module"):
+        build_entrypoint(_ns("x", module=True, no_python=True))
     with pytest.raises(ValueError, match="COMMAND"):
         build_entrypoint(_ns("--"))
 
@@ -102,7 +106,7 @@ def test_cli_errors() -> None:
     proc = run("--standalone")
     assert proc.returncode == 2
     assert "COMMAND" in proc.stderr
-    proc = run("--nnodes=2", "x.py")
+    proc = run("--nnodes=1:2", "x.py")  # elastic needs a store (a fixed --nnodes 2: static)
     assert proc.returncode == 2
     assert "--rdzv-endpoint" in proc.stderr
     proc = run("--nnodes=2:1", "x.py")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import aiohttp
 import anyio
 import pytest
 
-from aioelastic import etcd_server
+from aioelastic import _tmpdirs, etcd_server
 from aioelastic.etcd_server import EtcdServer, find_etcd_binary
 from aioelastic.store import open_store
 from aioelastic.testing.etcd import skip_without_etcd
@@ -200,7 +201,7 @@ from aioelastic.etcd_server import EtcdServer
 
 server = EtcdServer()
 asyncio.run(server.start())
-print(server._member(0).process.pid, flush=True)
+print(server._member(0).process.pid, server.data_dir, flush=True)
 time.sleep(600)
 """
 
@@ -214,21 +215,33 @@ async def test_members_die_with_a_sigkilled_parent() -> None:
         sys.executable, "-c", _ORPHAN_PARENT, stdout=subprocess.PIPE, env=env
     )
     assert parent.stdout is not None
+    root: Path | None = None
     try:
-        with anyio.fail_after(60):
-            member = int(await parent.stdout.readline())
-        pidfd = os.pidfd_open(member)
-    finally:
-        parent.kill()
-        await parent.wait()
-    try:  # the member's exit makes its pidfd readable: wait for that, no polling
-        exited = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(pidfd, exited.set)
         try:
-            with anyio.fail_after(30):
-                await exited.wait()
+            with anyio.fail_after(60):
+                pid_text, root_text = (await parent.stdout.readline()).decode().split()
+            member, root = int(pid_text), Path(root_text)
+            pidfd = os.pidfd_open(member)
         finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
+            parent.kill()
+            await parent.wait()
+        try:  # the member's exit makes its pidfd readable: wait for that, no polling
+            exited = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            loop.add_reader(pidfd, exited.set)
+            try:
+                with anyio.fail_after(30):
+                    await exited.wait()
+            finally:
+                loop.remove_reader(pidfd)
+        finally:
+            os.close(pidfd)
+        # the dead parent's throwaway data dir (60+ MB) is what the next EtcdServer removes
+        assert root.name.startswith(f"aioelastic-etcd-{parent.pid}-")
+        assert root.exists()
+        removed = _tmpdirs.clean_stale_dirs("aioelastic-etcd-", etcd_server._wal_locked)
+        assert str(root) in removed
+        assert not root.exists()
+    finally:  # whatever happened: leave nothing (but never more than the throwaway dir)
+        if root is not None and root.name.startswith("aioelastic-etcd-"):
+            shutil.rmtree(root, ignore_errors=True)

@@ -30,6 +30,10 @@ def test_getting_started() -> None:
     assert "swap applied: True" in out
     assert "event: PUT nodes/a\nevent: DELETE nodes/a" in out
     assert re.findall(r"round 0: rank (\d) of 3", out) == ["0", "1", "2"]
+    # the page shows the whole output, first line included
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    shown = page.split("It prints:\n\n```\n", 1)[1].split("```", 1)[0]
+    assert shown.splitlines() == out.splitlines()
 
 
 def test_rendezvous_service_demo() -> None:

@@ -228,3 +228,32 @@ def test_a_partitioned_rendezvous_member_is_lost_for_the_others() -> None:
             await node.aclose()
 
     run_virtual(scenario())
+
+
+def test_virtual_test_runs_a_body_in_virtual_time_and_bounds_it() -> None:
+    """The public decorator: the body's waits take no real time, and a hang fails at the
+    virtual timeout instead of blocking the test run."""
+    import time
+
+    from aioelastic.testing import virtual_test
+
+    seen: list[float] = []
+
+    @virtual_test
+    async def sleeps_an_hour() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.sleep(3000)
+        seen.append(loop.time() - start)
+
+    @virtual_test(timeout=5)
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    began = time.monotonic()
+    sleeps_an_hour()
+    assert seen == [3000]
+    with pytest.raises(TimeoutError):
+        hangs()
+    assert time.monotonic() - began < 5  # real seconds: nothing waited for real
+    assert sleeps_an_hour.__name__ == "sleeps_an_hour"

@@ -69,3 +69,30 @@ def test_importing_the_package_loads_no_optional_backend() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_facade_exports_every_error() -> None:
+    """The facade's error list is errors.__all__ itself, so it cannot drift (it had lost
+    RendezvousNotFoundError)."""
+    import aioelastic
+    from aioelastic import errors
+
+    assert set(errors.__all__) <= set(aioelastic.__all__)
+    for name in errors.__all__:
+        assert getattr(aioelastic, name) is getattr(errors, name)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_public_names_show_a_public_module(name: str) -> None:
+    """``Store.__module__`` was ``aioelastic.store._base``: reprs, help() and tracebacks showed
+    a private path."""
+    module = importlib.import_module(name)
+    for attr in module.__all__:
+        value = getattr(module, attr)
+        if not (isinstance(value, type) or callable(value)):
+            continue
+        where = getattr(value, "__module__", "") or ""
+        if not where.startswith("aioelastic"):
+            continue  # re-exported from elsewhere (e.g. a builtin alias)
+        private = [part for part in where.split(".") if part.startswith("_")]
+        assert not private, f"{name}.{attr}.__module__ is {where!r}"

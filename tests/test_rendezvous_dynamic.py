@@ -7,7 +7,7 @@ take no real time, and ``loop.time()`` tells exactly when something happened.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -28,26 +28,14 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore
-from aioelastic.testing import run_virtual
+from aioelastic.testing import run_virtual, virtual_test
 
 T = TypeVar("T")
 
 TTL = 6.0
 
 
-def virtual(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body on the virtual-time loop."""
-
-    async def bounded() -> None:
-        async with asyncio.timeout(3600):  # virtual seconds: a hang fails fast
-            await fn()
-
-    def run() -> None:
-        run_virtual(bounded())
-
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
+virtual = virtual_test  # every async test body here runs in virtual time
 
 
 def handlers(
@@ -370,6 +358,50 @@ async def test_member_crash_after_completion_is_an_event_for_every_member() -> N
     check_round(second)
     assert second[0].world_size == 2
     await close_all([hs[0], hs[2]])
+
+
+@virtual
+async def test_survivors_reform_at_once_after_a_loss() -> None:
+    """Every survivor of the last round registered again and nobody else waits: no last call."""
+    engine = MemoryEngine()
+    hs = handlers(engine, 3, 1, 3, last_call_timeout=30.0)
+    loop = asyncio.get_running_loop()
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await crash(hs[1])
+    for h in (hs[0], hs[2]):
+        assert (await h.wait_for_change()).kind is RendezvousEventKind.PARTICIPANT_LOST
+    start = loop.time()
+    second = await asyncio.gather(hs[0].next_rendezvous(), hs[2].next_rendezvous())
+    assert loop.time() == start  # the 30 s last call was not waited out
+    check_round(second)
+    assert second[0].world_size == 2
+    assert second[0].round == first[0].round + 1
+    await close_all([hs[0], hs[2]])
+
+
+@virtual
+async def test_fast_reform_waits_for_a_newcomer_and_can_be_turned_off() -> None:
+    """A node that was not in the last round still gets the last call; fast_reform=False keeps
+    torch's rule (always wait out the last call)."""
+    for fast in (True, False):
+        engine = MemoryEngine()
+        hs = handlers(engine, 3, 1, 4, last_call_timeout=30.0, fast_reform=fast)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]))  # window: nobody else came
+        start = loop.time()
+        second = await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]))  # a restart
+        assert loop.time() - start == (0 if fast else pytest.approx(30.0))
+        late = spawn(hs[2].next_rendezvous())
+        for h in hs[:2]:
+            assert (await h.wait_for_change()).kind is RendezvousEventKind.NODES_WAITING
+        start = loop.time()
+        third = await asyncio.gather(*(h.next_rendezvous() for h in hs[:2]), late)
+        # a newcomer is waited for: the last call runs either way, and it is in the round
+        assert loop.time() - start == pytest.approx(30.0)
+        check_round(third)
+        assert third[0].world_size == 3
+        assert second[0].world_size == 2
+        await close_all(hs)
 
 
 @virtual

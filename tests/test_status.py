@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.rendezvous._status import format_run_status, read_run_status, watch_run_status
 from aioelastic.store import MemoryEngine, MemoryStore, open_store
-from aioelastic.testing import run_virtual
+from aioelastic.testing import virtual_test
 from aioelastic.testing.http import ServerThread
 from aioelastic.timer import StoreTimerClient, run_prefix
 
@@ -31,17 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TTL = 6.0
 
 
-def virtual(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    async def bounded() -> None:
-        async with asyncio.timeout(3600):  # virtual seconds: a hang fails fast
-            await fn()
-
-    def run() -> None:
-        run_virtual(bounded())
-
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
+virtual = virtual_test  # every async test body here runs in virtual time
 
 
 def handler(
@@ -139,6 +129,8 @@ async def test_snapshot_of_a_formed_round_with_a_standby_then_a_crash_and_a_clos
     text = format_run_status(status)
     assert "closed after round 1" in text
     assert "node-c" in text
+    # nodes, not "world size" (the agent's world size counts workers)
+    assert "round: 1  nodes 2  master" in text
     assert json.loads(format_run_status(status, as_json=True))["closed"] is True
     for h in (a, b, c):
         await h.aclose()

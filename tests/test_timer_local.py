@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -15,7 +15,7 @@ import pytest_asyncio
 import aioelastic
 from aioelastic import timer as timer_pkg
 from aioelastic.errors import TimeoutException, TimerError, TimerExpiredError
-from aioelastic.testing import run_virtual
+from aioelastic.testing import run_virtual, virtual_test
 from aioelastic.timer import (
     CallbackReaper,
     CancelTaskReaper,
@@ -28,17 +28,9 @@ from aioelastic.timer import (
     expires,
     get_client,
 )
+from aioelastic.timer import api as timer_api
 
-
-def virtual(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:
-    """Run an async test body on a virtual-time loop."""
-
-    def run() -> None:
-        run_virtual(test)
-
-    run.__name__ = test.__name__
-    run.__doc__ = test.__doc__
-    return run
+virtual = virtual_test  # every async test body here runs in virtual time
 
 
 class Recorder:
@@ -58,7 +50,7 @@ def test_public_names_are_exported() -> None:
         assert hasattr(timer_pkg, name), name
     public = {
         name
-        for module in (timer_pkg.api, timer_pkg.local, timer_pkg.unix, timer_pkg.store)
+        for module in (timer_api, timer_pkg.local, timer_pkg.unix, timer_pkg.store)
         for name in module.__all__
     }
     assert public - {"DEFAULT_PREFIX"} <= set(timer_pkg.__all__)

@@ -37,6 +37,21 @@ def _members(text: str) -> int:
     return n
 
 
+def quorum_warning(members: int) -> str | None:
+    """Why an even cluster size buys nothing: a majority of 2 is 2, of 4 is 3."""
+    if members % 2:
+        return None
+    tolerated = (members - 1) // 2
+    if tolerated == 0:
+        what = "tolerates no member failure, like 1 member (a majority of 2 is 2)"
+    else:
+        what = f"tolerates {tolerated} member failure(s), as {members - 1} members do"
+    return (
+        f"warning: a {members}-member cluster {what}; use an odd number: 3 members tolerate 1 "
+        "failure, 5 tolerate 2"
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--members", type=_members, default=1, help="cluster size (default 1; 3 or 5 for HA)"
@@ -87,6 +102,10 @@ def _store_url(server: EtcdServer) -> str:
 
 async def _serve(args: argparse.Namespace) -> int:
     from ..etcd_server import EtcdServer
+
+    warning = quorum_warning(args.members)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
 
     server = EtcdServer(
         args.members,

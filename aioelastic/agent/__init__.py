@@ -9,6 +9,7 @@ Worker-side helpers are in :mod:`aioelastic.agent.worker`. See ``docs/agent.md``
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ._agent import AgentState, ElasticAgent, RunResult, WorkerFailure, WorkerSpec
 from ._workers import Std, parse_std
 
@@ -21,3 +22,5 @@ __all__ = [
     "WorkerSpec",
     "parse_std",
 ]
+
+_publish(globals())

@@ -44,10 +44,12 @@ from ..rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
     RendezvousResult,
+    _hints,
     create_handler,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
-from ._workers import WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
+from . import _tmpdirs
+from ._workers import Std, WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
 
 if TYPE_CHECKING:
@@ -60,8 +62,23 @@ log = logging.getLogger("aioelastic.agent")
 
 T = TypeVar("T")
 
+#: seconds a join may take before the agent looks once whether this node is a standby
+STANDBY_CHECK = 3.0
 _DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
 _WORKER_PREFIX = "w/"  # the workers' own namespace inside the round store
+
+
+def _visible_device(local_rank: int) -> str:
+    """``--virtual-local-rank``: the GPU of ``local_rank`` among the agent's visible devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    devices = [d.strip() for d in visible.split(",")]
+    if local_rank >= len(devices):
+        raise ValueError(
+            f"local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return devices[local_rank]
 
 
 class AgentState(enum.Enum):
@@ -85,6 +102,15 @@ class WorkerSpec:
     ``rendezvous_retry_timeout``: how long the agent keeps rejoining after the store was
     unreachable (``RendezvousConnectionError``: an etcd leader election, a restarted store
     server) before it gives up; 0 gives up at the first such error.
+    ``loss_window``: a worker failure that comes with the loss of a node is that change's
+    consequence (the survivors' workers fail on the broken collective), not a failure of the job:
+    with no restart left, a failed node waits this long for a membership change before it fails
+    (only when the round has other nodes; ``None``: the rendezvous lease's TTL + 1 s, by which a
+    dead node's lease has expired); with restarts left, it restarts at once and the restart is
+    not counted when the next round shows a node of the last one lost.
+    ``local_ranks_filter`` (torchrun's ``--local-ranks-filter``): only these local ranks' output
+    reaches the console (the others' log files are still written). ``virtual_local_rank``:
+    ``LOCAL_RANK=0`` in every worker and ``CUDA_VISIBLE_DEVICES`` its one GPU, as torchrun's.
     """
 
     entrypoint: Sequence[str]
@@ -99,6 +125,9 @@ class WorkerSpec:
     exit_barrier_timeout: float = 300.0
     monitor_interval: float = 0.1
     rendezvous_retry_timeout: float = 60.0
+    loss_window: float | None = None
+    local_ranks_filter: frozenset[int] | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, str) or not self.entrypoint:
@@ -122,8 +151,17 @@ class WorkerSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        window = self.loss_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0
+        ):
+            raise ValueError(f"loss_window must be a number of seconds >= 0, got {window!r}")
         parse_std(self.redirects, self.nproc_per_node, "redirects")
         parse_std(self.tee, self.nproc_per_node, "tee")
+        if self.local_ranks_filter is not None and not all(
+            isinstance(r, int) and 0 <= r < self.nproc_per_node for r in self.local_ranks_filter
+        ):
+            raise ValueError(f"local_ranks_filter: {self.local_ranks_filter!r} are not local ranks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +194,7 @@ class WorkerFailure:
         )
         if self.reaped_scope is not None:
             how += f" (its watchdog timer {self.reaped_scope!r} expired)"
-        where = self.log_path or "not captured (use --redirects/--tee with --log-dir)"
+        where = self.log_path or "not captured (--redirects or --tee keeps it in a file)"
         return (
             f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}, round "
             f"{self.round}): {how}; log: {where}"
@@ -375,7 +413,8 @@ class ElasticAgent:
             await self.aclose()
 
     async def _start(self) -> None:
-        self._tmpdir = tempfile.mkdtemp(prefix="aioelastic-agent-")
+        _tmpdirs.clean_stale_dirs()  # what SIGKILLed agents could not remove
+        self._tmpdir = _tmpdirs.make_dir()
         if self._log_dir is None and any(
             self._redirects[r] | self._tee[r] for r in range(self.spec.nproc_per_node)
         ):
@@ -479,6 +518,7 @@ class ElasticAgent:
             )
 
         restart_reason: str | None = None
+        restarted_from: RendezvousResult | None = None  # the round a counted restart left
         unreachable_since: float | None = None  # the store failed the joins since then
         backoff = _RETRY_FIRST
 
@@ -486,18 +526,26 @@ class ElasticAgent:
             try:
                 log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
                 joined_at = loop.time()
-                rdzv = await self._until_stop(handler.next_rendezvous())
+                rdzv = await self._until_stop(self._join(handler))
             except _Stop:
                 return self._interrupted(result)
             except RendezvousGracefulExitError as exc:
                 return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
             except RendezvousClosedError as exc:
-                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}")
+                hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
+                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
             except RendezvousConnectionError as exc:
                 # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
                 now = loop.time()
                 if unreachable_since is None:
                     unreachable_since = now
+                    log.warning(
+                        "the rendezvous store at %s does not answer (%s); retrying until it "
+                        "does, for up to %.0f s (rendezvous_retry_timeout), then failing",
+                        self._store_url or handler.get_backend(),
+                        exc,
+                        spec.rendezvous_retry_timeout,
+                    )
                 left = unreachable_since + spec.rendezvous_retry_timeout - now
                 if left <= 0:
                     return result(
@@ -517,6 +565,9 @@ class ElasticAgent:
             except RendezvousError as exc:
                 return result(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
             unreachable_since, backoff = None, _RETRY_FIRST
+            if restarted_from is not None:
+                self._refund_restart(restarted_from, rdzv)
+                restarted_from = None
             self.rounds += 1
             self.round, self.group_rank = rdzv.round, rdzv.rank
             self.world_size = rdzv.world_size * spec.nproc_per_node
@@ -526,7 +577,7 @@ class ElasticAgent:
                 self.metrics.world_size.set(self.world_size)
                 self.metrics.node_world_size.set(rdzv.world_size)
             log.info(
-                "round %d: node rank %d of %d node(s), world size %d, restarts %d/%d",
+                "round %d: node rank %d of %d node(s), world size %d worker(s), restarts %d/%d",
                 rdzv.round,
                 rdzv.rank,
                 rdzv.world_size,
@@ -595,7 +646,18 @@ class ElasticAgent:
                 if self.metrics is not None:
                     self.metrics.failures.inc(len(failures))
                 await self._stop_workers()
+                loss = None
                 if self.restarts >= spec.max_restarts:
+                    loss = await self._loss_within(rdzv)
+                if loss is not None:
+                    log.info(
+                        "round %d: the worker failure(s) followed %s: re-forming, not counted "
+                        "as a restart",
+                        rdzv.round,
+                        _describe_event(loss),
+                    )
+                    detail = loss
+                elif self.restarts >= spec.max_restarts:
                     log.error(
                         "no restart left (max restarts %d): closing the run", spec.max_restarts
                     )
@@ -603,12 +665,14 @@ class ElasticAgent:
                     return result(
                         AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted"
                     )
-                self.restarts += 1
-                if self.metrics is not None:
-                    self.metrics.restarts.inc()
-                restart_reason = "worker_failed"
-                log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
-                continue
+                else:
+                    self.restarts += 1
+                    restarted_from = rdzv
+                    if self.metrics is not None:
+                        self.metrics.restarts.inc()
+                    restart_reason = "worker_failed"
+                    log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
+                    continue
             event: RendezvousEvent | BaseException = detail
             if isinstance(event, RendezvousEvent) and event.kind is RendezvousEventKind.CLOSED:
                 log.info("round %d: the run was closed: stopping the workers", rdzv.round)
@@ -637,6 +701,40 @@ class ElasticAgent:
         name = signal.Signals(sig).name if sig is not None else "a stop request"
         out: RunResult = result(AgentState.INTERRUPTED, code, f"stopped by {name}")
         return out
+
+    async def _join(self, handler: RendezvousHandler) -> RendezvousResult:
+        """``next_rendezvous()``; if it is still waiting after :data:`STANDBY_CHECK` seconds, say
+        once why when this node is a standby (one status read, not a poll)."""
+        join = asyncio.ensure_future(handler.next_rendezvous())
+        try:
+            done, _ = await asyncio.wait({join}, timeout=STANDBY_CHECK)
+            if not done:
+                await self._explain_wait(handler)
+            return await join
+        finally:
+            if not join.done():
+                join.cancel()
+                with contextlib.suppress(BaseException):
+                    await join
+
+    async def _explain_wait(self, handler: RendezvousHandler) -> None:
+        """One read of the round record (O(1), not the run's every record): a full round without
+        this node means it stands by."""
+        store, node = getattr(handler, "store", None), getattr(handler, "node_id", None)
+        max_nodes = getattr(handler, "max_nodes", None)
+        if store is None or node is None or not isinstance(max_nodes, int):
+            return  # a handler of someone else's: nothing to read
+        from ..rendezvous._state import RoundRecord, RunKeys
+
+        try:
+            key = RunKeys(handler.run_id).round
+            kv = await store.get(key)
+            latest = None if kv is None else RoundRecord.decode(key, kv.value)
+        except Exception:  # only an explanation: the join itself reports real errors
+            return
+        if latest is not None and len(latest.members) >= max_nodes and node not in latest.members:
+            log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
+            self._emit("agent.standby", round=latest.round, members=len(latest.members))
 
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:
@@ -673,6 +771,9 @@ class ElasticAgent:
                 ROUND_ENV: str(rdzv.round),
             }
         )
+        if spec.virtual_local_rank:
+            env["LOCAL_RANK"] = "0"
+            env["CUDA_VISIBLE_DEVICES"] = _visible_device(local_rank)
         if self._timer_server is not None:
             env[TIMER_SOCKET_ENV] = self._timer_server.path
         prefix = getattr(rdzv.store, "prefix", None)
@@ -688,22 +789,27 @@ class ElasticAgent:
             attempt_dir = os.path.join(
                 self._log_dir, f"{rdzv.run_id}", f"round_{rdzv.round}_{uuid.uuid4().hex[:6]}"
             )
+        shown = spec.local_ranks_filter
         for local_rank in range(spec.nproc_per_node):
+            quiet = shown is not None and local_rank not in shown
+            redirect, tee = self._redirects[local_rank], self._tee[local_rank]
             worker = await spawn_worker(
                 list(spec.entrypoint),
                 self._worker_env(rdzv, local_rank),
                 local_rank=local_rank,
                 rank=rdzv.rank * spec.nproc_per_node + local_rank,
                 log_dir=None if attempt_dir is None else os.path.join(attempt_dir, str(local_rank)),
-                redirect=self._redirects[local_rank],
-                tee=self._tee[local_rank],
+                redirect=redirect | tee if quiet else redirect,  # as torchrun: files, no console
+                tee=Std.NONE if quiet else tee,
+                console=not quiet,
             )
             self._workers.append(worker)
 
     async def _stop_workers(self) -> None:
         workers, self._workers = self._workers, []
         try:
-            await stop_workers(workers, self.spec.stop_timeout)
+            sig = signal.SIGTERM if self._stop_signal is None else signal.Signals(self._stop_signal)
+            await stop_workers(workers, self.spec.stop_timeout, sig)
         finally:
             kill_groups(workers)
 
@@ -737,6 +843,8 @@ class ElasticAgent:
                 exited = [waiters[t] for t in done if isinstance(t, asyncio.Task) and t in waiters]
                 pending -= {w.waiter for w in exited}
                 failed = [w for w in exited if w.returncode != 0]
+                if failed and changes in done and _is_loss(changes):
+                    return "changed", changes.result()  # the failures are the loss's consequence
                 if failed:
                     return "failed", [self._failure(rdzv, w) for w in failed]
                 if not pending:
@@ -750,6 +858,50 @@ class ElasticAgent:
             for task in (changes, stopper):
                 task.cancel()
             await _settle(changes, stopper)
+
+    async def _loss_within(self, rdzv: RendezvousResult) -> RendezvousEvent | None:
+        """The loss of a node of ``rdzv`` seen within the loss window, or None (see WorkerSpec)."""
+        if len(rdzv.participants) < 2:
+            return None  # nobody else to lose: the failure is the job's
+        window = self.spec.loss_window
+        if window is None:
+            keeper = getattr(self._handler, "lease", None)
+            ttl = getattr(keeper, "ttl", None)
+            window = float(ttl) + 1.0 if isinstance(ttl, (int, float)) else 0.0
+        if window <= 0:
+            return None
+        log.info(
+            "round %d: waiting up to %.1f s for a membership change that would explain the failure",
+            rdzv.round,
+            window,
+        )
+        waiter = asyncio.ensure_future(self._next_loss(rdzv))
+        try:
+            await asyncio.wait({waiter}, timeout=window)
+        finally:
+            waiter.cancel()
+            await _settle(waiter)
+        return waiter.result() if waiter.done() and _is_loss(waiter) else None
+
+    async def _next_loss(self, rdzv: RendezvousResult) -> RendezvousEvent:
+        while True:
+            event = await self._next_change(rdzv)
+            if event.kind in (RendezvousEventKind.PARTICIPANT_LOST, RendezvousEventKind.CLOSED):
+                return event
+
+    def _refund_restart(self, left: RendezvousResult, rdzv: RendezvousResult) -> None:
+        """A counted restart whose next round lacks a node of the round it left was the loss's
+        consequence, not a failure of the job: give it back."""
+        lost = sorted(set(left.participants) - set(rdzv.participants))
+        if lost and self.restarts > 0:
+            self.restarts -= 1
+            log.info(
+                "round %d: node(s) %s of round %d are gone: the failure was their loss's "
+                "consequence, not counted as a restart",
+                rdzv.round,
+                ", ".join(lost),
+                left.round,
+            )
 
     def _failure(self, rdzv: RendezvousResult, worker: WorkerProcess) -> WorkerFailure:
         code = worker.returncode
@@ -792,6 +944,13 @@ class ElasticAgent:
             log.info("exit barrier: every node is done")
         else:
             log.info("exit barrier: leaving without waiting for every node")
+
+
+def _is_loss(change: asyncio.Future[RendezvousEvent]) -> bool:
+    """Whether a finished change future holds a lost participant."""
+    if change.cancelled() or change.exception() is not None:
+        return False
+    return change.result().kind is RendezvousEventKind.PARTICIPANT_LOST
 
 
 async def _settle(*tasks: asyncio.Future[Any]) -> None:

@@ -8,11 +8,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
 import sys
 import uuid
 from typing import Any
+
+from ._launch import (
+    LaunchPlan,
+    build_entrypoint,
+    make_plan,
+    parse_nnodes,
+    parse_nproc,
+    rendezvous_parameters,
+)
+from ._torchrun_flags import UsageError, add_torchrun_flags, apply_env_defaults
+
+__all__ = ["HELP", "build_entrypoint", "configure", "main", "parse_nnodes", "parse_nproc"]
 
 HELP = "run an elastic job's workers on this node (torchrun's flags)"
 
@@ -46,10 +56,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rdzv-backend",
         "--rdzv_backend",
         dest="rdzv_backend",
-        default="c10d",
+        default=None,
         metavar="NAME",
         help="rendezvous backend: c10d/http (an 'aioelastic serve'), https, etcd, memory "
-        "(single process), static (default: c10d)",
+        "(single process), static (default: c10d; static, as torchrun, for a multi-node job "
+        "without --rdzv-endpoint)",
     )
     parser.add_argument(
         "--rdzv-endpoint",
@@ -132,11 +143,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-timeout",
         "--stop_timeout",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
         dest="stop_timeout",
         type=float,
         metavar="S",
         default=30.0,
-        help="seconds between SIGTERM and SIGKILL when stopping workers (default: 30)",
+        help="seconds between SIGTERM and SIGKILL when stopping workers (--shutdown-timeout "
+        "is torchrun's name; default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)",
     )
     parser.add_argument(
         "--exit-barrier-timeout",
@@ -180,56 +194,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no_python",
         dest="no_python",
         action="store_true",
-        help="run COMMAND as an executable even if it ends in .py",
+        help="run COMMAND as an executable (without it COMMAND runs with Python, whatever its "
+        "name, as torchrun)",
     )
     parser.add_argument(
         "entrypoint",
         nargs=argparse.REMAINDER,
         metavar="COMMAND",
-        help="a python script (run with this interpreter), or any executable, and its arguments",
+        help="a python script (run with this interpreter, whatever its name, as torchrun "
+        "does), or with --no-python any executable, and its arguments",
     )
+    add_torchrun_flags(parser)
+    apply_env_defaults(parser)  # last: every flag above reads PET_<NAME>, as torchrun's do
+    parser.epilog = (
+        "Every flag can also come from the environment as PET_<FLAG> (PET_NPROC_PER_NODE=8, "
+        "PET_STANDALONE=1), as torchrun's; the command line wins."
+    )
+    parser.set_defaults(run_parser=parser)
 
 
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """``N`` or ``MIN:MAX`` -> (min, max); ``ValueError`` naming --nnodes otherwise."""
-    min_text, sep, max_text = text.partition(":")
-    try:
-        low = int(min_text)
-        high = int(max_text) if sep else low
-    except ValueError:
-        raise ValueError(f"--nnodes: {text!r} is not N or MIN:MAX") from None
-    if low < 1 or high < low:
-        raise ValueError(f"--nnodes: {text!r} needs 1 <= MIN <= MAX")
-    return low, high
-
-
-def parse_nproc(text: str) -> int:
-    """An integer >= 1, or ``cpu``/``auto`` (the number of CPUs)."""
-    if text in ("cpu", "auto"):
-        return os.cpu_count() or 1
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"--nproc-per-node: {text!r} is not an integer or cpu/auto") from None
-    if value < 1:
-        raise ValueError(f"--nproc-per-node must be >= 1, got {value}")
-    return value
-
-
-def build_entrypoint(args: argparse.Namespace) -> list[str]:
-    """The worker argv: a ``.py`` script or ``-m`` module runs with this interpreter."""
-    command = list(args.entrypoint)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise ValueError("give the COMMAND to run, e.g. 'aioelastic run -- train.py --epochs 3'")
-    if args.no_python:
-        return command
-    if args.module:
-        return [sys.executable, "-u", "-m", *command]
-    if command[0].endswith(".py"):
-        return [sys.executable, "-u", *command]
-    return command
+def _usage_error(args: argparse.Namespace, error: UsageError) -> int:
+    """``run``'s usage line and the offending flag on stderr; exit code 2, as argparse."""
+    parser: argparse.ArgumentParser | None = getattr(args, "run_parser", None)
+    if parser is not None:
+        parser.print_usage(sys.stderr)
+    prog = parser.prog if parser is not None else "aioelastic run"
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2
 
 
 def main(args: argparse.Namespace) -> int:
@@ -240,57 +231,40 @@ def main(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     try:
-        entrypoint = build_entrypoint(args)
-        nproc = parse_nproc(str(args.nproc_per_node))
-        min_nodes, max_nodes = parse_nnodes(str(args.nnodes))
-        if args.metrics_port is not None:
-            if not 0 <= args.metrics_port <= 65535:
-                raise ValueError(f"--metrics-port must be 0-65535, got {args.metrics_port}")
-            from ._metrics import require_prometheus
-
-            require_prometheus("--metrics-port")
-    except (ValueError, ImportError) as exc:
-        print(f"aioelastic run: error: {exc}", file=sys.stderr)
-        return 2
-    standalone = bool(args.standalone)
-    if not standalone and not args.rdzv_endpoint and args.rdzv_backend not in ("memory",):
-        if max_nodes == 1:
-            standalone = True  # torchrun runs one node without any endpoint too
-        else:
-            print(
-                "aioelastic run: error: give --rdzv-endpoint (or --standalone for one node)",
-                file=sys.stderr,
-            )
-            return 2
-    if standalone:
-        if (min_nodes, max_nodes) != (1, 1) or args.rdzv_endpoint:
-            print(
-                "aioelastic run: --standalone runs one node on its own store: ignoring "
-                "--nnodes/--rdzv-endpoint",
-                file=sys.stderr,
-            )
-        min_nodes = max_nodes = 1
+        plan = make_plan(args)
+    except UsageError as exc:
+        return _usage_error(args, exc)
     try:
-        return asyncio.run(_run(args, entrypoint, nproc, min_nodes, max_nodes, standalone))
+        return asyncio.run(_run(args, plan))
     except Exception as exc:  # a clear one-line error, not a traceback
         print(f"aioelastic run: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 
-async def _run(
-    args: argparse.Namespace,
-    entrypoint: list[str],
-    nproc: int,
-    min_nodes: int,
-    max_nodes: int,
-    standalone: bool,
-) -> int:
-    from ..rendezvous import RendezvousParameters
+def _no_metrics_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("prometheus-client is not installed")
+
+
+async def _serve(plan: LaunchPlan) -> Any:
+    """The store this node's agent serves: ``--standalone`` (a free loopback port) or node rank
+    0 of the static backend (``--master-addr:--master-port``, as torchrun's rank 0 hosts its
+    TCPStore there)."""
+    from ..store.http.server import HttpStoreServer
+
+    # this store's /metrics is nobody's concern here: --metrics-port is the agent's own
+    logging.getLogger("aioelastic.serve").addFilter(_no_metrics_notice)
+    host, port = plan.serve_store or ("127.0.0.1", 0)
+    server = HttpStoreServer(host=host, port=port)
+    await server.start()
+    return server
+
+
+async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
     from . import ElasticAgent, WorkerSpec
 
     spec = WorkerSpec(
-        entrypoint=entrypoint,
-        nproc_per_node=nproc,
+        entrypoint=plan.entrypoint,
+        nproc_per_node=plan.nproc,
         max_restarts=args.max_restarts,
         role=args.role,
         log_dir=args.log_dir,
@@ -299,41 +273,26 @@ async def _run(
         stop_timeout=args.stop_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout,
         monitor_interval=args.monitor_interval,
+        local_ranks_filter=plan.local_ranks,
+        virtual_local_rank=args.virtual_local_rank,
     )
     server: Any = None
     opened: Any = None  # the --events file, closed at the end
-    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
-    local_addr = args.local_addr
-    if standalone:
-        from ..store.http.server import HttpStoreServer
-
-        server = HttpStoreServer(host="127.0.0.1", port=0)
-        await server.start()
-        backend, endpoint = "c10d", f"127.0.0.1:{server.port}"
-        run_id = str(uuid.uuid4())
+    endpoint, run_id, local_addr = plan.endpoint, plan.run_id, args.local_addr
+    if plan.standalone or plan.serve_store is not None:
+        server = await _serve(plan)
+    if plan.standalone:
+        endpoint, run_id = f"127.0.0.1:{server.port}", str(uuid.uuid4())
         local_addr = local_addr or "127.0.0.1"
         log.info("standalone: HTTP store at %s, run id %s", server.url, run_id)
-    extra: dict[str, str] = {}
-    if "://" in endpoint:  # a store URL rather than host:port
-        extra["store_url"], endpoint = endpoint, ""
+    elif server is not None:
+        log.info("static backend, node rank 0: serving the rendezvous store at %s", server.url)
     try:
-        params = RendezvousParameters.from_rdzv_conf(
-            backend,
-            endpoint,
-            run_id,
-            min_nodes,
-            max_nodes,
-            rdzv_conf=args.rdzv_conf,
-            local_addr=local_addr,
-        )
-        for key, value in extra.items():
-            params.config.setdefault(key, value)
-        if standalone:
-            params.config.setdefault("last_call_timeout", 0)
+        params = rendezvous_parameters(args, plan, endpoint, run_id, local_addr)
         from ..events import JsonLinesSink, default_sink, open_sink
 
-        sink = open_sink(args.events) if args.events is not None else default_sink()
-        if isinstance(sink, JsonLinesSink) and args.events is not None:
+        sink = open_sink(plan.events) if plan.events is not None else default_sink()
+        if isinstance(sink, JsonLinesSink) and plan.events is not None:
             opened = sink
         agent = ElasticAgent(
             spec,
@@ -343,20 +302,20 @@ async def _run(
             metrics_host=args.metrics_host,
         )
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in plan.signals:
             loop.add_signal_handler(sig, agent.request_stop, sig)
         try:
             log.info(
                 "starting %d worker(s) per node, nodes %d:%d, max restarts %d: %s",
-                nproc,
-                min_nodes,
-                max_nodes,
+                plan.nproc,
+                plan.min_nodes,
+                plan.max_nodes,
                 args.max_restarts,
-                " ".join(entrypoint),
+                " ".join(plan.entrypoint),
             )
             result = await agent.run()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in plan.signals:
                 loop.remove_signal_handler(sig)
         level = logging.INFO if result.exit_code == 0 else logging.ERROR
         log.log(level, "%s", result.summary())

@@ -132,8 +132,13 @@ async def spawn_worker(
     log_dir: str | None,
     redirect: Std,
     tee: Std,
+    console: bool = True,
 ) -> WorkerProcess:
-    """Start one worker in its own session; its log files go under ``log_dir`` (if any)."""
+    """Start one worker in its own session; its log files go under ``log_dir`` (if any).
+
+    ``console=False``: a stream neither redirected nor tee'd is discarded
+    (``--local-ranks-filter``).
+    """
     out_log, err_log = _open_logs(log_dir, redirect | tee)
     stdout_path = None if out_log is None else out_log.name
     stderr_path = None if err_log is None else err_log.name
@@ -143,6 +148,9 @@ async def spawn_worker(
     try:
         stdout = asyncio.subprocess.PIPE if tee & Std.OUT else out_log
         stderr = asyncio.subprocess.PIPE if tee & Std.ERR else err_log
+        if not console:
+            stdout = asyncio.subprocess.DEVNULL if stdout is None else stdout
+            stderr = asyncio.subprocess.DEVNULL if stderr is None else stderr
         proc = await asyncio.create_subprocess_exec(
             *argv,
             env=dict(env),
@@ -193,15 +201,18 @@ def kill_groups(workers: Sequence[WorkerProcess]) -> None:
         _signal_group(worker.pid, signal.SIGKILL)
 
 
-async def stop_workers(workers: Sequence[WorkerProcess], grace: float) -> None:
-    """SIGTERM the workers still running, SIGKILL what is left after ``grace`` seconds.
+async def stop_workers(
+    workers: Sequence[WorkerProcess], grace: float, sig: int = signal.SIGTERM
+) -> None:
+    """Signal the workers still running (``sig``, SIGTERM by default; the agent forwards the
+    signal that stopped it, as torchrun), SIGKILL what is left after ``grace`` seconds.
 
     Every worker's group is SIGKILLed in the end, exited workers included, so nothing they
     forked survives them; returns once every worker has been reaped.
     """
     running = [w for w in workers if w.returncode is None]
     for worker in running:
-        _signal_group(worker.pid, signal.SIGTERM)
+        _signal_group(worker.pid, sig)
     if running and grace > 0:
         await asyncio.wait([w.waiter for w in running], timeout=grace)
     kill_groups(workers)

@@ -9,6 +9,7 @@ builds one from torchrun-style parameters through the registry; ``read_run_statu
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -82,3 +83,5 @@ __all__ = [
 ]
 
 register_builtin_backends()
+
+_publish(globals())

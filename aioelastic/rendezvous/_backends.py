@@ -8,16 +8,16 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
-product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``, ``rank``
-(static), ``store_url``. Keys torch accepts that mean nothing here (``timeout``,
-``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``, ``use_libuv``) are accepted
-and ignored; any other key is logged and ignored, as torch does.
+product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``,
+``fast_reform``, ``rank`` (static), ``store_url``. Keys torch accepts that mean nothing here
+(``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``,
+``use_libuv``) are accepted and ignored; any other key is logged and ignored, as torch does.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..store import open_store
@@ -28,7 +28,7 @@ from .static import StaticRendezvousHandler
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["register_builtin_backends", "store_url_for"]
+__all__ = ["check_params", "register_builtin_backends", "store_url_for"]
 
 log = logging.getLogger("aioelastic.rendezvous")
 
@@ -41,6 +41,7 @@ _KNOWN_KEYS = {
     "lease_ttl",
     "node_id",
     "reopen_closed",
+    "fast_reform",
     "rank",
     "store_url",
     "master_addr",
@@ -126,7 +127,8 @@ async def _open(params: RendezvousParameters) -> Store:
     return await open_store(store_url_for(params))
 
 
-async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
+def _dynamic_options(params: RendezvousParameters) -> dict[str, Any]:
+    """The dynamic handler's keyword arguments from the config (``ConfigError`` naming a key)."""
     ttl, interval = _lease(params)
     join_timeout = params.get_as_seconds("join_timeout", DEFAULTS["join_timeout"])
     last_call = params.get_as_seconds(
@@ -134,12 +136,28 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
     )
     close_timeout = params.get_as_seconds("close_timeout", DEFAULTS["close_timeout"])
     reopen = params.get_as_bool("reopen_closed", False)
+    fast_reform = params.get_as_bool("fast_reform", True)
     node_id = params.get("node_id")
     if node_id is not None and not isinstance(node_id, str):
         raise ConfigError("node_id", node_id, "a string")
     assert join_timeout is not None
     assert last_call is not None
     assert close_timeout is not None
+    return {
+        "join_timeout": join_timeout,
+        "last_call_timeout": last_call,
+        "close_timeout": close_timeout,
+        "lease_ttl": ttl,
+        "keep_alive_interval": interval,
+        "node_id": node_id,
+        "local_addr": params.local_addr,
+        "reopen_closed": bool(reopen),
+        "fast_reform": bool(fast_reform),
+    }
+
+
+async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
+    options = _dynamic_options(params)
     store = await _open(params)
     try:
         return DynamicRendezvousHandler(
@@ -147,14 +165,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
             params.run_id,
             params.min_nodes,
             params.max_nodes,
-            join_timeout=join_timeout,
-            last_call_timeout=last_call,
-            close_timeout=close_timeout,
-            lease_ttl=ttl,
-            keep_alive_interval=interval,
-            node_id=node_id,
-            local_addr=params.local_addr,
-            reopen_closed=bool(reopen),
+            **options,
             backend=params.backend,
             owns_store=True,
         )
@@ -163,11 +174,13 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
         raise
 
 
-async def _create_static(params: RendezvousParameters) -> RendezvousHandler:
+def _static_options(params: RendezvousParameters) -> dict[str, Any]:
+    """The static handler's keyword arguments from the config (``ConfigError`` naming a key)."""
     if params.min_nodes != params.max_nodes:
-        raise ValueError(
-            f"the static rendezvous needs min_nodes == max_nodes, got "
-            f"{params.min_nodes}:{params.max_nodes}"
+        raise ConfigError(
+            "nnodes",
+            f"{params.min_nodes}:{params.max_nodes}",
+            "a fixed N: the static rendezvous needs min_nodes == max_nodes",
         )
     rank = params.get_as_int("rank")
     if rank is None:
@@ -179,26 +192,51 @@ async def _create_static(params: RendezvousParameters) -> RendezvousHandler:
     master_port = params.get_as_int("master_port")
     master_addr = params.get("master_addr")
     assert join_timeout is not None
+    return {
+        "rank": rank,
+        "join_timeout": join_timeout,
+        "lease_ttl": ttl,
+        "keep_alive_interval": interval,
+        "local_addr": params.local_addr,
+        "master_addr": master_addr if isinstance(master_addr, str) else None,
+        "master_port": master_port,
+    }
+
+
+async def _create_static(params: RendezvousParameters) -> RendezvousHandler:
+    options = _static_options(params)
+    rank = options.pop("rank")
     store = await _open(params)
     try:
         return StaticRendezvousHandler(
-            store,
-            params.run_id,
-            rank,
-            params.max_nodes,
-            join_timeout=join_timeout,
-            lease_ttl=ttl,
-            keep_alive_interval=interval,
-            local_addr=params.local_addr,
-            master_addr=master_addr if isinstance(master_addr, str) else None,
-            master_port=master_port,
-            owns_store=True,
+            store, params.run_id, rank, params.max_nodes, **options, owns_store=True
         )
     except BaseException:
         await store.aclose()
         raise
 
 
+def check_params(params: RendezvousParameters) -> None:
+    """Check ``params`` as creating its handler would, without opening a store.
+
+    ``ConfigError`` names the bad key and the expected form (``rdzv_backend`` for an unknown
+    backend). A backend registered by someone else is only checked for being registered.
+    """
+    register_builtin_backends()
+    if params.backend not in handler_registry.backends():
+        raise ConfigError(
+            "rdzv_backend", params.backend, "one of " + ", ".join(handler_registry.backends())
+        )
+    if params.backend == "static":
+        _static_options(params)
+    elif params.backend in _DYNAMIC:
+        _dynamic_options(params)
+    else:
+        return
+    store_url_for(params)
+
+
+_DYNAMIC = ("memory", "http", "https", "c10d", "etcd")
 _registered = False
 
 
@@ -207,7 +245,7 @@ def register_builtin_backends() -> None:
     global _registered
     if _registered:
         return
-    for name in ("memory", "http", "https", "c10d", "etcd"):
+    for name in _DYNAMIC:
         handler_registry.register(name, _create_dynamic)
     handler_registry.register("static", _create_static)
     _registered = True

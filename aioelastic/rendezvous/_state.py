@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RendezvousStateError
@@ -142,8 +142,11 @@ def _field_id(key: str, obj: dict[str, Any], name: str) -> str:
     return value
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one, not one per json.dumps call
+
+
 def _dump(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -183,6 +186,18 @@ class RoundRecord:
     members: tuple[str, ...]
     master_addr: str
     master_port: int
+    # node id -> rank, built on the first rank_of (a record is shared by every task of a
+    # process that decodes the same bytes, see decode): not a field of the record
+    _ranks: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def rank_of(self, node_id: str) -> int | None:
+        """``node_id``'s rank in this round, None if it is not a member (O(1) after the first
+        call, so that each of N members finding itself costs O(1), not a scan of N)."""
+        ranks = self._ranks
+        if not ranks:  # built whole, then added in one C-level update: a thread that shares
+            # the record (decode's cache is per process) never sees it half-filled
+            ranks.update({node: rank for rank, node in enumerate(self.members)})
+        return ranks.get(node_id)
 
     def encode(self) -> bytes:
         return _dump({"v": SCHEMA_VERSION, "kind": "round", "r": self.round,

@@ -51,7 +51,8 @@ class MemberStatus:
 
     ``alive``: its record for that round is still in the store (False once its lease expired or it
     left). ``lease_remaining``: seconds its lease has left (None when not alive or the lease is
-    gone). ``rejoined``: it has registered for the next round (it is restarting).
+    gone); ``lease_ttl``: the TTL the lease was granted with (what a keep-alive restores).
+    ``rejoined``: it has registered for the next round (it is restarting).
     """
 
     rank: int
@@ -60,6 +61,7 @@ class MemberStatus:
     lease_remaining: float | None
     addr: str | None
     rejoined: bool
+    lease_ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class NodeStatus:
 
     ``registered_revision``: the store revision of its registration (earlier fills free ranks
     first). ``member``: it is a member of the latest round (re-registering to restart).
+    ``lease_ttl``: the TTL its lease was granted with.
     """
 
     node_id: str
@@ -75,6 +78,7 @@ class NodeStatus:
     lease_remaining: float | None
     registered_revision: int
     member: bool
+    lease_ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,17 +221,19 @@ async def _read(
         return None, result.revision, None
     timers, timers_revision = await _read_timers(store, timers_prefix)
 
-    remaining: dict[int, float | None] = {}
+    leases: dict[int, tuple[float | None, float | None]] = {}
 
-    async def lease_left(lease: int) -> float | None:
+    async def lease_left(lease: int) -> tuple[float | None, float | None]:
+        """(seconds left, granted TTL) of ``lease``; (None, None) when it is gone or none."""
         if lease == 0:
-            return None
-        if lease not in remaining:
+            return None, None
+        if lease not in leases:
             try:
-                remaining[lease] = (await store.lease_time_to_live(lease)).remaining
+                found = await store.lease_time_to_live(lease)
+                leases[lease] = (found.remaining, found.granted_ttl)
             except LeaseNotFoundError:  # expired since the range: the node is gone
-                remaining[lease] = None
-        return remaining[lease]
+                leases[lease] = (None, None)
+        return leases[lease]
 
     forming = 0 if round_record is None else round_record.round + 1
     registered = nodes.get(forming, {})
@@ -240,14 +246,16 @@ async def _read(
             rejoined = node_id in registered
             if entry is None or rejoined:
                 intact = False
+            left, ttl = (None, None) if entry is None else await lease_left(entry[2])
             members.append(
                 MemberStatus(
                     rank=rank,
                     node_id=node_id,
                     alive=entry is not None,
-                    lease_remaining=None if entry is None else await lease_left(entry[2]),
+                    lease_remaining=left,
                     addr=None if entry is None else entry[0].addr,
                     rejoined=rejoined,
+                    lease_ttl=ttl,
                 )
             )
     member_ids = set() if round_record is None else set(round_record.members)
@@ -255,13 +263,15 @@ async def _read(
     for node_id, (record, revision, lease) in sorted(
         registered.items(), key=lambda item: (item[1][1], item[0])
     ):
+        left, ttl = await lease_left(lease)
         candidates.append(
             NodeStatus(
                 node_id=node_id,
                 addr=record.addr,
-                lease_remaining=await lease_left(lease),
+                lease_remaining=left,
                 registered_revision=revision,
                 member=node_id in member_ids,
+                lease_ttl=ttl,
             )
         )
     status = RunStatus(
@@ -385,7 +395,7 @@ def format_run_status(status: RunStatus, *, as_json: bool = False) -> str:
         lines.append("round: none completed yet")
     else:
         lines.append(
-            f"round: {status.round}  world size {len(status.members)}  "
+            f"round: {status.round}  nodes {len(status.members)}  "
             f"master {status.master_addr}:{status.master_port}"
         )
         rows = [

@@ -11,7 +11,9 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    events and nobody else anything. It completes the round at once when ``max_nodes`` have
    registered, or when ``last_call_timeout`` has passed since ``min_nodes`` had (a deadline on
    the event loop). A round cannot complete while members of the previous round are still in it
-   (they leave it by registering for the next one, or by dying).
+   (they leave it by registering for the next one, or by dying). Once they have, a round whose
+   registrations are all survivors of the last one completes at once (``fast_reform``): after a
+   loss or a restart nobody waits out a last call for nodes that are not coming.
 3. The driver finalises the round by compare-and-swap of ``c/round`` (members in rank order,
    rank 0's master address). Every waiting node wakes on that one write: completion costs each
    node one watch event. If the driver dies, its lease takes ``c/driver`` with it and a waiting
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import secrets
@@ -117,6 +120,30 @@ def _default_addr() -> str:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+#: the context of the wake-ups below: they only resolve a future, so need no copy of the caller's
+_WAKE_CONTEXT = contextvars.Context()
+
+
+async def _first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Wait until one of ``futures`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its
+    sets, coroutines and context copies, since every joining node waits on this at once."""
+    futures = tuple(futures)
+    if any(f.done() for f in futures):
+        return
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        _resolve(waiter)
+
+    for future in futures:
+        future.add_done_callback(wake, context=_WAKE_CONTEXT)
+    try:
+        await waiter
+    finally:
+        for future in futures:
+            future.remove_done_callback(wake)
 
 
 def _free_port() -> int:
@@ -264,6 +291,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     store with the handler. ``event_sink``: where this handler's structured events go (round
     completions, membership changes, status transitions; see :mod:`aioelastic.events`; default:
     ``AIOELASTIC_EVENTS``, else none); the attribute :attr:`event_sink` may be replaced later.
+    ``fast_reform`` (default on): a round after a completed one forms at once, without its last
+    call, when every surviving member of the last round has registered again and no other node
+    is waiting (torchft's "fast quorum"); off, the last call is always waited out, as torch does.
     """
 
     def __init__(
@@ -281,6 +311,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         node_id: str | None = None,
         local_addr: str | None = None,
         reopen_closed: bool = False,
+        fast_reform: bool = True,
         backend: str = "memory",
         owns_store: bool = False,
         event_sink: EventSink | None = None,
@@ -314,6 +345,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._node_id = check_node_id(node_id) if node_id is not None else secrets.token_hex(6)
         self._local_addr = local_addr
         self._reopen_closed = reopen_closed
+        self._fast_reform = bool(fast_reform)
         self._backend = backend
         self._owns_store = owns_store
 
@@ -321,6 +353,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._lock = asyncio.Lock()
         self._round = -1  # the last round returned to this node
         self._result: RendezvousResult | None = None
+        self._round_record: RoundRecord | None = None  # the round of self._result
         self._record_round: int | None = None  # the round our node record is registered for
         self._standby = False
         self._closed_seen = False
@@ -443,6 +476,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     # -- structured events (aioelastic.events): never raise, cost ~nothing with no sink
 
+    def _sink_active(self) -> bool:
+        return not isinstance(self.event_sink, _events.NullSink)
+
     def _emit(self, kind: str, **fields: Any) -> None:
         _events.emit(self.event_sink, kind, run_id=self.run_id, node=self._node_id, **fields)
 
@@ -515,6 +551,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 ctl = await _Control.open(self._store, self._keys)
             if granting is not None:
                 keeper = await granting
+                granting = None  # done and its result taken: let it go for the join's length
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
                 result = await self._take_part(keeper, ctl, deadline)
@@ -549,7 +586,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         next_event: asyncio.Task[WatchEvent] | None = loop.create_task(ctl.watch.__anext__())
         # one timer for the join deadline (not one per wait)
         timed_out: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_at(deadline, _resolve, timed_out)
+        timer = loop.call_at(deadline, _resolve, timed_out, context=_WAKE_CONTEXT)
         try:
             while True:
                 if next_event is not None and next_event.done():
@@ -577,7 +614,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     and ctl.round_kv is not None
                     and latest.round > self._round
                     and latest.round == self._record_round
-                    and self._node_id in latest.members
+                    and latest.rank_of(self._node_id) is not None
                 ):
                     completed = True
                     return self._completed(latest, ctl.round_kv.mod_revision)
@@ -607,17 +644,18 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 # wait for a control event, the driver's end, or the join deadline
                 if next_event is None:
                     next_event = loop.create_task(ctl.watch.__anext__())
-                waiters: set[asyncio.Future[Any]] = {next_event, closing}
+                waiters: list[asyncio.Future[Any]] = [next_event, closing]
                 if driver is not None:
-                    waiters.add(driver)
-                if not self._standby:  # a standby waits without a join timeout
-                    waiters.add(timed_out)
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if closing in done:
+                    waiters.append(driver)
+                timing = not self._standby  # a standby waits without a join timeout
+                if timing:
+                    waiters.append(timed_out)
+                await _first_done(waiters)
+                if closing.done():
                     raise RendezvousClosedError(
                         f"the rendezvous handler for {self.run_id!r} was closed while joining"
                     )
-                if timed_out in done:
+                if timing and timed_out.done():
                     raise RendezvousTimeoutError(
                         f"the rendezvous {self.run_id!r} did not complete within "
                         f"join_timeout={self._join_timeout}s"
@@ -669,7 +707,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     async def _is_standby(self, latest: RoundRecord | None) -> bool:
         """Whether this node arrives as a standby: the latest round is full and all alive."""
-        if latest is None or len(latest.members) < self._max or self._node_id in latest.members:
+        if (
+            latest is None
+            or len(latest.members) < self._max
+            or latest.rank_of(self._node_id) is not None
+        ):
             return False
         live = await self._store.range(self._keys.nodes_of(latest.round), limit=1)
         return live.count >= self._max
@@ -746,8 +788,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 log.warning("could not withdraw %s from %r: %s", self._node_id, self.run_id, exc)
 
     def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
-        rank = record.members.index(self._node_id)
+        rank = record.rank_of(self._node_id)
+        assert rank is not None
         self._round = record.round
+        self._round_record = record
         self._standby = False
         self._member_revision = revision
         self._rejoined = set()
@@ -769,7 +813,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             round=record.round,
             rank=rank,
             world_size=len(record.members),
-            participants=list(record.members),
+            # N members each listing N participants is O(N^2): only for a sink that takes them
+            participants=list(record.members) if self._sink_active() else [],
             master_addr=record.master_addr,
             master_port=record.master_port,
             duration=None if self._join_started is None else round(now - self._join_started, 6),
@@ -791,6 +836,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             return  # a newer round completed meanwhile: the joiner sees it on its watch
         current: dict[str, KeyValue] = {}  # registered for target
         previous: set[str] = set()  # still registered for target - 1 (the round must drain)
+        newcomers: set[str] = set()  # registered for target, not members of target - 1
 
         def apply(type_: EventType, kv: KeyValue) -> None:
             parsed = keys.parse_node_key(kv.key)
@@ -801,8 +847,11 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 if type_ is EventType.PUT:
                     NodeRecord.decode(kv.key, kv.value)  # validate on read
                     current[node] = kv
+                    if prev is None or prev.rank_of(node) is None:
+                        newcomers.add(node)
                 else:
                     current.pop(node, None)
+                    newcomers.discard(node)
             elif round_ == target - 1:
                 if type_ is EventType.PUT:
                     previous.add(node)
@@ -816,12 +865,19 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             seen = snapshot.revision
             last_call_at: float | None = None
             while True:
+                # Once the last round has drained (each member registered again or died), a
+                # round of its survivors only (no newcomer) forms at once when fast_reform is on:
+                # the last call would wait for nodes that are not coming (torchft's fast quorum).
                 if not previous and len(current) >= self._min:
                     now = loop.time()
                     if last_call_at is None:
                         last_call_at = now + self._last_call
                         self._last_call_deadline = last_call_at
-                    if len(current) >= self._max or now >= last_call_at:
+                    if (
+                        len(current) >= self._max
+                        or now >= last_call_at
+                        or (self._fast_reform and prev is not None and not newcomers)
+                    ):
                         await self._finalize(target, prev_kv, prev, current)
                         return
                 else:
@@ -1014,7 +1070,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if self._error is not None or keeper is None or keeper.lost:
             return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=self._error)
         keys = self._keys
-        members = set(result.participants)
+        members = self._round_record
+        assert members is not None
         try:
             with keeper.guard(), self._translate("wait_for_change"):
                 if self._member_watch is None:
@@ -1060,7 +1117,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._note_status()
 
     def _interpret(
-        self, event: WatchEvent, round_: int, members: set[str], counts: _Counts
+        self, event: WatchEvent, round_: int, members: RoundRecord, counts: _Counts
     ) -> RendezvousEvent | None:
         keys, kv = self._keys, event.kv
         put = event.type is EventType.PUT
@@ -1081,7 +1138,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         if node_round == round_ + 1 and put:
             NodeRecord.decode(kv.key, kv.value)
             self._rejoined.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             if waiting:
                 return RendezvousEvent(
                     RendezvousEventKind.NODES_WAITING,
@@ -1091,11 +1148,16 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                     num_nodes_waiting=waiting,
                 )
             return None
-        if node_round == round_ and not put and node in members and node != self._node_id:
+        if (
+            node_round == round_
+            and not put
+            and members.rank_of(node) is not None
+            and node != self._node_id
+        ):
             if node in self._rejoined or node in self._lost:
                 return None
             self._lost.add(node)
-            waiting = self._waiting(counts.live, counts.waiting, len(members))
+            waiting = self._waiting(counts.live, counts.waiting, len(members.members))
             return RendezvousEvent(
                 RendezvousEventKind.PARTICIPANT_LOST,
                 round_,

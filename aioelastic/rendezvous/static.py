@@ -1,9 +1,12 @@
 """The static rendezvous: a fixed world size and a rank given to each node, for non-elastic jobs.
 
-Each node registers ``rank<N>`` for round 0 (bound to its lease) and waits, on a watch, until all
-``world_size`` ranks have registered; then every node returns the same single round. A rank
-taken by another live handler is an error. Closing and membership events work as in the dynamic
-handler (a lost rank is a ``PARTICIPANT_LOST`` event).
+Each node registers ``rank<N>`` for round 0 (bound to its lease). Rank 0 watches the
+registrations until all ``world_size`` ranks are there, then writes the round record ``c/round``
+(bound to its lease); every other rank waits, on a watch of ``c/``, for that one write. So a
+round of N costs O(N) events (rank 0 N, the others one each), not every rank each registration.
+Every node returns the same single round. A rank taken by another live handler is an error.
+Closing and membership events work as in the dynamic handler (a lost rank is a
+``PARTICIPANT_LOST`` event).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..errors import (
     StoreError,
 )
 from ..store import EventType, LeaseKeeper, Watch
-from ._state import ClosedRecord, NodeRecord, RunKeys
+from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
@@ -143,62 +146,119 @@ class StaticRendezvousHandler(_BuiltinHandler):
         name = self.node_name(self._rank)
         addr = self._local_addr or _default_addr()
         port = self._master_port if self._master_port is not None else _free_port()
-        record = NodeRecord(name, self._master_addr or addr, port)
+        mine = NodeRecord(name, self._master_addr or addr, port)
         key = keys.node(0, name)
-        result = await store.compare_and_swap(key, 0, record.encode(), lease=keeper.id)
+        result = await store.compare_and_swap(key, 0, mine.encode(), lease=keeper.id)
         if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
             raise RendezvousError(
                 f"rank {self._rank} of {self.run_id!r} is already taken by another live handler"
             )
-        names = {self.node_name(r) for r in range(self._world_size)}
-        found: dict[str, NodeRecord] = {}
         try:
             with anyio.fail_after(self._join_timeout):
-                async with store.watch(keys.root) as events:
-                    snapshot = await store.range(keys.root)
-                    for kv in snapshot:
-                        self._apply(kv.key, kv.value, True, names, found)
-                    revision = snapshot.revision
-                    while len(found) < self._world_size:
-                        event = await events.__anext__()
-                        revision = event.revision
-                        put = event.type is EventType.PUT
-                        self._apply(event.kv.key, event.kv.value, put, names, found)
+                if self._rank == 0:
+                    record, revision = await self._gather_ranks(keeper)
+                else:
+                    record, revision = await self._wait_for_round()
         except TimeoutError:
-            missing = sorted(names - set(found))
+            missing = await self._missing()
             raise RendezvousTimeoutError(
                 f"static rendezvous {self.run_id!r}: ranks {missing} did not arrive within "
                 f"join_timeout={self._join_timeout}s"
             ) from None
-        rank0 = found[self.node_name(0)]
         self._revision = revision
-        participants = tuple(self.node_name(r) for r in range(self._world_size))
         self._result = RendezvousResult(
             run_id=self.run_id,
             round=0,
             rank=self._rank,
             world_size=self._world_size,
-            participants=participants,
+            participants=record.members,  # one tuple, shared by the ranks of a process
             node_id=name,
             store=store.namespace(keys.data(0)),
-            bootstrap_store_info=RendezvousStoreInfo(rank0.addr, rank0.port),
+            bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
         return self._result
 
-    def _apply(
-        self, key: str, value: bytes, put: bool, names: set[str], found: dict[str, NodeRecord]
-    ) -> None:
+    async def _gather_ranks(self, keeper: LeaseKeeper) -> tuple[RoundRecord, int]:
+        """Rank 0: watch the registrations until every rank is there, then write the round."""
+        store, keys = self._store, self._keys
+        found: dict[str, NodeRecord] = {}
+        snapshot, events = await store.range_and_watch(keys.root)
+        async with events:
+            for kv in snapshot:
+                self._apply(kv.key, kv.value, True, found)
+            revision = snapshot.revision
+            while len(found) < self._world_size:
+                event = await events.__anext__()
+                revision = event.revision
+                put = event.type is EventType.PUT
+                self._apply(event.kv.key, event.kv.value, put, found)
+        rank0 = found[self.node_name(0)]
+        members = tuple(self.node_name(r) for r in range(self._world_size))
+        record = RoundRecord(0, members, rank0.addr, rank0.port)
+        await store.put(keys.round, record.encode(), lease=keeper.id)
+        return record, revision
+
+    async def _wait_for_round(self) -> tuple[RoundRecord, int]:
+        """Any other rank: wait for rank 0's round record (a closed run raises)."""
+        store, keys = self._store, self._keys
+        snapshot, events = await store.range_and_watch(keys.ctl)
+        async with events:
+            for kv in snapshot:
+                record = self._control(kv.key, kv.value)
+                if record is not None:
+                    return record, snapshot.revision
+            while True:
+                event = await events.__anext__()
+                if event.type is EventType.PUT:
+                    record = self._control(event.kv.key, event.kv.value)
+                    if record is not None:
+                        return record, event.revision
+
+    def _control(self, key: str, value: bytes) -> RoundRecord | None:
+        """The round record, if ``key`` is it; a close record raises."""
+        if key == self._keys.closed:
+            ClosedRecord.decode(key, value)
+            self._closed_seen = True
+            raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
+        if key != self._keys.round:
+            return None
+        record = RoundRecord.decode(key, value)
+        if len(record.members) != self._world_size:
+            raise RendezvousError(
+                f"static rendezvous {self.run_id!r}: the round record has "
+                f"{len(record.members)} ranks, this handler expects {self._world_size}"
+            )
+        return record
+
+    async def _missing(self) -> list[str]:
+        """The ranks not registered now (for the timeout's message: read once, at the end)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            present = {
+                kv.key.rsplit("/", 1)[1] for kv in await self._store.range(self._keys.nodes_of(0))
+            }
+            return [n for r in range(self._world_size) if (n := self.node_name(r)) not in present]
+        return []  # pragma: no cover - the store did not answer within 5 s
+
+    def _apply(self, key: str, value: bytes, put: bool, found: dict[str, NodeRecord]) -> None:
         if key == self._keys.closed and put:
             ClosedRecord.decode(key, value)
             self._closed_seen = True
             raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
         parsed = self._keys.parse_node_key(key)
-        if parsed is None or parsed[0] != 0 or parsed[1] not in names:
+        if parsed is None or parsed[0] != 0 or self._rank_of(parsed[1]) is None:
             return
         if put:
             found[parsed[1]] = NodeRecord.decode(key, value)
         else:
             found.pop(parsed[1], None)
+
+    def _rank_of(self, node: str) -> int | None:
+        """The rank of a node id ``rank<N>`` of this world, None for anything else."""
+        digits = node[4:]
+        if not node.startswith("rank") or not digits.isdigit() or digits != str(int(digits)):
+            return None
+        rank = int(digits)
+        return rank if rank < self._world_size else None
 
     async def is_closed(self) -> bool:
         if self._closed_seen:
@@ -233,7 +293,6 @@ class StaticRendezvousHandler(_BuiltinHandler):
         keeper = self._keeper
         if keeper is None or keeper.lost:
             return RendezvousEvent(RendezvousEventKind.ERROR, 0, 0, error=self._error)
-        names = set(self._result.participants)
         me = self._result.node_id
         try:
             with keeper.guard(), self._translate("wait_for_change"):
@@ -251,7 +310,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
                         event.type is EventType.DELETE
                         and parsed is not None
                         and parsed[0] == 0
-                        and parsed[1] in names
+                        and self._rank_of(parsed[1]) is not None
                         and parsed[1] != me
                     ):
                         return RendezvousEvent(

@@ -7,6 +7,7 @@ written once on top of its core.
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ._base import Store, Watch
 from ._keeper import LeaseKeeper, LeaseKeeperStatistics
 from ._prefixed import PrefixedStore
@@ -42,3 +43,5 @@ __all__ = [
     "register_backend",
     "supported_schemes",
 ]
+
+_publish(globals())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,8 +64,10 @@ class LeaseKeeper:
     still hanging), the lease counts as lost although the store may keep it until the TTL, so the
     holder stops before anyone else can take over (Kubernetes leader election's rule).
 
-    The background task is a plain asyncio task owned by this object, so a keeper can be entered
-    and closed in different tasks (e.g. a pytest-asyncio fixture).
+    Between renewals a keeper holds only a timer on the event loop; each renewal is a plain
+    asyncio task owned by this object (so a keeper can be entered and closed in different tasks,
+    e.g. a pytest-asyncio fixture). No task sleeps per lease: a process that keeps thousands of
+    leases (one per rendezvous participant) pays a timer each, not a task each.
     """
 
     def __init__(
@@ -100,8 +103,11 @@ class LeaseKeeper:
         self._renew_deadline = renew_deadline
         self._id = 0
         self.ttl = self._requested_ttl
-        self._task: asyncio.Task[None] | None = None
-        self._lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None  # the renewal in flight
+        self._timer: asyncio.TimerHandle | None = None  # the next renewal, while none is
+        self._context: contextvars.Context | None = None  # renewals run in a copy of start's
+        self._started = False
+        self._lost: asyncio.Event | None = None  # made by the first wait_lost
         self._error: LeaseExpiredError | None = None
         self._callbacks: list[Callable[[LeaseExpiredError], object]] = []
         self._scopes: set[anyio.CancelScope] = set()
@@ -126,21 +132,28 @@ class LeaseKeeper:
 
     async def start(self) -> None:
         """Grant the lease and start renewing it."""
-        if self._task is not None:
+        if self._started:
             raise RuntimeError("the lease keeper has already started")
         grant = await self._store.lease_grant(self._requested_ttl)
+        self._started = True
         self._id = grant.id
         self.ttl = grant.ttl
         loop = asyncio.get_running_loop()
         self._last_renewal = loop.time()
-        self._task = loop.create_task(self._run(), name=f"aioelastic-lease-{grant.id:x}")
-        self._task.add_done_callback(self._on_task_done)
+        self._context = contextvars.copy_context()
+        interval = self._interval if self._interval is not None else self.ttl / 3
+        self._interval = interval
+        if not self._closed:
+            self._schedule(interval)
 
     async def aclose(self, *, revoke: bool = True) -> None:
         """Stop renewing; revoke the lease (deleting its keys) unless ``revoke=False``."""
         if self._closed:
             return
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task = self._task
         if task is not None:
             task.cancel()
@@ -174,7 +187,10 @@ class LeaseKeeper:
 
     async def wait_lost(self) -> LeaseExpiredError:
         """Wait until the lease is lost; return the error that says why."""
-        await self._lost.wait()
+        if self._error is None:
+            if self._lost is None:
+                self._lost = asyncio.Event()
+            await self._lost.wait()
         assert self._error is not None
         return self._error
 
@@ -210,61 +226,81 @@ class LeaseKeeper:
 
     # -- the background task
 
-    async def _run(self) -> None:
+    def _schedule(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
-        interval = self._interval if self._interval is not None else self.ttl / 3
-        delay = interval
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                if self._renew_deadline is None:
-                    self.ttl = await self._store.lease_keep_alive(self._id)
-                else:  # a renewal still hanging at the renew deadline counts as failed
-                    left = self._last_renewal + self._renew_deadline - loop.time()
-                    with anyio.move_on_after(max(0.0, left)) as scope:
-                        self.ttl = await self._store.lease_keep_alive(self._id)
-                    if scope.cancelled_caught:
-                        self._lose(
-                            f"not renewed within the renew deadline ({self._renew_deadline}s)"
-                        )
-                        return
-            except LeaseNotFoundError:
-                self._lose("expired or revoked")
-                return
-            except StoreClosedError:
-                self._lose("the store was closed")
-                return
-            except (StoreConnectionError, StoreTimeoutError) as exc:
-                self._failures += 1
-                limit = self.ttl if self._renew_deadline is None else self._renew_deadline
-                left = self._last_renewal + limit - loop.time()
-                if left <= 0:
-                    what = "TTL" if self._renew_deadline is None else "renew deadline"
-                    self._lose(f"store unreachable for the whole {what} ({exc})")
-                    return
-                log.warning("lease %#x keep-alive failed, retrying: %s", self._id, exc)
-                delay = min(interval, max(left / 4, 0.01))
-                continue
-            self._renewals += 1
-            self._last_renewal = loop.time()
-            delay = interval
+        self._timer = loop.call_later(delay, self._renewal_due, context=self._context)
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        """Whatever ended the renewal task, unless :meth:`aclose` did, is a reported loss."""
-        exc = None if task.cancelled() else task.exception()  # retrieved: no "never retrieved"
-        if self._error is not None or self._closed:
+    def _renewal_due(self) -> None:
+        self._timer = None
+        if self._closed:
             return
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(
+            self._renew(), name=f"aioelastic-lease-{self._id:x}", context=self._context
+        )
+        self._task.add_done_callback(self._on_renewal_done)
+
+    def _on_renewal_done(self, task: asyncio.Task[None]) -> None:
+        """A renewal that raised, or was cancelled other than by :meth:`aclose`, is a loss."""
+        exc = None if task.cancelled() else task.exception()  # retrieved: no "never retrieved"
+        if self._error is not None or self._closed or not (task.cancelled() or exc):
+            return
+        if self._task is task:
+            self._task = None
         if exc is None:
-            self._lose("the keep-alive task was cancelled or ended")
+            self._lose("the keep-alive task was cancelled")
             return
         self._failures += 1
         self._lose(f"keep-alive failed: {type(exc).__name__}: {exc}", cause=exc)
+
+    async def _renew(self) -> None:
+        """One keep-alive; schedules the next one unless the lease is lost."""
+        delay = await self._keep_alive()
+        self._task = None
+        if delay is not None and not self._closed:
+            self._schedule(delay)
+
+    async def _keep_alive(self) -> float | None:
+        """Renew once: the delay until the next renewal, or None once the lease is lost."""
+        loop = asyncio.get_running_loop()
+        interval = self._interval
+        assert interval is not None
+        try:
+            if self._renew_deadline is None:
+                self.ttl = await self._store.lease_keep_alive(self._id)
+            else:  # a renewal still hanging at the renew deadline counts as failed
+                left = self._last_renewal + self._renew_deadline - loop.time()
+                with anyio.move_on_after(max(0.0, left)) as scope:
+                    self.ttl = await self._store.lease_keep_alive(self._id)
+                if scope.cancelled_caught:
+                    self._lose(f"not renewed within the renew deadline ({self._renew_deadline}s)")
+                    return None
+        except LeaseNotFoundError:
+            self._lose("expired or revoked")
+            return None
+        except StoreClosedError:
+            self._lose("the store was closed")
+            return None
+        except (StoreConnectionError, StoreTimeoutError) as exc:
+            self._failures += 1
+            limit = self.ttl if self._renew_deadline is None else self._renew_deadline
+            left = self._last_renewal + limit - loop.time()
+            if left <= 0:
+                what = "TTL" if self._renew_deadline is None else "renew deadline"
+                self._lose(f"store unreachable for the whole {what} ({exc})")
+                return None
+            log.warning("lease %#x keep-alive failed, retrying: %s", self._id, exc)
+            return min(interval, max(left / 4, 0.01))
+        self._renewals += 1
+        self._last_renewal = loop.time()
+        return interval
 
     def _lose(self, reason: str, *, cause: BaseException | None = None) -> None:
         error = LeaseExpiredError(self._id, reason)
         error.__cause__ = cause
         self._error = error
-        self._lost.set()
+        if self._lost is not None:
+            self._lost.set()
         log.warning("%s", error)
         for scope in self._scopes:
             scope.cancel()

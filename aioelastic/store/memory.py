@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from ._types import (
     WatchEvent,
 )
 
-__all__ = ["Commit", "EngineState", "LeaseChange", "MemoryEngine", "MemoryStore"]
+__all__ = ["Commit", "EngineState", "EngineWork", "LeaseChange", "MemoryEngine", "MemoryStore"]
+
+_TIMER_CONTEXT = contextvars.Context()
 
 #: Default number of events of history kept for watches before the oldest are compacted.
 DEFAULT_HISTORY_LIMIT = 10_000
@@ -51,11 +54,10 @@ class _Lease:
 class _Watcher:
     """One registered watch on the engine: a cursor into the event log and a wake-up future."""
 
-    __slots__ = ("cursor", "end", "error", "hits", "min_revision", "owner", "prefix", "waiter")
+    __slots__ = ("cursor", "error", "hits", "min_revision", "owner", "prefix", "waiter")
 
     def __init__(self, prefix: str, cursor: int, min_revision: int, owner: object) -> None:
         self.prefix = prefix
-        self.end = prefix_end(prefix)
         self.cursor = cursor  # absolute index into the event log of the next event to read
         self.min_revision = min_revision
         self.owner = owner
@@ -77,6 +79,24 @@ class _Watcher:
         if self.error is None:
             self.error = error
         self.wake()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWork:
+    """How much work an engine has done since it was created: counters for white-box tests of
+    scaling (see ``tests/test_scale_work.py``) and for benchmarks.
+
+    ``writes``: commits (revisions written); ``events_logged``: events they produced;
+    ``events_delivered``: events handed to watchers by reads; ``watcher_visits``: watchers a
+    write, a compaction or a close looked at; ``keys_scanned``: keys read by ranges and prefix
+    deletes, and log entries a watcher catching up from the past read.
+    """
+
+    writes: int = 0
+    events_logged: int = 0
+    events_delivered: int = 0
+    watcher_visits: int = 0
+    keys_scanned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +165,7 @@ class MemoryEngine:
         self._log: list[WatchEvent] = []
         self._log_base = 0  # absolute index of _log[0]
         self._watchers: set[_Watcher] = set()
+        self._owned: dict[int, set[_Watcher]] = {}  # by id(owner): fail_watchers_of is O(own)
         # Watchers whose unread events are known exactly ("tracked"), by prefix: a write looks
         # only at the prefixes it concerns (at a cost that grows with the number of distinct
         # tracked prefixes or with the key's length, whichever is smaller), appends its index to
@@ -152,6 +173,13 @@ class MemoryEngine:
         # events under its prefix, not every event written since it last read. A watcher that
         # starts in the past scans the log once, then is tracked.
         self._tracked: dict[str, set[_Watcher]] = {}
+        # Registered watchers that are not tracked (they scan the log from their cursor), and,
+        # in log order, (index, watcher, hits) each time a tracked watcher got its first unread
+        # event: a compaction looks at those two only (O(1) amortised per event), not at
+        # every watcher. An entry is stale once the watcher has read (its hits list replaced).
+        self._scanning: set[_Watcher] = set()
+        self._first_unread: deque[tuple[int, _Watcher, list[int]]] = deque()
+        self._work = [0, 0, 0, 0, 0]  # the counters of EngineWork, in its field order
         self._leases: dict[int, _Lease] = {}
         self._last_lease_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -186,6 +214,10 @@ class MemoryEngine:
     def watcher_count(self) -> int:
         return len(self._watchers)
 
+    def work(self) -> EngineWork:
+        """A snapshot of the work counters (see :class:`EngineWork`)."""
+        return EngineWork(*self._work)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the memory store engine is closed")
@@ -208,6 +240,7 @@ class MemoryEngine:
         hi = len(self._keys) if end is None else bisect.bisect_left(self._keys, end, lo)
         count = hi - lo
         take = count if limit is None else min(count, limit)
+        self._work[4] += take
         kvs = tuple(self._data[k] for k in self._keys[lo : lo + take])
         return RangeResult(kvs=kvs, revision=self._revision, count=count, more=take < count)
 
@@ -306,9 +339,13 @@ class MemoryEngine:
                 self._undo_writes()
                 raise
         self._undo.clear()
+        work = self._work
+        work[0] += 1
+        work[1] += len(events)
         if len(self._log) > self._compact_at:
             self._auto_compact()
         tracked = self._tracked
+        first_unread = self._first_unread
         first = self._log_base + len(self._log) - len(events)  # absolute index of events[0]
         for index, event in enumerate(events, first):
             if not tracked:
@@ -319,11 +356,14 @@ class MemoryEngine:
             else:
                 prefixes = [p for p in tracked if key.startswith(p)]
             for prefix in prefixes:
-                for watcher in tracked[prefix]:
+                watchers = tracked[prefix]
+                work[3] += len(watchers)
+                for watcher in watchers:
                     hits = watcher.hits
                     assert hits is not None
                     hits.append(index)
                     if len(hits) == 1:
+                        first_unread.append((index, watcher, hits))
                         watcher.wake()
 
     def _undo_writes(self) -> None:
@@ -371,16 +411,20 @@ class MemoryEngine:
     def _drop_history_before(self, revision: int) -> None:
         drop = bisect.bisect_left(self._log, revision, key=_event_revision)
         cut = self._log_base + drop  # absolute index of the first event kept
-        for watcher in self._watchers:
-            hits = watcher.hits
-            if hits is not None:  # tracked: loses something only if an unread event goes
-                if hits and hits[0] < cut and watcher.error is None:
-                    unread = self._log[hits[0] - self._log_base].kv.mod_revision
-                    watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
-                else:
-                    watcher.cursor = max(watcher.cursor, cut)
-            elif watcher.error is None and watcher.cursor < cut:  # unread events it cannot see
-                unread = self._log[watcher.cursor - self._log_base].kv.mod_revision
+        # A watcher loses something only if an unread event goes: a scanning one whose cursor
+        # is before the cut, a tracked one whose first unread event is (a tracked watcher
+        # with nothing unread loses nothing; its cursor is set when it stops being tracked).
+        lost = [w for w in self._scanning if w.cursor < cut]
+        first_unread = self._first_unread
+        while first_unread and first_unread[0][0] < cut:
+            _, watcher, hits = first_unread.popleft()
+            if watcher.hits is hits and watcher in self._watchers:  # not read since
+                lost.append(watcher)
+        self._work[3] += len(self._scanning) + len(lost)
+        for watcher in lost:
+            if watcher.error is None:
+                first = watcher.cursor if watcher.hits is None else watcher.hits[0]
+                unread = self._log[first - self._log_base].kv.mod_revision
                 watcher.fail(CompactedError(max(unread, watcher.min_revision), revision))
         if drop:
             del self._log[:drop]
@@ -399,12 +443,21 @@ class MemoryEngine:
         offset = bisect.bisect_left(self._log, start_revision, key=_event_revision)
         watcher = _Watcher(prefix, self._log_base + offset, start_revision, owner)
         self._watchers.add(watcher)
+        self._owned.setdefault(id(owner), set()).add(watcher)
         if watcher.cursor == self._log_base + len(self._log):
             self._track(watcher)
+        else:
+            self._scanning.add(watcher)
         return watcher
 
     def remove_watcher(self, watcher: _Watcher) -> None:
-        self._watchers.discard(watcher)
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+            owned = self._owned[id(watcher.owner)]
+            owned.discard(watcher)
+            if not owned:
+                del self._owned[id(watcher.owner)]
+        self._scanning.discard(watcher)
         self._untrack(watcher)
         watcher.wake()
 
@@ -428,6 +481,12 @@ class MemoryEngine:
         self._tracked.setdefault(watcher.prefix, set()).add(watcher)
 
     def _untrack(self, watcher: _Watcher) -> None:
+        """Stop tracking: from now on it scans the log from its cursor, its first unread event
+        (or the end of the log if it had none)."""
+        hits = watcher.hits
+        if hits is None:
+            return
+        watcher.cursor = hits[0] if hits else self._log_base + len(self._log)
         watcher.hits = None
         same = self._tracked.get(watcher.prefix)
         if same is not None:
@@ -450,15 +509,20 @@ class MemoryEngine:
             events = [log[index - base] for index in hits]
             if events[0].revision < minimum:  # a watch that starts at a future revision
                 events = [e for e in events if e.revision >= minimum]
+            self._work[2] += len(events)
             return events
         start = watcher.cursor - base
         if start < 0:  # pragma: no cover - _drop_history_before fails such watchers first
             raise CompactedError(minimum, self._compact_revision)
         watcher.cursor = base + len(log)
         if watcher in self._watchers:
+            self._scanning.discard(watcher)
             self._track(watcher)  # caught up: writes under its prefix are recorded from here
         prefix = watcher.prefix
-        return [e for e in log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum]
+        self._work[4] += len(log) - start
+        events = [e for e in log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum]
+        self._work[2] += len(events)
+        return events
 
     # -- leases
 
@@ -521,7 +585,11 @@ class MemoryEngine:
 
     def _schedule(self, lease: _Lease) -> None:
         assert self._loop is not None
-        lease.handle = self._loop.call_at(lease.deadline, self._on_lease_timer, lease)
+        # in a context of its own: the expiry needs none of the granting caller's (and a copy
+        # of it per lease would be one more object per lease for the garbage collector)
+        lease.handle = self._loop.call_at(
+            lease.deadline, self._on_lease_timer, lease, context=_TIMER_CONTEXT
+        )
 
     def _on_lease_timer(self, lease: _Lease) -> None:
         if self._leases.get(lease.id) is not lease:
@@ -609,16 +677,16 @@ class MemoryEngine:
                     held.keys.add(key)
             elif key in self._data:
                 self._remove(key)
+        # restores run before anyone watches; should one not, wake them all to scan the log
+        for watchers in list(self._tracked.values()):
+            for watcher in list(watchers):
+                self._untrack(watcher)
+                self._scanning.add(watcher)
+                watcher.wake()
         self._log.extend(commit.events)
         self._undo.clear()
         if len(self._log) > self._compact_at:
             self._auto_compact()
-        # restores run before anyone watches; should one not, wake and rescan them all
-        tracked, self._tracked = self._tracked, {}
-        for watchers in tracked.values():
-            for watcher in watchers:
-                watcher.hits = None
-                watcher.wake()
 
     def restore_lease(self, lease_id: int, ttl: float) -> None:
         """Re-create a logged lease with a full TTL from now (its keys come with their commits)."""
@@ -653,7 +721,10 @@ class MemoryEngine:
             watcher.fail(StoreClosedError("the store was closed"))
 
     def fail_watchers_of(self, owner: object, error: BaseException) -> None:
-        for watcher in [w for w in self._watchers if w.owner is owner]:
+        """Fail every watcher registered by ``owner`` (its own only: O(its watchers))."""
+        owned = self._owned.get(id(owner), ())
+        self._work[3] += len(owned)
+        for watcher in list(owned):
             watcher.fail(error)
 
 

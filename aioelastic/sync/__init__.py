@@ -8,6 +8,7 @@ the style of Kubernetes leader election); every wait is a watch, never a poll.
 
 from __future__ import annotations
 
+from .._public import publish as _publish
 from ._config import LeaseConfig
 from .barrier import Barrier, DoubleBarrier
 from .election import Election, Leader, LeaderObserver
@@ -41,3 +42,5 @@ __all__ = [
 for _name in __all__:  # tracebacks and docs show aioelastic.sync.X (as httpx does)
     globals()[_name].__module__ = __name__
 del _name
+
+_publish(globals())

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -311,6 +312,20 @@ class ResumingWatch:
         if watch is not None:
             with anyio.CancelScope(shield=True):
                 await watch.aclose()
+
+
+#: A queue entry's key: ``<name>/<its lease id, hex>_<a number, hex>`` (see :class:`QueueEntry`).
+_QUEUE_KEY_RE = re.compile(r"(.+)/([0-9a-f]+)_[0-9a-f]+")
+
+
+def queue_name_of(kv: KeyValue) -> str | None:
+    """The name of the lock or election whose queue ``kv`` is an entry of, or None if it is not
+    one: its key has the :class:`QueueEntry` form and it is bound to the lease its key names (a
+    lock's entry and an election's look the same: the store cannot tell them apart)."""
+    match = _QUEUE_KEY_RE.fullmatch(kv.key)
+    if match is None or kv.lease == 0 or int(match.group(2), 16) != kv.lease:
+        return None
+    return match.group(1)
 
 
 class QueueEntry:

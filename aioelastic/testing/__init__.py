@@ -1,8 +1,9 @@
 """The public test kit.
 
-- here: :class:`VirtualTimeLoop` / :func:`run_virtual` (virtual time), :class:`FaultInjectingStore`
-  and :class:`FaultPlan` (latency, failing and hanging calls, dropped watch streams, forced lease
-  expiry, partitions between named clients; deterministic under a seed);
+- here: :class:`VirtualTimeLoop` / :func:`run_virtual` / :func:`virtual_test` (virtual time),
+  :class:`FaultInjectingStore` and :class:`FaultPlan` (latency, failing and hanging calls,
+  dropped watch streams, forced lease expiry, partitions between named clients; deterministic
+  under a seed);
 - ``aioelastic.testing.strategies``: hypothesis strategies for store operations and rendezvous
   scenarios (needs hypothesis);
 - ``aioelastic.testing.stateful``: the hypothesis state machine for the store protocol;
@@ -17,7 +18,8 @@
 
 from __future__ import annotations
 
-from ._virtual_time import VirtualTimeLoop, run_virtual, virtual_time_loop
+from .._public import publish as _publish
+from ._virtual_time import VirtualTimeLoop, run_virtual, virtual_test, virtual_time_loop
 from .faults import FaultInjectingStore, FaultPlan, InjectedFault
 
 __all__ = [
@@ -26,5 +28,8 @@ __all__ = [
     "InjectedFault",
     "VirtualTimeLoop",
     "run_virtual",
+    "virtual_test",
     "virtual_time_loop",
 ]
+
+_publish(globals())

@@ -11,9 +11,10 @@ server or process should use a normal loop, since waiting on another process is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import selectors
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 __all__ = ["VirtualTimeLoop", "run_virtual", "virtual_time_loop"]
 
@@ -83,3 +84,37 @@ def run_virtual(main: Callable[[], Awaitable[T]] | Coroutine[Any, Any, T]) -> T:
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+@overload
+def virtual_test(test: Callable[[], Awaitable[None]], /) -> Callable[[], None]: ...
+
+
+@overload
+def virtual_test(
+    *, timeout: float = 3600.0
+) -> Callable[[Callable[[], Awaitable[None]]], Callable[[], None]]: ...
+
+
+def virtual_test(
+    test: Callable[[], Awaitable[None]] | None = None, /, *, timeout: float = 3600.0
+) -> Any:
+    """Run an async test body as a plain (sync) test in virtual time, bounded by ``timeout``
+    virtual seconds so that a hang fails fast instead of waiting for pytest's timeout.
+
+    ``@virtual_test`` or ``@virtual_test(timeout=60)`` on an ``async def test_...()`` without
+    arguments; it works with or without pytest-asyncio (which then leaves the test alone).
+    """
+
+    def decorate(body: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+        async def bounded() -> None:
+            async with asyncio.timeout(timeout):
+                await body()
+
+        @functools.wraps(body)
+        def run() -> None:
+            run_virtual(bounded)
+
+        return run
+
+    return decorate if test is None else decorate(test)

@@ -8,19 +8,11 @@ socket (:mod:`.unix`), across hosts through any store backend (:mod:`.store`). S
 
 from __future__ import annotations
 
-from .api import (
-    ExpiredTimer,
-    Reaper,
-    ReapEvent,
-    TimerClient,
-    TimerGuard,
-    TimerRequest,
-    TimerServer,
-    TimerServerStatistics,
-    configure,
-    expires,
-    get_client,
-)
+from .._public import publish as _publish
+from ._client import TimerClient
+from ._guard import TimerGuard, configure, expires, get_client
+from ._server import Reaper, TimerServer, TimerServerStatistics
+from ._wire import ExpiredTimer, ReapEvent, TimerRequest
 from .local import LocalTimerClient, LocalTimerServer
 from .reapers import CallbackReaper, CancelTaskReaper, SignalReaper
 from .store import StoreTimerClient, StoreTimerServer, run_prefix, timer_key
@@ -51,3 +43,5 @@ __all__ = [
     "run_prefix",
     "timer_key",
 ]
+
+_publish(globals())

@@ -11,14 +11,9 @@ import asyncio
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from .api import (
-    Reaper,
-    TimerClient,
-    TimerRequest,
-    TimerServer,
-    WorkerId,
-    wall_clock,
-)
+from ._client import TimerClient, WorkerId
+from ._server import Reaper, TimerServer
+from ._wire import TimerRequest, wall_clock
 from .reapers import CancelTaskReaper
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import signal as _signal
 from collections.abc import Callable, Iterable
 
 from ..errors import TimerError
-from .api import ExpiredTimer, check_pid, check_signal
+from ._wire import ExpiredTimer, check_pid, check_signal
 
 __all__ = ["CallbackReaper", "CancelTaskReaper", "SignalReaper"]
 

@@ -34,17 +34,9 @@ from ..errors import (
     WriteOutcomeUnknownError,
 )
 from ..store import EventType, KeyValue, Store, WatchEvent
-from .api import (
-    Reaper,
-    TimerClient,
-    TimerRequest,
-    TimerServer,
-    _Armed,
-    check_duration,
-    check_pid,
-    check_signal,
-    wall_clock,
-)
+from ._client import TimerClient
+from ._server import Reaper, TimerServer, _Armed
+from ._wire import TimerRequest, check_duration, check_pid, check_signal, wall_clock
 
 if TYPE_CHECKING:
     from ..events import EventSink

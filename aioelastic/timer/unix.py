@@ -31,18 +31,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TimerError
-from .api import (
-    Reaper,
-    TimerClient,
-    TimerRequest,
-    TimerServer,
-    _Armed,
-    _caller_scope,
-    check_duration,
-    check_scope_id,
-    check_signal,
-    wall_clock,
-)
+from ._client import TimerClient
+from ._guard import _caller_scope
+from ._server import Reaper, TimerServer, _Armed
+from ._wire import TimerRequest, check_duration, check_scope_id, check_signal, wall_clock
 from .reapers import SignalReaper
 
 if TYPE_CHECKING:

@@ -1,0 +1,211 @@
+"""Rendezvous as torch runs it: one OS process per participant, handlers from torch's registry.
+
+``PYTHONPATH=. python benchmarks/rdzv_processes.py [--sizes 2,4,8,16,32,64] [--repeat 3]``
+
+For every N and repetition, torch's ``c10d`` backend and ``aioelastic`` (an ``aioelastic serve``
+process as the store) are alternated, each with N fresh processes that create their handler with
+``torch.distributed.elastic.rendezvous.registry.get_rendezvous_handler`` (backend ``c10d`` or
+``aioelastic``, min = max = N), report ready, and call ``next_rendezvous()`` at one shared wall
+time t0 (the same window for both sides). Figures:
+
+- *round*: from t0 to the last process's return (median and range over the repetitions), and
+  the ratio torch / aioelastic;
+- *client CPU per join*: ``time.thread_time()`` of the joining thread plus the adapter's loop
+  thread around ``next_rendezvous()`` (process CPU time, so both threads count), median over the
+  processes of every repetition;
+- *server CPU per join*: the ``aioelastic serve`` process's CPU time over the round divided by N.
+
+Every process is fresh, so the first join of a process is what is measured (the adapter does its
+one-time work when the handler is created).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NODE = r"""
+import json, sys, time
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+backend, endpoint, run_id, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if backend == "aioelastic":
+    from aioelastic.torchrun import register
+    register()
+params = RendezvousParameters(backend, endpoint, run_id, n, n, join_timeout="120")
+handler = get_rendezvous_handler(params)
+print("ready", flush=True)
+t0 = float(sys.stdin.readline())
+time.sleep(max(0.0, t0 - time.time()))
+cpu = time.process_time()
+info = handler.next_rendezvous()
+done = time.time()
+cpu = time.process_time() - cpu
+print(json.dumps({"done": done, "cpu": cpu, "rank": info.rank, "world": info.world_size}),
+      flush=True)
+sys.stdin.readline()  # stay in the round until every node returned
+handler.shutdown() if backend == "aioelastic" else None
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.pop("AIOELASTIC_EVENTS", None)
+    env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    return env
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` in ns resolution (/proc's schedstat; stat ticks at
+    10 ms, too coarse for a round of a few nodes)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+class Server:
+    """An ``aioelastic serve`` process on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aioelastic", "serve", "--port", str(self.port)],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("aioelastic serve did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[str, float]:
+    """N fresh processes join one exact round at a shared t0; returns the figures."""
+    if side == "aioelastic":
+        assert server is not None
+        backend, endpoint = "aioelastic", f"http://127.0.0.1:{server.port}"
+    else:
+        backend, endpoint = "c10d", f"127.0.0.1:{_free_port()}"
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", NODE, backend, endpoint, run_id, str(n)],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"{side} node did not get ready: {line!r}")
+        t0 = time.time() + 0.5
+        server_cpu = _cpu_seconds(server.proc.pid) if server is not None else 0.0
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{t0}\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            assert proc.stdout is not None
+            results.append(json.loads(proc.stdout.readline()))
+        server_cpu = (_cpu_seconds(server.proc.pid) - server_cpu) if server is not None else 0.0
+        ranks = sorted(r["rank"] for r in results)
+        if ranks != list(range(n)):
+            raise RuntimeError(f"{side}: ranks {ranks}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        return {
+            "round": max(r["done"] for r in results) - t0,
+            "cpu": statistics.median(r["cpu"] for r in results),
+            "server_cpu_per_join": server_cpu / n,
+        }
+    finally:
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _fmt(values: list[float], scale: float = 1.0, unit: str = "s") -> str:
+    med = statistics.median(values) * scale
+    return f"{med:.3g} {unit} ({min(values) * scale:.3g}-{max(values) * scale:.3g})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2,4,8,16,32,64")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    server = Server()
+    rows = []
+    try:
+        for n in sizes:
+            got: dict[str, list[dict[str, float]]] = {"torch": [], "aioelastic": []}
+            for rep in range(args.repeat):
+                order = ["torch", "aioelastic"] if rep % 2 == 0 else ["aioelastic", "torch"]
+                for side in order:
+                    got[side].append(one_round(side, n, server if side != "torch" else None,
+                                               args.timeout))  # fmt: skip
+            t = [g["round"] for g in got["torch"]]
+            a = [g["round"] for g in got["aioelastic"]]
+            ratios = [x / y for x, y in zip(t, a, strict=True)]
+            row = (
+                f"| {n} | {_fmt(t)} | {_fmt(a, 1000, 'ms')} | {statistics.median(ratios):.1f}x "
+                f"(min {min(ratios):.1f}x) | "
+                f"{_fmt([g['cpu'] for g in got['aioelastic']], 1000, 'ms')} | "
+                f"{_fmt([g['server_cpu_per_join'] for g in got['aioelastic']], 1e6, 'us')} |"
+            )
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        server.close()
+    print("\n| N | torch c10d round | aioelastic round | ratio (per repetition) | "
+          "aioelastic client CPU per join | server CPU per join |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
