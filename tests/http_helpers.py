@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 class ServerProcess:
     """``python -m aioelastic serve`` in a subprocess, with the URL it prints."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, file_size_limit: int | None = None) -> None:
         self.args = args
+        self.file_size_limit = file_size_limit  # RLIMIT_FSIZE (``ulimit -f``), SIGXFSZ ignored
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.banner: list[str] = []
@@ -37,6 +38,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=None if self.file_size_limit is None else self._limit_file_size,
         )
         assert self.proc.stdout is not None
         for _ in range(50):
@@ -50,6 +52,15 @@ class ServerProcess:
                 return self
         self.kill()
         raise RuntimeError("server did not start: " + "".join(self.banner))
+
+    def _limit_file_size(self) -> None:
+        import resource
+
+        # ignored, SIGXFSZ does not kill the server: a write past the limit fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        limit = self.file_size_limit
+        assert limit is not None
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     def kill(self) -> None:
         if self.proc is None:

@@ -1,9 +1,15 @@
 """The --data-dir log and snapshots: replay restores the engine exactly (keys, revisions,
-history, compaction, leases with their TTL restarted); torn tails are cut, damage is refused."""
+history, compaction, leases with their TTL restarted); only a partial last record is cut as torn
+(kept aside first); any other damage is refused with what and how many records, or accepted
+explicitly; format 1 data dirs still load and are rewritten."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +20,7 @@ from hypothesis import strategies as st
 from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import MemoryEngine
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
+from aioelastic.store.http._persist_codec import encode_line, event_out, kv_out
 from aioelastic.store.memory import EngineState
 
 
@@ -207,3 +214,315 @@ def test_any_history_replays_to_the_same_state(
         restored.close()
 
     asyncio.run(run())
+
+
+# -- the damage matrix ---------------------------------------------------------------------------
+# A data dir of 70 puts (key k<i>, value str(i), revision i+1... i.e. record i+1), snapshot after
+# record 50: snapshot.json holds records 1-50, wal.log a header line and records 51-70.
+
+_RECORDS = 70
+
+
+async def _written(path: Path) -> None:
+    engine, data = await _reopen(path, snapshot_every=50)
+    for i in range(_RECORDS):
+        engine.put(f"k{i}", str(i).encode())
+    assert data.snapshots == 1
+    await data.aclose()
+    engine.close()
+
+
+def _log_lines(path: Path) -> list[bytes]:
+    return (path / "wal.log").read_bytes().splitlines(keepends=True)
+
+
+def _write_log(path: Path, lines: list[bytes]) -> None:
+    (path / "wal.log").write_bytes(b"".join(lines))
+
+
+def _edit_line(line: bytes, old: bytes, new: bytes) -> bytes:
+    assert old in line
+    return line.replace(old, new)
+
+
+def _delete_snapshot(path: Path) -> None:
+    (path / "snapshot.json").unlink()
+
+
+def _edit_snapshot_value(path: Path) -> None:
+    snapshot = path / "snapshot.json"
+    raw = snapshot.read_bytes()
+    assert raw.count(b'["k1","MQ=="') == 1  # k1's value "1" becomes "2"
+    snapshot.write_bytes(raw.replace(b'["k1","MQ=="', b'["k1","Mg=="'))
+
+
+def _truncate_snapshot(path: Path) -> None:
+    snapshot = path / "snapshot.json"
+    snapshot.write_bytes(snapshot.read_bytes()[:-100])
+
+
+def _delete_middle_line(path: Path) -> None:
+    lines = _log_lines(path)
+    del lines[10]  # record 60
+    _write_log(path, lines)
+
+
+def _reorder_lines(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[5], lines[6] = lines[6], lines[5]  # records 55 and 56
+    _write_log(path, lines)
+
+
+def _convert_to_crlf(path: Path) -> None:
+    wal = path / "wal.log"
+    wal.write_bytes(wal.read_bytes().replace(b"\n", b"\r\n"))
+
+
+def _bad_checksum_on_last_line(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[-1] = _edit_line(lines[-1], b'"k69"', b'"k96"')  # a complete line: not a torn write
+    _write_log(path, lines)
+
+
+def _several_damaged_lines(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[5] = _edit_line(lines[5], b'"k54"', b'"K54"')
+    lines[15] = _edit_line(lines[15], b'"k64"', b'"K64"')
+    _write_log(path, lines)
+
+
+def _delete_log(path: Path) -> None:
+    (path / "wal.log").unlink()
+
+
+def _empty_log(path: Path) -> None:
+    (path / "wal.log").write_bytes(b"")
+
+
+# (damage, what the message must say, records affected, the last consistent record)
+_REFUSED: list[tuple[Callable[[Path], None], str, str, int]] = [
+    (_delete_snapshot, r"snapshot\.json is missing: it held records 1-50", "70 records", 0),
+    (_edit_snapshot_value, r"snapshot\.json is damaged \(bad checksum\)", "70 records", 0),
+    (_truncate_snapshot, r"snapshot\.json is damaged \(cut short", "70 records", 0),
+    (_delete_middle_line, r"record 60 is absent", "11 records", 59),
+    (_reorder_lines, r"record 56 where 55 should follow.*out of order", "16 records", 54),
+    (_convert_to_crlf, r"20 damaged lines: lines 2-21: CRLF line ending", "20 records", 50),
+    (_bad_checksum_on_last_line, r"1 damaged line: line 21 .*bad checksum", "1 record is", 69),
+    (_several_damaged_lines, r"2 damaged lines: line 6 .*line 16 .*bad checksum", "16 rec", 54),
+    (_delete_log, r"wal\.log is missing", "An unknown number of records", 50),
+    (_empty_log, r"wal\.log is empty", "An unknown number of records", 50),
+]
+
+
+def _matching(path: Path, pattern: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in path.glob(pattern)}
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "LOCK"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "what", "count", "last"), _REFUSED, ids=[case[0].__name__ for case in _REFUSED]
+)
+@pytest.mark.asyncio
+async def test_damage_is_refused_with_what_and_how_many(
+    tmp_path: Path, damage: Callable[[Path], None], what: str, count: str, last: int
+) -> None:
+    await _written(tmp_path)
+    damage(tmp_path)
+    before = _files(tmp_path)
+    with pytest.raises(CorruptDataDirError) as raised:
+        await _reopen(tmp_path)
+    message = str(raised.value)
+    assert re.search(what, message), message
+    assert count in message, message
+    assert f"the last consistent state is record {last} " in message, message
+    assert "accept-data-loss" in message
+    assert _files(tmp_path) == before  # nothing cut, moved or rewritten
+
+
+@pytest.mark.parametrize("damage", [case[0] for case in _REFUSED], ids=lambda f: f.__name__)
+@pytest.mark.asyncio
+async def test_accepting_the_loss_keeps_the_damage_aside_and_reuses_no_revision(
+    tmp_path: Path, damage: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    await _written(tmp_path)
+    damage(tmp_path)
+    before = _files(tmp_path)
+    with caplog.at_level(logging.ERROR, logger="aioelastic.serve"):
+        engine, data = await _reopen(tmp_path, accept_data_loss=True)
+    try:
+        assert "ACCEPTING DATA LOSS" in caplog.text
+        assert data.data_loss is not None
+        assert "is damaged" in data.data_loss
+        # what was kept aside is exactly what was there
+        aside = _matching(tmp_path, "*.damaged-*")
+        assert sorted(aside.values()) == sorted(before.values())
+        # every key left is one that was written, with its value
+        for kv in engine.range("").kvs:
+            assert kv.value == kv.key[1:].encode()
+        assert engine.revision >= min(_RECORDS, len(engine))
+        revision = engine.put("new", b"x")
+        assert revision > _RECORDS or damage in (_delete_log, _empty_log)
+    finally:
+        await data.aclose()
+        engine.close()
+    again, data = await _reopen(tmp_path)  # the directory is consistent again
+    assert again.get("new") is not None
+    assert again.revision == revision
+    await data.aclose()
+    again.close()
+
+
+@pytest.mark.asyncio
+async def test_a_log_cut_short_mid_record_is_a_torn_write_kept_aside(tmp_path: Path) -> None:
+    await _written(tmp_path)
+    wal = tmp_path / "wal.log"
+    whole = wal.read_bytes()
+    wal.write_bytes(whole[:-20])  # the last record (70) is cut short: a crash mid-write
+    engine, data = await _reopen(tmp_path)
+    try:
+        assert engine.revision == _RECORDS - 1
+        assert [kv.key for kv in engine.range("").kvs] == sorted(f"k{i}" for i in range(69))
+        (torn,) = _matching(tmp_path, "wal.log.torn-*").values()
+        assert wal.read_bytes() + torn == whole[:-20]
+    finally:
+        await data.aclose()
+        engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_torn_write_after_converted_line_endings_is_damage(tmp_path: Path) -> None:
+    # CR-only line endings leave one "line" with no newline: not one record cut short
+    await _written(tmp_path)
+    wal = tmp_path / "wal.log"
+    wal.write_bytes(wal.read_bytes().replace(b"\n", b"\r"))
+    before = wal.read_bytes()
+    with pytest.raises(CorruptDataDirError, match="several records without newline"):
+        await _reopen(tmp_path)
+    assert wal.read_bytes() == before
+
+
+@pytest.mark.asyncio
+async def test_a_format_1_data_dir_loads_and_is_rewritten(tmp_path: Path) -> None:
+    # written as the 0.x server did: bare-JSON snapshot with no checksum, log with no header
+    source, data = await _reopen(tmp_path / "source", fsync="never")
+    lease = source.lease_grant(60).id
+    for i in range(12):
+        source.put(f"k{i}", str(i).encode(), lease if i % 2 else 0)
+    state = source.export_state()
+    await data.aclose()
+    source.close()
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    document = {
+        "format": 1,
+        "q": 9,
+        "revision": 8,
+        "compact_revision": 0,
+        "last_lease_id": lease,
+        "leases": [[lease, 60]],
+        "kvs": [kv_out(kv) for kv in state.kvs if kv.mod_revision <= 8],
+        "history": [event_out(e) for e in state.history if e.revision <= 8],
+    }
+    (legacy / "snapshot.json").write_text(json.dumps(document))
+    records = [{"c": r, "e": [event_out(state.history[r - 1])], "q": r + 1} for r in range(7, 13)]
+    (legacy / "wal.log").write_bytes(b"".join(encode_line(r) for r in records))  # 8-9: covered
+    engine, data = await _reopen(legacy)
+    assert _comparable(engine.export_state())[:3] == _comparable(state)[:3]
+    await data.aclose()
+    engine.close()
+    assert (legacy / "snapshot.json").read_bytes()[8:9] == b" "  # framed, checksummed
+    assert b'"log":2' in (legacy / "wal.log").read_bytes().splitlines()[0]
+    again, data = await _reopen(legacy)
+    assert _comparable(again.export_state())[:3] == _comparable(state)[:3]
+    await data.aclose()
+    again.close()
+
+
+@pytest.mark.asyncio
+async def test_serve_refuses_a_damaged_dir_unless_told_to_accept_the_loss(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from http_helpers import ROOT, ServerProcess
+
+    await _written(tmp_path)
+    _delete_middle_line(tmp_path)
+    command = [sys.executable, "-m", "aioelastic", "serve", "--port", "0"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [*command, "--data-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "cannot start" in done.stderr
+    assert "record 60 is absent" in done.stderr
+    assert "11 records are affected" in done.stderr
+    server = ServerProcess("--data-dir", str(tmp_path), "--accept-data-loss")
+    await asyncio.to_thread(server.start)
+    try:
+        banner = "".join(server.banner)
+        assert "ACCEPTING DATA LOSS" in banner
+        assert "ACCEPTED DATA LOSS" in banner
+        assert "revision 70" in banner  # moved past every revision on disk
+    finally:
+        server.kill()
+
+
+@pytest.mark.asyncio
+async def test_a_record_the_log_refuses_leaves_no_trace(tmp_path: Path) -> None:
+    import os
+
+    from aioelastic.store.http._persist import LogWriteError
+
+    engine, data = await _reopen(tmp_path, fsync="never")
+    lease = engine.lease_grant(60).id
+    engine.put("a", b"1", lease)
+    log_before = (tmp_path / "wal.log").read_bytes()
+    state_before = _comparable(engine.export_state())
+    writable, data._fd = data._fd, os.open(tmp_path / "wal.log", os.O_RDONLY)  # writes: EBADF
+    try:
+        with pytest.raises(LogWriteError) as raised:
+            engine.put("b", b"2")
+        assert not raised.value.full
+        with pytest.raises(LogWriteError):
+            engine.lease_revoke(lease)  # its keys' deletion and its end: one record, or neither
+        assert _comparable(engine.export_state()) == state_before
+        assert engine.lease_time_to_live(lease).keys == ("a",)
+    finally:
+        os.close(data._fd)
+        data._fd = writable
+    assert (tmp_path / "wal.log").read_bytes() == log_before
+    engine.lease_revoke(lease)
+    last = json.loads((tmp_path / "wal.log").read_bytes().splitlines()[-1][9:])
+    assert last["c"] == 2  # the deletion of its key and the lease's end are one record
+    assert last["x"] == lease
+    assert engine.put("c", b"3") == 3  # the revoke was revision 2: nothing was skipped or reused
+    await data.aclose()
+    engine.close()
+    again, data = await _reopen(tmp_path)
+    assert again.lease_count == 0
+    assert [kv.key for kv in again.range("").kvs] == ["c"]
+    assert again.revision == 3
+    await data.aclose()
+    again.close()
+
+
+@pytest.mark.asyncio
+async def test_accepting_a_loss_that_cannot_be_written_changes_nothing(tmp_path: Path) -> None:
+    await _written(tmp_path)
+    _delete_middle_line(tmp_path)
+    before = _files(tmp_path)
+    (tmp_path / "snapshot.json.tmp").mkdir()  # the fresh snapshot cannot be written
+    with pytest.raises(IsADirectoryError):
+        await _reopen(tmp_path, accept_data_loss=True)
+    (tmp_path / "snapshot.json.tmp").rmdir()
+    after = _files(tmp_path)
+    assert {name: after[name] for name in before} == before  # the damaged files are in place
+    with pytest.raises(CorruptDataDirError, match="record 60 is absent"):
+        await _reopen(tmp_path)  # refused again: not an empty directory that starts silently

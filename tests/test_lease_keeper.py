@@ -3,11 +3,15 @@ cancels guarded work; in virtual time."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 
-from aioelastic.errors import LeaseExpiredError, StoreConnectionError
+from aioelastic import open_store
+from aioelastic.errors import LeaseExpiredError, StoreAuthError, StoreConnectionError
 from aioelastic.store import MemoryStore
+from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.testing import FaultInjectingStore, run_virtual
 
 
@@ -103,3 +107,42 @@ def test_injected_one_off_failure() -> None:
         await store.aclose()
 
     run_virtual(main)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_token_after_a_restart_is_a_reported_loss(tmp_path: Path) -> None:
+    # The real http server restarts on the same port and data dir (the lease survives it) with
+    # a rotated token: renewal gets 401, which is no outage to wait out but the end of renewal.
+    old = HttpStoreServer(port=0, data_dir=str(tmp_path), token="before", fsync="never")
+    await old.start()
+    port = old.port
+    store = await open_store(old.url, token="before")
+    new: HttpStoreServer | None = None
+    try:
+        async with store.lease(3, keep_alive_interval=0.2) as keeper:
+            lost: list[LeaseExpiredError] = []
+            keeper.on_lost(lost.append)
+            await old.stop()
+            new = HttpStoreServer(port=port, data_dir=str(tmp_path), token="after")
+            await new.start()
+            assert new.engine.lease_count == 1  # the lease itself is alive on the server
+
+            async def guarded() -> None:
+                with keeper.guard():
+                    await keeper.wait_lost()
+                    await anyio.sleep(30)  # the guard cancels this
+
+            with anyio.fail_after(10), pytest.raises(LeaseExpiredError) as raised:
+                await guarded()
+            assert keeper.lost
+            error = await keeper.wait_lost()
+            assert raised.value is error
+            assert lost == [error]
+            assert isinstance(error.__cause__, StoreAuthError)
+            assert "StoreAuthError" in str(error)
+            assert keeper.statistics().lost
+    finally:
+        await store.aclose()
+        if new is not None:
+            await new.stop()
+        await old.stop()

@@ -4,6 +4,7 @@ lease expiry precision, and many leases, all in virtual time."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -170,3 +171,84 @@ def test_a_woken_watcher_reads_its_events_without_scanning_the_others() -> None:
     engine.put("a/3", b"early")
     engine.put("a/4", b"from here")
     assert [e.kv.key for e in engine.read_events(future)] == ["a/4"]
+
+
+class _FullLog:
+    """Persistence hooks that fail while ``full`` (a log that cannot be written)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        self.full = False
+        self.records: list[object] = []
+        engine.on_commit.append(self.record)
+        engine.on_lease.append(self.record)
+        engine.on_compact.append(self.record)
+
+    def record(self, change: object) -> None:
+        if self.full:
+            raise OSError(28, "No space left on device")
+        self.records.append(change)
+
+
+def _image(engine: MemoryEngine) -> tuple[object, ...]:
+    state = engine.export_state()
+    leases = sorted((s.id, s.keys) for s in engine.leases())
+    return (state.revision, state.compact_revision, state.kvs, state.history, leases, state.leases)
+
+
+def test_a_vetoed_write_leaves_no_trace() -> None:
+    async def main() -> None:
+        engine = MemoryEngine()
+        log = _FullLog(engine)
+        lease = engine.lease_grant(60).id
+        other = engine.lease_grant(60).id
+        engine.put("a", b"1", lease)
+        engine.put("b", b"2")
+        engine.put("p/1", b"x", other)
+        engine.put("p/2", b"y")
+        watcher = engine.add_watcher("", None, owner=None)
+        before, records = _image(engine), len(log.records)
+        log.full = True
+        vetoed: list[Callable[[], object]] = [
+            lambda: engine.put("a", b"new", other),  # moves a key to another lease
+            lambda: engine.put("c", b"new"),  # a new key
+            lambda: engine.delete("b"),
+            lambda: engine.delete("p/", prefix=True),
+            lambda: engine.compare_and_swap("b", 2, b"cas"),
+            lambda: engine.compare_and_delete("a", 1),
+            lambda: engine.add("n", 1),
+            lambda: engine.lease_grant(5),
+            lambda: engine.lease_revoke(lease),
+            lambda: engine.compact(3),
+        ]
+        for write in vetoed:
+            with pytest.raises(OSError, match="No space"):
+                write()
+            assert _image(engine) == before
+        assert engine.read_events(watcher) == []
+        assert len(log.records) == records
+        log.full = False  # the log takes writes again: revisions and lease ids go on from there
+        assert engine.put("c", b"3") == before[0] + 1  # type: ignore[operator]
+        assert engine.lease_grant(5).id == other + 1
+        assert [e.kv.key for e in engine.read_events(watcher)] == ["c"]
+        engine.lease_revoke(lease)
+        assert engine.get("a") is None
+
+    run_virtual(main)
+
+
+def test_a_lease_whose_expiry_cannot_be_recorded_lives_until_it_can() -> None:
+    async def main() -> None:
+        engine = MemoryEngine()
+        log = _FullLog(engine)
+        lease = engine.lease_grant(2).id
+        engine.put("k", b"v", lease)
+        log.full = True
+        await anyio.sleep(10)
+        assert engine.get("k") is not None  # its deletion was not recorded, so not made
+        assert engine.lease_time_to_live(lease).keys == ("k",)
+        log.full = False
+        await anyio.sleep(1.5)  # tried again a second later
+        assert engine.get("k") is None
+        assert engine.lease_count == 0
+
+    run_virtual(main)

@@ -54,6 +54,9 @@ class LeaseKeeper:
     was revoked, or the store stayed unreachable until the TTL ran out — :attr:`lost` becomes
     true, :meth:`wait_lost` returns, the callbacks from :meth:`on_lost` run, and every
     :meth:`guard` scope is cancelled and raises :class:`~aioelastic.errors.LeaseExpiredError`.
+    Any other error that ends the renewal (a refused token after a rotation, a bug) is a loss
+    too, reported the same way with that error as the loss's ``__cause__``: a keeper never stops
+    renewing without saying so.
 
     Connection errors are retried until the TTL since the last renewal has passed: a store that
     comes back in time costs nothing. With ``renew_deadline`` (shorter than the TTL), the keeper
@@ -235,6 +238,20 @@ class LeaseKeeper:
         self._task = loop.create_task(
             self._renew(), name=f"aioelastic-lease-{self._id:x}", context=self._context
         )
+        self._task.add_done_callback(self._on_renewal_done)
+
+    def _on_renewal_done(self, task: asyncio.Task[None]) -> None:
+        """A renewal that raised, or was cancelled other than by :meth:`aclose`, is a loss."""
+        exc = None if task.cancelled() else task.exception()  # retrieved: no "never retrieved"
+        if self._error is not None or self._closed or not (task.cancelled() or exc):
+            return
+        if self._task is task:
+            self._task = None
+        if exc is None:
+            self._lose("the keep-alive task was cancelled")
+            return
+        self._failures += 1
+        self._lose(f"keep-alive failed: {type(exc).__name__}: {exc}", cause=exc)
 
     async def _renew(self) -> None:
         """One keep-alive; schedules the next one unless the lease is lost."""
@@ -278,8 +295,9 @@ class LeaseKeeper:
         self._last_renewal = loop.time()
         return interval
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, *, cause: BaseException | None = None) -> None:
         error = LeaseExpiredError(self._id, reason)
+        error.__cause__ = cause
         self._error = error
         if self._lost is not None:
             self._lost.set()

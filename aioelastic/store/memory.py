@@ -101,10 +101,15 @@ class EngineWork:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """What one write changed: the new revision and its events (for persistence and metrics)."""
+    """What one write changed: the new revision and its events (for persistence and metrics).
+
+    ``ended_lease``: the lease whose end deleted these keys (its :class:`LeaseChange` follows),
+    so that a log can record both at once.
+    """
 
     revision: int
     events: tuple[WatchEvent, ...]
+    ended_lease: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +146,10 @@ class MemoryEngine:
     starts, or falls, below the compacted revision gets :class:`CompactedError`).
     Hooks for persistence and metrics, called synchronously: ``on_commit`` after every write that
     changed something, ``on_lease`` when a lease is granted or ends (after the commit deleting its
-    keys), ``on_compact`` with the new compact revision after an explicit :meth:`compact`.
+    keys), ``on_compact`` with the new compact revision before an explicit :meth:`compact`.
+    A hook that raises vetoes the change (a log that cannot be written): the engine is put back as
+    it was, nothing is seen by watchers, and the error propagates. A lease that cannot end on its
+    expiry stays and is tried again a second later.
     """
 
     def __init__(self, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
@@ -176,6 +184,7 @@ class MemoryEngine:
         self._last_lease_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._undo: list[tuple[str, KeyValue | None]] = []  # the current write's old values
         self.on_commit: list[Callable[[Commit], None]] = []
         self.on_lease: list[Callable[[LeaseChange], None]] = []
         self.on_compact: list[Callable[[int], None]] = []
@@ -297,6 +306,7 @@ class MemoryEngine:
 
     def _write(self, key: str, value: bytes, lease: int) -> KeyValue:
         old = self._data.get(key)
+        self._undo.append((key, old))
         if old is None:
             bisect.insort(self._keys, key)
             kv = KeyValue(key, value, self._revision, self._revision, 1, lease)
@@ -311,13 +321,24 @@ class MemoryEngine:
 
     def _remove(self, key: str) -> WatchEvent:
         old = self._data.pop(key)
+        self._undo.append((key, old))
         del self._keys[bisect.bisect_left(self._keys, key)]
         if old.lease and (held := self._leases.get(old.lease)):
             held.keys.discard(key)
         return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, self._revision, 0, 0))
 
-    def _commit(self, events: tuple[WatchEvent, ...]) -> None:
+    def _commit(self, events: tuple[WatchEvent, ...], ended_lease: int = 0) -> None:
         self._log.extend(events)
+        if self.on_commit:
+            commit = Commit(self._revision, events, ended_lease)
+            try:
+                for callback in self.on_commit:
+                    callback(commit)
+            except BaseException:
+                del self._log[len(self._log) - len(events) :]
+                self._undo_writes()
+                raise
+        self._undo.clear()
         work = self._work
         work[0] += 1
         work[1] += len(events)
@@ -344,10 +365,25 @@ class MemoryEngine:
                     if len(hits) == 1:
                         first_unread.append((index, watcher, hits))
                         watcher.wake()
-        if self.on_commit:
-            commit = Commit(self._revision, events)
-            for callback in self.on_commit:
-                callback(commit)
+
+    def _undo_writes(self) -> None:
+        """Put back what the current write changed (a hook vetoed it), revision included."""
+        undo, self._undo = self._undo, []
+        for key, old in reversed(undo):
+            current = self._data.get(key)
+            if current is not None and current.lease and (held := self._leases.get(current.lease)):
+                held.keys.discard(key)
+            if old is None:
+                if current is not None:
+                    del self._data[key]
+                    del self._keys[bisect.bisect_left(self._keys, key)]
+                continue
+            if current is None:
+                bisect.insort(self._keys, key)
+            self._data[key] = old
+            if old.lease and (held := self._leases.get(old.lease)):
+                held.keys.add(key)
+        self._revision -= 1
 
     # -- history
 
@@ -360,9 +396,9 @@ class MemoryEngine:
             )
         if revision <= self._compact_revision:
             raise CompactedError(revision, self._compact_revision)
-        self._drop_history_before(revision)
         for callback in self.on_compact:
             callback(revision)
+        self._drop_history_before(revision)
 
     def _auto_compact(self) -> None:
         excess = len(self._log) - self.history_limit
@@ -492,6 +528,7 @@ class MemoryEngine:
 
     def lease_grant(self, ttl: float, lease_id: int | None = None) -> LeaseGrant:
         self._check_open()
+        last_lease_id = self._last_lease_id
         if lease_id is None:
             self._last_lease_id += 1
             lease_id = self._last_lease_id
@@ -504,8 +541,15 @@ class MemoryEngine:
         self._schedule(lease)
         if self.on_lease:
             change = LeaseChange(lease_id, ttl)
-            for callback in self.on_lease:
-                callback(change)
+            try:
+                for callback in self.on_lease:
+                    callback(change)
+            except BaseException:
+                del self._leases[lease_id]
+                if lease.handle is not None:
+                    lease.handle.cancel()
+                self._last_lease_id = last_lease_id
+                raise
         return LeaseGrant(lease_id, ttl)
 
     def lease_keep_alive(self, lease_id: int) -> float:
@@ -521,7 +565,11 @@ class MemoryEngine:
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError(lease_id)
-        self._end_lease(lease)
+        try:
+            self._end_lease(lease)
+        except BaseException:  # vetoed: the lease stays, with its deadline
+            self._schedule(lease)
+            raise
 
     def lease_time_to_live(self, lease_id: int) -> LeaseStatus:
         self._check_open()
@@ -549,7 +597,11 @@ class MemoryEngine:
         if self._time() < lease.deadline:  # kept alive since: sleep until the new deadline
             self._schedule(lease)
             return
-        self._end_lease(lease)
+        try:
+            self._end_lease(lease)
+        except Exception:  # a hook vetoed it (the log cannot be written): the lease stays
+            assert self._loop is not None
+            lease.handle = self._loop.call_later(1.0, self._on_lease_timer, lease)
 
     def _end_lease(self, lease: _Lease) -> None:
         del self._leases[lease.id]
@@ -557,11 +609,20 @@ class MemoryEngine:
             lease.handle.cancel()
         if lease.keys:
             self._revision += 1
-            self._commit(tuple(self._remove(k) for k in sorted(lease.keys)))
+            try:
+                self._commit(tuple(self._remove(k) for k in sorted(lease.keys)), lease.id)
+            except BaseException:  # vetoed: the keys are back; so is the lease
+                self._leases[lease.id] = lease
+                raise
+            lease.keys.clear()
         if self.on_lease:
             change = LeaseChange(lease.id, None)
-            for callback in self.on_lease:
-                callback(change)
+            try:
+                for callback in self.on_lease:
+                    callback(change)
+            except BaseException:  # vetoed after its keys' deletion was recorded: it stays
+                self._leases[lease.id] = lease
+                raise
 
     # -- snapshots and replay (persistence); none of these calls the hooks
 
@@ -623,6 +684,7 @@ class MemoryEngine:
                 self._scanning.add(watcher)
                 watcher.wake()
         self._log.extend(commit.events)
+        self._undo.clear()
         if len(self._log) > self._compact_at:
             self._auto_compact()
 

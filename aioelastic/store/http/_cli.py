@@ -41,6 +41,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --data-dir: write a snapshot and restart the log every N records",
     )
     parser.add_argument(
+        "--accept-data-loss",
+        action="store_true",
+        help="with --data-dir: start although the directory is damaged (a damaged or missing "
+        "snapshot or log, a gap in the records), from its last consistent state; the damaged "
+        "files are kept aside and the loss is logged. Without it such a directory is refused "
+        "with what is damaged and how many records that affects.",
+    )
+    parser.add_argument(
         "--token-file",
         metavar="F",
         help="require 'Authorization: Bearer <token>' with the token in F on every route but "
@@ -151,6 +159,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "data_dir": args.data_dir,
         "fsync": args.fsync,
         "snapshot_every": args.snapshot_every,
+        "accept_data_loss": args.accept_data_loss,
         "max_value_bytes": args.max_value_bytes,
         "max_key_bytes": args.max_key_bytes,
         "shutdown_timeout": args.shutdown_timeout,
@@ -193,6 +202,8 @@ async def _serve(options: dict[str, Any]) -> int:
     except (OSError, RuntimeError, CorruptDataDirError) as exc:
         print(f"aioelastic serve: cannot start: {exc}", file=sys.stderr)
         return 1
+    if server.data is not None and server.data.data_loss is not None:
+        print(f"aioelastic serve: ACCEPTED DATA LOSS: {server.data.data_loss}", file=sys.stderr)
     if server.data is not None:
         where = (
             f"data dir {str(server.data.path)!r} (fsync {server.data.fsync}), "

@@ -4,10 +4,13 @@ Every change of the served :class:`~aioelastic.store.MemoryEngine` (a commit, a 
 ended, an explicit compaction) is appended to ``wal.log`` by the engine's hooks, synchronously,
 before the request that caused it is answered: after ``kill -9`` the kernel still has every
 acknowledged record. When the log holds ``snapshot_every`` records, the whole engine is written to
-``snapshot.json`` (atomically: temporary file, fsync, rename) and the log starts again.
+``snapshot.json`` and a new log is started after it (each file replaced atomically).
 
-Each log line is ``<crc32 hex> <json>``; a torn last line (a crash mid-write) is cut off on load,
-a damaged line elsewhere stops the load with :class:`CorruptDataDirError`.
+Lines are checksummed and records numbered (:mod:`._persist_codec`); loading (:mod:`._persist_load`)
+cuts only a partial last record, as a torn write, after keeping its bytes aside. Any other damage
+is refused with :class:`CorruptDataDirError`, saying what and how many records, unless
+``accept_data_loss`` (then the damaged files are kept aside and the server goes on from the last
+consistent state, with revisions and lease ids moved past any on disk).
 
 fsync policy (``fsync=``): ``"always"`` (default) — a write is answered only after an fsync covers
 it, several concurrent writes sharing one fsync (group commit): nothing acknowledged is lost even
@@ -19,80 +22,51 @@ it to the OS (fsync only at snapshots and on close).
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
+import errno
 import fcntl
-import json
 import logging
 import os
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from .._types import EventType, KeyValue, WatchEvent
-from ..memory import Commit, EngineState, LeaseChange, MemoryEngine
+from ..memory import Commit, LeaseChange, MemoryEngine
+from ._persist_codec import (
+    FORMAT,
+    LOCK,
+    SNAPSHOT,
+    WAL,
+    encode_line,
+    event_out,
+    snapshot_document,
+)
+from ._persist_files import cut_file, keep_aside, replace_file, write_aside
+from ._persist_load import Recovery, load
 
-__all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy"]
+__all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy", "LogWriteError"]
 
 log = logging.getLogger("aioelastic.serve")
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
-FORMAT = 1
-WAL = "wal.log"
-SNAPSHOT = "snapshot.json"
-LOCK = "LOCK"
 
 
 class CorruptDataDirError(RuntimeError):
-    """The data directory cannot be loaded: a damaged log line or snapshot (names the file)."""
+    """The data directory is damaged: the message says what, and how many records it affects."""
 
 
-# -- encoding ------------------------------------------------------------------------------------
+class LogWriteError(OSError):
+    """The log could not be written, so the change it was to record was not made.
+
+    ``full`` when the disk (or the file size limit) is full: ``ENOSPC``, ``EFBIG``, ``EDQUOT``.
+    """
+
+    @property
+    def full(self) -> bool:
+        return self.errno in _FULL
 
 
-def _b64(value: bytes) -> str:
-    return base64.b64encode(value).decode("ascii")
-
-
-def _kv_out(kv: KeyValue) -> list[Any]:
-    return [kv.key, _b64(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease]
-
-
-def _kv_in(row: list[Any]) -> KeyValue:
-    key, value, create, mod, version, lease = row
-    return KeyValue(key, base64.b64decode(value), create, mod, version, lease)
-
-
-def _event_out(event: WatchEvent) -> list[Any]:
-    if event.type is EventType.PUT:
-        return ["P", *_kv_out(event.kv)]
-    return ["D", event.kv.key, event.kv.mod_revision]
-
-
-def _event_in(row: list[Any]) -> WatchEvent:
-    if row[0] == "P":
-        return WatchEvent(EventType.PUT, _kv_in(row[1:]))
-    return WatchEvent(EventType.DELETE, KeyValue(row[1], b"", 0, row[2], 0, 0))
-
-
-def _line(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
-    return b"%08x %s\n" % (zlib.crc32(body), body)
-
-
-def _parse_line(line: bytes) -> dict[str, Any] | None:
-    """The record on ``line``, or None if it is damaged (bad checksum, torn, not JSON)."""
-    if len(line) < 10 or line[8:9] != b" " or not line.endswith(b"\n"):
-        return None
-    body = line[9:-1]
-    try:
-        if int(line[:8], 16) != zlib.crc32(body):
-            return None
-        record = json.loads(body)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("q"), int) else None
+_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
 # -- the data directory --------------------------------------------------------------------------
@@ -112,6 +86,7 @@ class DataDir:
         fsync: FsyncPolicy = "always",
         fsync_interval: float = 0.05,
         snapshot_every: int = 10_000,
+        accept_data_loss: bool = False,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -123,6 +98,9 @@ class DataDir:
         self.fsync = fsync
         self.fsync_interval = fsync_interval
         self.snapshot_every = snapshot_every
+        self.accept_data_loss = accept_data_loss
+        #: What was lost when a damaged directory was opened with ``accept_data_loss``.
+        self.data_loss: str | None = None
         self._engine: MemoryEngine | None = None
         self._lock_fd = -1
         self._fd = -1
@@ -132,7 +110,11 @@ class DataDir:
         self._dirty = asyncio.Event()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # an fsync failed: nothing more is promised
+        self._size = 0  # bytes in the log: where a record cut short by a full disk is cut off
+        self._broken: LogWriteError | None = None  # the log ends in a partial record
+        self._refusing = False  # the last write failed (logged once, until one succeeds)
+        self._ended = 0  # the lease whose end the last commit record holds
         self.snapshots = 0
 
     # -- lifecycle
@@ -150,9 +132,11 @@ class DataDir:
                 f"data directory {str(self.path)!r} is in use by another server"
             ) from None
         try:
-            self._load(engine)
-            self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._recover(load(self.path, engine), engine)
         except BaseException:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise
@@ -240,140 +224,194 @@ class DataDir:
 
     # -- the hooks (synchronous: the record reaches the kernel before the reply is sent)
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], *, snapshot: bool = True) -> None:
+        """Write one whole record, or raise :class:`LogWriteError` leaving no part of it.
+
+        ``snapshot=False``: the engine does not hold the change yet (a compaction is recorded
+        before it is made), so a snapshot due now waits for the next record.
+        """
         if self._fd < 0:
             return
+        self._check_writable()
+        record["q"] = self._seq + 1
+        line = encode_line(record)
+        written = 0
+        try:
+            while written < len(line):  # a short write (the disk filled up) goes on, or raises
+                written += os.write(self._fd, memoryview(line)[written:])
+        except OSError as exc:
+            self._cut_back(written, exc)
+            if not self._refusing:
+                self._refusing = True
+                log.error("%s cannot be written (%s): refusing writes until it can", WAL, exc)
+            raise LogWriteError(
+                exc.errno, f"the log {str(self.path / WAL)!r} cannot be written: {exc.strerror}"
+            ) from exc
+        if self._refusing:
+            self._refusing = False
+            log.warning("%s can be written again: taking writes", WAL)
         self._seq += 1
-        record["q"] = self._seq
-        os.write(self._fd, _line(record))
+        self._size += written
         self._records += 1
-        if self._records >= self.snapshot_every and self._engine is not None:
-            self._snapshot(self._engine)
+        if snapshot and self._records >= self.snapshot_every and self._engine is not None:
+            try:
+                self._snapshot(self._engine)
+            except OSError as exc:  # the record is safe in the log; try again later
+                log.error("snapshot of %s failed (the log goes on): %s", self.path, exc)
+                self._records = 0
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path / (SNAPSHOT + ".tmp"))
+                    os.unlink(self.path / (WAL + ".tmp"))
+            else:
+                self.snapshots += 1
+
+    def _check_writable(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self._error is not None:
+            raise LogWriteError(
+                errno.EIO,
+                f"an fsync of the log failed ({self._error}): writes are refused until the "
+                "server restarts",
+            )
+
+    def _cut_back(self, written: int, exc: OSError) -> None:
+        """Cut a record that did not fit off the log (it was never acknowledged)."""
+        if not written:
+            return
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as cut:  # appending after a partial record would make it damage
+            log.error("cannot cut a partial record off %s: %s", self.path / WAL, cut)
+            self._broken = LogWriteError(
+                exc.errno,
+                f"the log {str(self.path / WAL)!r} ends in a partial record that cannot be cut "
+                f"off ({cut}): writes are refused until the server restarts",
+            )
 
     def _on_commit(self, commit: Commit) -> None:
-        self._append({"c": commit.revision, "e": [_event_out(e) for e in commit.events]})
+        record: dict[str, Any] = {"c": commit.revision, "e": [event_out(e) for e in commit.events]}
+        if commit.ended_lease:  # one record: a lease's keys deleted and its end, or neither
+            record["x"] = commit.ended_lease
+        self._append(record)
+        self._ended = commit.ended_lease
 
     def _on_lease(self, change: LeaseChange) -> None:
+        ended, self._ended = self._ended, 0
         if change.ttl is None:
-            self._append({"x": change.id})
+            if change.id != ended:  # (else its end is in the commit just written)
+                self._append({"x": change.id})
         else:
             self._append({"g": change.id, "ttl": change.ttl})
 
     def _on_compact(self, revision: int) -> None:
-        self._append({"k": revision})
+        self._append({"k": revision}, snapshot=False)
 
     # -- snapshots
 
     def _snapshot(self, engine: MemoryEngine) -> None:
-        """Write the whole engine to ``snapshot.json`` atomically, then empty the log."""
+        """Write the whole engine to ``snapshot.json``, then start a new log after it.
+
+        Each file is replaced atomically (temporary file, fsync, rename, directory fsync), the
+        snapshot first: a crash in between leaves the old log, whose records the snapshot covers
+        (they are skipped on load by sequence number).
+        """
         state = engine.export_state()
-        document = {
-            "format": FORMAT,
-            "q": self._seq,
+        replace_file(self.path, SNAPSHOT, encode_line(snapshot_document(state, self._seq)))
+        header = {
+            "log": FORMAT,
+            "after": self._seq,
             "revision": state.revision,
-            "compact_revision": state.compact_revision,
-            "last_lease_id": state.last_lease_id,
-            "leases": [[lease_id, ttl] for lease_id, ttl in state.leases.items()],
-            "kvs": [_kv_out(kv) for kv in state.kvs],
-            "history": [_event_out(e) for e in state.history],
+            "lease": state.last_lease_id,
         }
-        tmp = self.path / (SNAPSHOT + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / SNAPSHOT)
-        self._fsync_dir()
-        # The snapshot covers every record so far: records of the old log are skipped on load
-        # (by sequence number) even if a crash comes before this truncation.
-        os.ftruncate(self._fd, 0)
-        os.fsync(self._fd)
+        replace_file(self.path, WAL, encode_line(header))
+        fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
         self._synced = self._seq
         self._records = 0
-        self.snapshots += 1
         self._release_waiters()
 
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    # -- opening: refuse damage, or keep it aside and accept the loss; cut a torn record
 
-    # -- loading
-
-    def _load(self, engine: MemoryEngine) -> None:
-        snapshot_seq = 0
-        snapshot_path = self.path / SNAPSHOT
-        if snapshot_path.exists():
-            try:
-                document = json.loads(snapshot_path.read_bytes())
-                if document.get("format") != FORMAT:
-                    raise ValueError(f"unknown format {document.get('format')!r}")
-                state = EngineState(
-                    revision=document["revision"],
-                    compact_revision=document["compact_revision"],
-                    kvs=tuple(_kv_in(row) for row in document["kvs"]),
-                    history=tuple(_event_in(row) for row in document["history"]),
-                    leases={int(i): float(t) for i, t in document["leases"]},
-                    last_lease_id=document["last_lease_id"],
+    def _recover(self, found: Recovery, engine: MemoryEngine) -> None:
+        rewrite = found.legacy or not found.log_exists
+        if found.damage:
+            message = _damage_message(self.path, found, engine)
+            if not self.accept_data_loss:
+                raise CorruptDataDirError(
+                    f"{message} Nothing on disk was changed. Restore the damaged files from a "
+                    "copy, or start with accept_data_loss (serve --accept-data-loss) to go on "
+                    "from that state, the damaged files kept aside."
                 )
-                snapshot_seq = int(document["q"])
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                raise CorruptDataDirError(
-                    f"snapshot {str(snapshot_path)!r} is damaged: {exc}"
-                ) from None
-            engine.restore(state)
-        self._seq = snapshot_seq
-        wal_path = self.path / WAL
-        if not wal_path.exists():
-            return
-        for record in self._read_wal(wal_path):
-            seq = record["q"]
-            if seq <= snapshot_seq:
-                continue
-            try:
-                self._replay(engine, record)
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                raise CorruptDataDirError(
-                    f"log {str(wal_path)!r}: record {seq} cannot be replayed: {exc}"
-                ) from None
-            self._seq = seq
-            self._records += 1
-
-    def _read_wal(self, wal_path: Path) -> Iterator[dict[str, Any]]:
-        with open(wal_path, "rb") as f:
-            data = f.read()
-        offset = 0
-        lines = data.splitlines(keepends=True)
-        for index, line in enumerate(lines):
-            record = _parse_line(line)
-            if record is None:
-                rest = lines[index + 1 :]
-                if any(_parse_line(other) is not None for other in rest):
-                    raise CorruptDataDirError(
-                        f"log {str(wal_path)!r} is damaged at byte {offset} (a later record is "
-                        "intact, so this is not a torn write)"
-                    )
-                log.warning("cutting a torn record off the end of %s at byte %d", wal_path, offset)
-                with open(wal_path, "r+b") as f:
-                    f.truncate(offset)
-                    f.flush()
-                    os.fsync(f.fileno())
-                return
-            offset += len(line)
-            yield record
-
-    @staticmethod
-    def _replay(engine: MemoryEngine, record: dict[str, Any]) -> None:
-        if "c" in record:
-            events = tuple(_event_in(row) for row in record["e"])
-            engine.restore_commit(Commit(int(record["c"]), events))
-        elif "g" in record:
-            engine.restore_lease(int(record["g"]), float(record["ttl"]))
-        elif "x" in record:
-            engine.restore_lease_end(int(record["x"]))
-        elif "k" in record:
-            engine.restore_compact(int(record["k"]))
+            kept = [
+                str(keep_aside(self.path, name, "damaged"))
+                for name in (WAL, SNAPSHOT)
+                if (self.path / name).exists()
+            ]
+            _skip_used_ids(engine, found)
+            self.data_loss = message
+            log.error(
+                "ACCEPTING DATA LOSS (--accept-data-loss): %s The damaged files are kept as %s; "
+                "the server goes on from there, at revision %d.",
+                message,
+                ", ".join(kept) or "(none)",
+                engine.revision,
+            )
+            rewrite = True
+        elif found.torn_at is not None:
+            self._cut_torn(found)
+        self._seq = found.sequence
+        self._records = found.records
+        if rewrite:
+            if found.legacy and found.log_exists and not found.damage:
+                log.info("rewriting data directory %s in format %d", self.path, FORMAT)
+            self._snapshot(engine)
         else:
-            raise ValueError(f"unknown record {sorted(record)}")
+            self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
+            self._size = os.fstat(self._fd).st_size
+
+    def _cut_torn(self, found: Recovery) -> None:
+        """Keep a partial last record (a write cut short by a crash) aside, then cut it off."""
+        assert found.torn_at is not None
+        wal = self.path / WAL
+        kept = write_aside(self.path, WAL, "torn", found.torn)
+        log.warning(
+            "cut a torn record (%d bytes, never acknowledged) off the end of %s at byte %d; "
+            "the bytes are kept in %s",
+            len(found.torn),
+            wal,
+            found.torn_at,
+            kept,
+        )
+        cut_file(wal, found.torn_at)
+
+
+def _records(n: int) -> str:
+    return f"{n} record" if n == 1 else f"{n} records"
+
+
+def _damage_message(path: Path, found: Recovery, engine: MemoryEngine) -> str:
+    if found.count_known:
+        verb = "is" if found.affected == 1 else "are"
+        count = f"{_records(found.affected)} {verb} affected"
+    elif found.affected:
+        count = f"An unknown number of records (at least {found.affected}) are affected"
+    else:
+        count = "An unknown number of records are affected"
+    return (
+        f"data directory {str(path)!r} is damaged: {'; '.join(found.damage)}. {count}; the "
+        f"last consistent state is record {found.sequence} (revision {engine.revision})."
+    )
+
+
+def _skip_used_ids(engine: MemoryEngine, found: Recovery) -> None:
+    """After a loss, move the revision and lease ids past any on disk: none is handed out twice
+    (a watcher or a lease holder may have seen the lost ones)."""
+    if found.high_revision > engine.revision:
+        engine.restore_commit(Commit(found.high_revision, ()))
+    if found.high_lease > engine.export_state().last_lease_id:
+        engine.restore_lease(found.high_lease, 1.0)
+        engine.restore_lease_end(found.high_lease)

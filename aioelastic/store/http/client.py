@@ -333,7 +333,7 @@ class HttpStore(Store):
             return ValueTooLargeError(message)
         if status == 400:
             return ValueError(message)
-        if status == 503:
+        if status == 503 or status == 507:  # not applied: the server refused it (507: disk full)
             return StoreConnectionError(f"the server is unavailable: {message}")
         if write and status >= 500:
             return WriteOutcomeUnknownError(message)

@@ -36,7 +36,7 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
-from ._persist import DataDir, FsyncPolicy
+from ._persist import DataDir, FsyncPolicy, LogWriteError
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -673,6 +673,10 @@ class _App:
             response = _error_response(408, "request_timeout", f"{exc}; closing the connection")
             response.force_close()
             return response
+        except LogWriteError as exc:  # the log cannot take the write: it was not made
+            status = 507 if exc.full else 503
+            code = "insufficient_storage" if exc.full else "storage_unavailable"
+            return _error_response(status, code, f"{exc.strerror}; the write was not applied")
         except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
             status = 500
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
@@ -1369,7 +1373,9 @@ class HttpStoreServer:
 
     ``async with HttpStoreServer(port=0) as server: store = await open_store(server.url)``.
     Without ``data_dir`` the store lives in memory only; with it every acknowledged write survives
-    a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies). ``engine``
+    a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies); a damaged
+    data dir is refused unless ``accept_data_loss`` (then it goes on from its last consistent
+    state, the damaged files kept aside). ``engine``
     serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
@@ -1390,6 +1396,7 @@ class HttpStoreServer:
         data_dir: str | None = None,
         fsync: FsyncPolicy = "always",
         snapshot_every: int = 10_000,
+        accept_data_loss: bool = False,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
@@ -1420,7 +1427,12 @@ class HttpStoreServer:
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else MemoryEngine(history_limit=history_limit)
         self.data = (
-            DataDir(data_dir, fsync=fsync, snapshot_every=snapshot_every)
+            DataDir(
+                data_dir,
+                fsync=fsync,
+                snapshot_every=snapshot_every,
+                accept_data_loss=accept_data_loss,
+            )
             if data_dir is not None
             else None
         )
