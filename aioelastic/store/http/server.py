@@ -54,6 +54,9 @@ DEFAULT_PORT = 29400
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_KEY_BYTES = 4096
 DEFAULT_MAX_WATCH_STREAMS = 10_000
+#: Largest JSON request body (``/v1/compact``, ``/v1/lease``: a few bytes each), whatever the
+#: value limit (which bounds ``PUT /v1/kv`` bodies).
+MAX_JSON_BODY_BYTES = 64 * 1024
 #: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
 DEFAULT_READ_TIMEOUT = 30.0
 #: Seconds an idle keep-alive connection is kept between requests (aiohttp's ``web.run_app``
@@ -80,12 +83,30 @@ def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamRespon
 class _ApiError(Exception):
     """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.extra = extra
+
+    def response(self) -> web.Response:
+        headers = self.headers
+        if self.status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'}
+        response = _error_response(self.status, self.code, self.message, headers, **self.extra)
+        if self.status in (415, 417):
+            response.force_close()  # the refused body is not read: end the connection
+        return response
 
 
 def _bad(message: str) -> _ApiError:
@@ -309,7 +330,7 @@ def _fast_path(
     router and middleware).
 
     The fast path skips only the routing: the key is cut from the path as the router's
-    ``{key:.*}`` pattern would (``%2F`` and ``%25`` undone, no newline), and the request is
+    ``{key:...}`` pattern would (``%2F`` and ``%25`` undone), and the request is
     answered by :meth:`_App.answer` as the middleware would (authentication, JSON errors,
     metrics). A request with ``Expect`` (``100-continue``) or anything unusual takes the routed
     way. Fast-path requests have no ``match_info`` (and so no ``request.app``); handlers use
@@ -323,7 +344,7 @@ def _fast_path(
         method = request.method
         if method == "GET" or method == "PUT":
             path = request.rel_url.path_safe
-            if path.startswith("/v1/kv/") and "\n" not in path and "Expect" not in request.headers:
+            if path.startswith("/v1/kv/") and "Expect" not in request.headers:
                 key = path[7:]
                 if "%" in key:
                     key = key.replace("%2F", "/").replace("%25", "%")
@@ -463,6 +484,28 @@ def _etag_revision(raw: str, header: str) -> int:
     return _parse_int(raw, f"header {header}", 0)
 
 
+def _refuse_codings(request: web.Request) -> None:
+    """415 for a body in a content coding (gzip, deflate, ...) or a transfer coding besides
+    ``chunked``. The server does not decompress (``auto_decompress=False``): a decoded size is
+    unbounded by the body's, a part is never stored, and a compressed one never as the value."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding != "identity":
+        raise _ApiError(
+            415,
+            "unsupported_content_encoding",
+            f"request bodies are taken as they are (Content-Encoding: identity); "
+            f"{coding[:40]!r} is not accepted: send the body uncompressed",
+            headers={"Accept-Encoding": "identity"},
+        )
+    transfer = request.headers.get("Transfer-Encoding")
+    if transfer is not None and transfer.strip().lower() != "chunked":
+        raise _ApiError(
+            415,
+            "unsupported_transfer_encoding",
+            f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
+        )
+
+
 class _Limits:
     def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
         self.max_key_bytes = max_key_bytes
@@ -523,14 +566,15 @@ class _App:
         try:
             if self.token is not None and request.path != "/healthz":
                 self._authenticate(request)
+            if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
+                _refuse_codings(request)
             metered = op
             response = await call(request, arg)
             status = response.status
             return response
         except _ApiError as exc:
             status = exc.status
-            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'} if status == 401 else None
-            return _error_response(exc.status, exc.code, exc.message, headers, **exc.extra)
+            return exc.response()
         except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
             status = exc.status
             if status == 413:
@@ -538,7 +582,7 @@ class _App:
                     413,
                     "value_too_large",
                     f"request body too large (at most {self.limits.max_value_bytes} bytes of "
-                    "value)",
+                    f"value, {MAX_JSON_BODY_BYTES} of JSON)",
                 )
             message = exc.reason
             if status == 404:
@@ -587,6 +631,37 @@ class _App:
         finally:
             self.metrics.observe(metered, status, time.perf_counter() - start)
 
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` (before the handler and the middleware): the token, the
+        codings and the announced length are checked first, so that a client waiting for
+        ``100 Continue`` is refused at once rather than after sending a body for nothing."""
+        start = time.perf_counter()
+        try:
+            expect = request.headers.get("Expect", "")
+            if expect.strip().lower() != "100-continue":
+                message = f"unknown Expect: {expect[:40]!r} (only 100-continue)"
+                raise _ApiError(417, "expectation_failed", message)
+            if self.token is not None and request.path != "/healthz":
+                self._authenticate(request)
+            _refuse_codings(request)
+            length = request.content_length
+            limit = self.limits.max_value_bytes if request.method == "PUT" else MAX_JSON_BODY_BYTES
+            if length is not None and length > limit:
+                raise _ApiError(
+                    413,
+                    "value_too_large" if request.method == "PUT" else "body_too_large",
+                    f"the body ({length} bytes) is over this route's limit ({limit} bytes)",
+                )
+        except _ApiError as exc:
+            self.metrics.observe("other", exc.status, time.perf_counter() - start)
+            response = exc.response()
+            response.force_close()
+            return response
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer proper has not started
+        return None
+
     def _authenticate(self, request: web.Request) -> None:
         assert self.token is not None
         header = request.headers.get("Authorization", "")
@@ -601,6 +676,9 @@ class _App:
     def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
         return self._check_key(request.match_info["key"], allow_empty=allow_empty)
 
+    def _prefix(self, request: web.Request) -> str:
+        return self._check_key(request.match_info["prefix"], allow_empty=True)
+
     def _check_key(self, key: str, *, allow_empty: bool = False) -> str:
         if not key and not allow_empty:
             raise _bad("the key (the URL path after the route) must not be empty")
@@ -613,7 +691,15 @@ class _App:
         return key
 
     async def _body_json(self, request: web.Request) -> dict[str, Any]:
+        too_large = _ApiError(
+            413, "body_too_large", f"JSON body too large: at most {MAX_JSON_BODY_BYTES} bytes"
+        )
+        length = request.content_length
+        if length is not None and length > MAX_JSON_BODY_BYTES:
+            raise too_large
         raw = await request.read()
+        if len(raw) > MAX_JSON_BODY_BYTES:
+            raise too_large
         if not raw:
             return {}
         try:
@@ -739,6 +825,17 @@ class _App:
     async def delete_key(self, request: web.Request) -> web.Response:
         key = self._key(request)
         if_match = request.headers.get("If-Match")
+        if_none_match = request.headers.get("If-None-Match")
+        if if_none_match is not None:
+            if if_match is not None:
+                raise _bad("give If-Match or If-None-Match, not both")
+            if if_none_match.strip() != "*":
+                raise _bad("If-None-Match must be '*' (delete only if the key is absent)")
+            # RFC 9110: the condition holds only while no key exists, so nothing is deleted.
+            kv = self.engine.get(key)
+            if kv is not None:
+                return _precondition_failed(key, self.engine.revision, kv)
+            return _json({"deleted": 0, "revision": self.engine.revision})
         if if_match is None:
             deleted = self.engine.delete(key, False)
             if deleted:
@@ -767,7 +864,7 @@ class _App:
         return _json({"value": total, "revision": revision})
 
     async def range(self, request: web.Request) -> web.Response:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         limit: int | None = None
         if "limit" in request.query:
             limit = _int_param(request, "limit", minimum=1)
@@ -782,7 +879,7 @@ class _App:
         )
 
     async def delete_range(self, request: web.Request) -> web.Response:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         deleted = self.engine.delete(prefix, True)
         if deleted:
             await self._durable()
@@ -837,7 +934,7 @@ class _App:
     # -- watches
 
     async def watch(self, request: web.Request) -> web.StreamResponse:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         start: int | None = None
         if "start_revision" in request.query:
             start = _int_param(request, "start_revision", minimum=1)
@@ -1131,8 +1228,10 @@ def make_app(
     state.session_watches = lambda: sessions.watches
     metrics.watchers.set_function(lambda: state.watch_streams + sessions.watches)
     metrics.sessions.set_function(lambda: sessions.session_count)
+    # A body of client_max_size bytes is refused: +1 lets the largest allowed one through.
     app = web.Application(
-        middlewares=[state.middleware], client_max_size=max_value_bytes + 64 * 1024
+        middlewares=[state.middleware],
+        client_max_size=max(max_value_bytes, MAX_JSON_BODY_BYTES) + 1,
     )
     app[_STATE] = state
     app[_SESSIONS] = sessions
@@ -1141,19 +1240,20 @@ def make_app(
         # The handler is registered as is (no wrapper coroutine per request); the middleware
         # finds its metrics label in this table (bound methods hash by instance and function).
         state.ops[handler] = op
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path, handler, expect_handler=state.expect_continue)
 
     route("GET", "/healthz", state.healthz, "healthz")
     route("GET", "/metrics", state.metrics_route, "metrics")
     route("GET", "/openapi.json", state.openapi, "openapi")
     route("GET", "/v1/revision", state.revision, "revision")
-    route("GET", "/v1/kv/{key:.*}", state.get_key, "get")
-    route("PUT", "/v1/kv/{key:.*}", state.put_key, "put")
-    route("DELETE", "/v1/kv/{key:.*}", state.delete_key, "delete")
-    route("POST", "/v1/add/{key:.*}", state.add, "add")
-    route("GET", "/v1/range/{key:.*}", state.range, "range")
-    route("DELETE", "/v1/range/{key:.*}", state.delete_range, "delete_range")
-    route("GET", "/v1/watch/{key:.*}", state.watch, "watch")
+    # "(?s:.*)": any key, newlines included (a bare ".*" stops at one: 404 "no route").
+    route("GET", "/v1/kv/{key:(?s:.*)}", state.get_key, "get")
+    route("PUT", "/v1/kv/{key:(?s:.*)}", state.put_key, "put")
+    route("DELETE", "/v1/kv/{key:(?s:.*)}", state.delete_key, "delete")
+    route("POST", "/v1/add/{key:(?s:.*)}", state.add, "add")
+    route("GET", "/v1/range/{prefix:(?s:.*)}", state.range, "range")
+    route("DELETE", "/v1/range/{prefix:(?s:.*)}", state.delete_range, "delete_range")
+    route("GET", "/v1/watch/{prefix:(?s:.*)}", state.watch, "watch")
     route("POST", "/v1/compact", state.compact, "compact")
     route("POST", "/v1/lease", state.lease_grant, "lease_grant")
     route("GET", "/v1/leases", state.leases, "leases")
@@ -1298,6 +1398,8 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
+                # Bodies are taken as sent; a content coding is refused (415, _refuse_codings).
+                auto_decompress=False,
                 keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
             )
