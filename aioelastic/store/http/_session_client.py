@@ -30,6 +30,7 @@ from ...errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
+from .._types import WatchEvent
 from ._frames import (
     ERROR,
     EVENTS,
@@ -40,6 +41,7 @@ from ._frames import (
     SESSION_PATH,
     WATCH_END,
     FrameError,
+    decode_events,
     pack,
     unpack_all,
 )
@@ -161,6 +163,8 @@ class SessionClient:
         #: the protocol versions the hello offers
         self.hello_versions = list(PROTOCOL_VERSIONS)
         self._closing: set[asyncio.Future[None]] = set()
+        self._last_blob = b""
+        self._last_events: list[WatchEvent] = []
         self.closed = False
         self.version = 0
         self.grace = 0.0
@@ -313,7 +317,11 @@ class SessionClient:
         if watch is None:
             return
         if kind == EVENTS:
-            watch.on_events(frame[2])
+            blob = frame[2]
+            if blob != self._last_blob:  # watches at one position share the decoded events
+                self._last_events = decode_events(blob)
+                self._last_blob = blob
+            watch.on_events(self._last_events)
         elif kind == PROGRESS:
             watch.on_progress(frame[2])
         elif kind == WATCH_END:
