@@ -35,6 +35,7 @@ from aiohttp.web_server import Server
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
+from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
 from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy
 from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
@@ -150,17 +151,33 @@ class _JsonErrorRequestHandler(RequestHandler):
     otherwise the connection is closed, after a 408 JSON error where one can still be written.
     It is kept by watching what the parser makes of each chunk received (:meth:`data_received`)
     and one timer per connection, armed only while a request is incomplete between two chunks:
-    a request that arrives in one chunk, like almost every request, costs no timer. An idle
-    connection (no byte of a next request) is left to aiohttp's ``keepalive_timeout``, and a
-    response being written (a watch stream) is not a read: neither has a read deadline.
+    a request that arrives in one chunk, like almost every request, costs no timer. A new
+    connection's first request is timed from the connection (a socket that never sends a byte
+    is closed too). An idle connection between requests is left to aiohttp's
+    ``keepalive_timeout``, and a response being written (a watch stream) is not a read: neither
+    has a read deadline. The connection budget (``max_connections``): see
+    :class:`~aioelastic.store.http._connections.ConnectionBudget`.
     """
 
-    __slots__ = ("_app_state", "_read_body", "_read_since", "_read_timeout", "_read_timer")
+    __slots__ = (
+        "_app_state",
+        "_budget",
+        "_read_body",
+        "_read_since",
+        "_read_timeout",
+        "_read_timer",
+        "_spoke",
+        "over_limit",
+    )
 
     def __init__(self, manager: _JsonErrorServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._read_timeout = manager.read_timeout
         self._app_state = manager.app_state
+        self._budget = manager.budget
+        #: Accepted over max_connections: answered /healthz only (ConnectionBudget).
+        self.over_limit = False
+        self._spoke = False
         #: When the incomplete request began (its first byte, or its head for a body), or None.
         self._read_since: float | None = None
         #: The body being received, when the incomplete part is a body.
@@ -189,9 +206,26 @@ class _JsonErrorRequestHandler(RequestHandler):
         resp.force_close()
         return resp
 
-    # -- the read deadline
+    # -- the connection budget and the read deadline
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._budget is not None:
+            self._budget.opened(self, asyncio.get_running_loop().time())
+        if self._read_timeout is not None:
+            # The first request's head must arrive within the deadline of the connection (a
+            # socket that never sends a byte was kept until the keep-alive timeout).
+            self._start_read_clock()
+
+    def close_silent(self) -> None:
+        """Close a connection that never sent a byte (the budget needs its slot)."""
+        self.force_close()
 
     def data_received(self, data: bytes) -> None:
+        if not self._spoke:
+            self._spoke = True
+            if self._budget is not None:
+                self._budget.spoke(self)
         requests = self._request_count
         super().data_received(data)
         if self._read_timeout is None or self._force_close or self._close or self._upgraded:
@@ -286,6 +320,9 @@ class _JsonErrorRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
+        if self._budget is not None:
+            self._budget.closed(self)
+            self._budget = None
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
@@ -297,6 +334,7 @@ class _JsonErrorServer(Server):
     #: Set by :class:`_Runner` once the server is built.
     read_timeout: float | None = None
     app_state: _App | None = None
+    budget: ConnectionBudget | None = None
 
     def __call__(self) -> RequestHandler:
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
@@ -305,20 +343,33 @@ class _JsonErrorServer(Server):
 class _Runner(web.AppRunner):
     """An AppRunner whose server answers unparsable requests in JSON and keeps the read
     deadline. aiohttp has no public hook for the connection handler class, so the server it
-    builds is given our subclass (which adds only two attributes, set here);
+    builds is given our subclass (which adds only three attributes, set here);
     tests/test_http_server.py checks the JSON answers and the deadline."""
 
-    def __init__(self, app: web.Application, *, read_timeout: float | None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        read_timeout: float | None,
+        max_connections: int | None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self._read_timeout = read_timeout
+        self._max_connections = max_connections
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer
         assert isinstance(server, _JsonErrorServer)
         server.read_timeout = self._read_timeout
-        server.app_state = self.app[_STATE]
-        server.request_handler = _fast_path(self.app[_STATE], server.request_handler)
+        server.app_state = state = self.app[_STATE]
+        if self._max_connections is not None:
+            # A connection silent for half the read timeout (at most 1 s) may go to make room.
+            grace = min(1.0, self._read_timeout / 2) if self._read_timeout is not None else 1.0
+            server.budget = ConnectionBudget(self._max_connections, grace, state.metrics.refused)
+            state.max_connections = self._max_connections
+        server.request_handler = _fast_path(state, server.request_handler)
         return server
 
 
@@ -341,6 +392,9 @@ def _fast_path(
     put = state.put_raw_key
 
     async def handle(request: BaseRequest) -> web.StreamResponse:
+        if getattr(request.protocol, "over_limit", False):
+            assert isinstance(request, web.Request)
+            return await state.answer_over_limit(request, routed)
         method = request.method
         if method == "GET" or method == "PUT":
             path = request.rel_url.path_safe
@@ -537,6 +591,8 @@ class _App:
         self.watch_streams = 0
         #: watches served over sessions (they share ``max_watch_streams``), set by make_app
         self.session_watches: Callable[[], int] = lambda: 0
+        #: Set by the runner: the connection limit (None: none).
+        self.max_connections: int | None = None
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers of the same prefix at
@@ -661,6 +717,25 @@ class _App:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # the answer proper has not started
         return None
+
+    async def answer_over_limit(
+        self, request: web.Request, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A request on a connection accepted over ``max_connections`` (then closed): ``/healthz``
+        is answered as usual, so a health check works under a flood; anything else gets 503."""
+        if request.method == "GET" and request.path == "/healthz":
+            response = await routed(request)
+        else:
+            self.metrics.observe("other", 503, 0.0)
+            response = _error_response(
+                503,
+                "too_many_connections",
+                f"this server holds at most {self.max_connections} connections "
+                "(--max-connections) and all are in use; try again shortly",
+                {"Retry-After": "1"},
+            )
+        response.force_close()
+        return response
 
     def _authenticate(self, request: web.Request) -> None:
         assert self.token is not None
@@ -1135,6 +1210,20 @@ class _Metrics:
         self.sessions = Gauge(
             "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
         )
+        self._refused = Counter(
+            "aioelastic_connections_refused",
+            "Connections over --max-connections, by what became of them: silent_closed (an "
+            "idle connection closed to make room), over_limit (answered /healthz or 503)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._log_events = Counter(
+            "aioelastic_log_events",
+            "Log lines suppressed by the one-line-a-second limit (suppressed), and errors for "
+            "lack of file descriptors, EMFILE/ENFILE (fd_exhausted)",
+            ["event"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def observe(self, op: str, status: int, seconds: float) -> None:
@@ -1146,6 +1235,12 @@ class _Metrics:
             )
         children[0].inc()
         children[1].observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
+
+    def log_event(self, event: str) -> None:
+        self._log_events.labels(event).inc()
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -1167,6 +1262,12 @@ class _NoMetrics:
     def observe(self, op: str, status: int, seconds: float) -> None:
         pass
 
+    def refused(self, reason: str) -> None:
+        pass
+
+    def log_event(self, event: str) -> None:
+        pass
+
     def render(self) -> tuple[bytes, str]:
         raise _ApiError(
             501,
@@ -1182,6 +1283,16 @@ def _metrics_for(engine: MemoryEngine) -> _Metrics | _NoMetrics:
     except ImportError:
         log.info("prometheus-client is not installed: /metrics is disabled")
         return _NoMetrics()
+
+
+def _open_file_limit() -> int:
+    """The soft limit of open files (a large number where there is none)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return 1 << 20
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
 
 
 def make_app(
@@ -1286,8 +1397,12 @@ class HttpStoreServer:
     serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
-    head may take to arrive, and its body after its head, before the connection is closed (408);
-    None: no deadline. It does not bound idle keep-alive connections or responses (watches).
+    head may take to arrive (a new connection's first one: from the connection; a TLS handshake
+    too), and its body after its head, before the connection is closed (408); None: no
+    deadline. It does not bound idle keep-alive connections or responses (watches).
+    ``max_connections``: connections served at once (None: what the open-file limit allows); see
+    ``docs/http-api.md``, "Connection limits". ``backlog``: the listen backlog (None: 65,535
+    capped by ``net.core.somaxconn``).
     ``session_grace``: seconds a session's leases outlive its connection (see ``make_app``).
     """
 
@@ -1307,9 +1422,10 @@ class HttpStoreServer:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
         shutdown_timeout: float = 10.0,
-        backlog: int = 1024,
+        backlog: int | None = None,
         read_timeout: float | None = DEFAULT_READ_TIMEOUT,
         session_grace: float = DEFAULT_SESSION_GRACE,
+        max_connections: int | None = None,
     ) -> None:
         if engine is not None and data_dir is not None:
             raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
@@ -1341,6 +1457,16 @@ class HttpStoreServer:
         self._max_watch_streams = max_watch_streams
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
+        if max_connections is not None and (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        self._max_connections = max_connections
+        self._listener: asyncio.Server | None = None
+        #: One log line a second at most from the server's loggers (attach more: ``asyncio``).
+        self.log_limiter = LogLimiter()
         self._read_timeout = None if read_timeout is None else float(read_timeout)
         self._session_grace = session_grace
         self._runner: _Runner | None = None
@@ -1377,6 +1503,7 @@ class HttpStoreServer:
             raise RuntimeError("the server has already started")
         if self.data is not None:
             self.data.open(self.engine)
+        self._warn_of_limits()
         try:
             self._app = make_app(
                 self.engine,
@@ -1402,6 +1529,7 @@ class HttpStoreServer:
                 auto_decompress=False,
                 keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
+                max_connections=self.max_connections,
             )
             await runner.setup()
             self._runner = runner
@@ -1409,14 +1537,19 @@ class HttpStoreServer:
             server = runner.server
             assert server is not None
             state.metrics.connections.set_function(lambda: len(server.connections))
-            site = web.TCPSite(
-                runner, self.host, self._port, ssl_context=self._ssl, backlog=self._backlog
+            self.log_limiter.on_event = state.metrics.log_event
+            self.log_limiter.attach("aiohttp.server", log.name)
+            # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
+            # keeps a socket that never handshakes for 60 s); here it is the read timeout.
+            self._listener = await asyncio.get_running_loop().create_server(
+                server,
+                self.host,
+                self._port,
+                ssl=self._ssl,
+                backlog=self.backlog,
+                ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
             )
-            await site.start()
-            for address in runner.addresses:
-                if isinstance(address, tuple):
-                    self._port = address[1]
-                    break
+            self._port = self._listener.sockets[0].getsockname()[1]
         except BaseException:
             await self._release()
             raise
@@ -1431,6 +1564,9 @@ class HttpStoreServer:
     aclose = stop
 
     async def _release(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()  # no new connections; the runner's shutdown finishes the others
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -1438,6 +1574,36 @@ class HttpStoreServer:
             await self.data.aclose()
         if self._owns_engine:
             self.engine.close()
+        self.log_limiter.detach("aiohttp.server", log.name)
+
+    @property
+    def max_connections(self) -> int:
+        """The connection limit: the one given, or what the open-file limit allows, less
+        descriptors kept for the rest (:data:`FD_RESERVE`) and the overflow answered 503."""
+        room = max(1, _open_file_limit() - FD_RESERVE - OVERFLOW)
+        if self._max_connections is None:
+            return room
+        return min(self._max_connections, room)
+
+    @property
+    def backlog(self) -> int:
+        """The listen backlog: the one given, or thousands as ``net.core.somaxconn`` allows."""
+        return self._backlog if self._backlog is not None else listen_backlog()[0]
+
+    def _warn_of_limits(self) -> None:
+        somaxconn = listen_backlog()[1]
+        if self._backlog is None and somaxconn is not None and somaxconn < 4096:
+            log.warning(
+                "net.core.somaxconn is %d: a burst of more clients connecting at once can be "
+                "refused (raise it: sysctl -w net.core.somaxconn=65535)",
+                somaxconn,
+            )
+        if self._max_connections is not None and self.max_connections < self._max_connections:
+            log.warning(
+                "max_connections %d is more than the open-file limit allows: %d",
+                self._max_connections,
+                self.max_connections,
+            )
 
     def statistics(self) -> dict[str, int]:
         """Keys, leases, open watch streams, sessions and the revision, for logs and tests."""
