@@ -218,7 +218,10 @@ class SessionClient:
                 raise StoreConnectionError(
                     f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
                 ) from None
-            raise StoreConnectionError(f"cannot open a session to {self.url}: {exc}") from None
+            reason = await self._refusal(exc.status)
+            raise StoreConnectionError(
+                f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
+            ) from None
         except TimeoutError:
             raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
         except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
@@ -227,6 +230,23 @@ class SessionClient:
             await ws.close()
             raise StoreClosedError(f"the store of {self.url} was closed")
         return self._established(ws, welcome)
+
+    async def _refusal(self, status: int) -> str:
+        """Why the server refused the upgrade (over its connection limit, stopping...).
+
+        aiohttp's handshake error carries no body, so the reason is asked once more with a plain
+        request, which the server answers with the same JSON error; nothing is written by it.
+        """
+        assert self._http is not None
+        try:
+            async with (
+                asyncio.timeout(self.connect_timeout),
+                self._http.get(self._ws_url, headers=self._headers, ssl=self._ssl) as response,
+            ):
+                body = await response.json(content_type=None)
+            return str(body.get("message", "")) if isinstance(body, dict) else str(status)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return "no reason given"
 
     async def _hello(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
         hello = {
