@@ -281,6 +281,9 @@ class SessionClient:
         if welcome.get("resumed"):
             self.resumes += 1
         self._resume = str(welcome.get("resume", "")) or None
+        owned = welcome.get("leases")
+        if isinstance(owned, list):  # what the session owns now (ended leases are forgotten)
+            self.leases = {lease for lease in owned if isinstance(lease, int)}
         self.connects += 1
         conn = _Connection(ws, int(welcome.get("max_message", 4 << 20)))
         conn.reader = asyncio.ensure_future(self._read(conn))

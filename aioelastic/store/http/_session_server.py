@@ -276,6 +276,8 @@ class SessionHub:
     def shutdown(self) -> None:
         """The server stops: end every connection (leases stay, to their TTL)."""
         self.closing = True
+        with contextlib.suppress(ValueError):  # an engine may outlive this server
+            self.engine.on_lease.remove(self._on_lease)
         for connection in list(self._connections):
             connection.shutdown()
 
