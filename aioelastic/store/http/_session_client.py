@@ -90,6 +90,7 @@ class _Connection:
         self._outbox: list[bytes] = []
         self._size = 0
         self._wake = asyncio.Event()
+        self._busy = False  # a message is being written (the writer's or a caller's)
         self.writer = asyncio.ensure_future(self._write())
         self.reader: asyncio.Task[None] | None = None
 
@@ -99,25 +100,46 @@ class _Connection:
         self._size += len(data)
         self._wake.set()
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing being written: a lone request may go out from its
+        caller at once (a sequential client saves the hand-over to the writer task)."""
+        return not self._outbox and not self._busy
+
+    async def send_at_once(self, frame: list[Any]) -> None:
+        # An uncompressed WebSocket frame is written to the transport synchronously, so this
+        # cannot interleave with the writer's messages.
+        self._busy = True
+        try:
+            await self.ws.send_bytes(pack(frame))
+        finally:
+            self._busy = False
+
     async def _write(self) -> None:
         ws = self.ws
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._outbox:
-                batch, self._outbox, self._size = self._outbox, [], 0
-                # a batch larger than the server's message bound goes as several messages
-                start = 0
-                while start < len(batch):
-                    end, size = start, 0
-                    while end < len(batch) and (
-                        end == start or size + len(batch[end]) <= self.max_message
-                    ):
-                        size += len(batch[end])
-                        end += 1
-                    chunk = batch[start:end]
-                    await ws.send_bytes(chunk[0] if len(chunk) == 1 else b"".join(chunk))
-                    start = end
+            self._busy = True
+            try:
+                await self._write_outbox(ws)
+            finally:
+                self._busy = False
+
+    async def _write_outbox(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while self._outbox:
+            batch, self._outbox, self._size = self._outbox, [], 0
+            # a batch larger than the server's message bound goes as several messages
+            start = 0
+            while start < len(batch):
+                end, size = start, 0
+                while end < len(batch) and (
+                    end == start or size + len(batch[end]) <= self.max_message
+                ):
+                    size += len(batch[end])
+                    end += 1
+                chunk = batch[start:end]
+                await ws.send_bytes(chunk[0] if len(chunk) == 1 else b"".join(chunk))
+                start = end
 
     def abort(self, reason: str) -> None:
         if not self.reason:
@@ -461,9 +483,15 @@ class SessionClient:
             rid = self._take_id()
             future: asyncio.Future[Any] = loop.create_future()
             conn.pending[rid] = (future, write)
-            conn.send([REQUEST, rid, op, args])
+            frame = [REQUEST, rid, op, args]
+            alone = len(conn.pending) == 1 and conn.idle()
+            if not alone:
+                conn.send(frame)
             try:
                 async with asyncio.timeout(self.request_timeout):
+                    if alone:
+                        with contextlib.suppress(Exception):  # a failed send: the reader says so
+                            await conn.send_at_once(frame)
                     return await future
             except Refused as refused:
                 raise refused.error(what, write=write) from None
