@@ -125,29 +125,47 @@ async def test_grace_zero_revokes_at_once_and_a_clean_close_ends_the_session() -
 
 
 class _Proxy:
-    """A TCP proxy on 127.0.0.1 whose connections :meth:`cut` aborts (RST on both sides)."""
+    """A TCP proxy on 127.0.0.1 whose connections :meth:`cut` aborts: RST on both sides, or
+    (``server_sees=False``) on the client's side only, the server's side left open and silent
+    (so the server learns of the drop only from the client's resumed session)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, server_sees: bool = True) -> None:
         self.port = port
+        self.server_sees = server_sees
         self.transports: list[asyncio.WriteTransport] = []
+        self.upstream: list[asyncio.WriteTransport] = []
+        self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, close: bool = True
+    ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
-        writer.close()
+        if close:
+            writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self.transports += [writer.transport, up_writer.transport]
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self.transports.append(writer.transport)
+        self.upstream.append(up_writer.transport)
+        self.writers += [writer, up_writer]
+        await asyncio.gather(
+            self._pipe(reader, up_writer, close=self.server_sees), self._pipe(up_reader, writer)
+        )
 
     def cut(self) -> None:
-        for transport in self.transports:
+        for transport in self.transports + (self.upstream if self.server_sees else []):
             transport.abort()
         self.transports.clear()
+
+    def close_all(self) -> None:
+        for transport in self.transports + self.upstream:
+            transport.abort()
+        for writer in self.writers:
+            writer.close()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[str]:
@@ -156,14 +174,15 @@ class _Proxy:
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            self.cut()
+            self.close_all()
             self.server.close()
 
 
 @pytest.mark.asyncio
-async def test_a_cut_connection_resumed_within_the_grace_loses_nothing() -> None:
+@pytest.mark.parametrize("server_sees", [True, False], ids=["cut-both-sides", "server-unaware"])
+async def test_a_cut_connection_resumed_within_the_grace_loses_nothing(server_sees: bool) -> None:
     async with HttpStoreServer(port=0, session_grace=1.0) as server:
-        proxy = _Proxy(server.port)
+        proxy = _Proxy(server.port, server_sees=server_sees)
         async with (
             proxy.running() as url,
             open_store(url, progress_interval=0.2) as client,
@@ -186,6 +205,9 @@ async def test_a_cut_connection_resumed_within_the_grace_loses_nothing() -> None
                 assert server.engine.get("cut/held") is not None
                 assert not keeper.lost
                 assert client.session.resumes >= 1
+                # the session lives on one connection (an old one the server had not seen end
+                # was closed when the client resumed)
+                assert server.statistics()["sessions"] == 2  # the client's and the writer's
                 await writer.put("cut/w/5", b"5")
                 assert (await asyncio.wait_for(anext(events), 10)).kv.key == "cut/w/5"
                 assert len(events._pending) == 0  # type: ignore[attr-defined]  # no repeats
