@@ -248,7 +248,7 @@ async def test_an_old_or_unknown_protocol_version_gets_a_clear_error_and_a_close
         # and the client says what went wrong (no hang)
         async with open_store(server.url, read_retries=0) as store:
             assert isinstance(store, HttpStore)
-            store.session.hello_versions = [0]
+            store.session.dialer.hello_versions = [0]
             with pytest.raises(StoreConnectionError, match="unsupported_version"):
                 await store.get("x")
 

@@ -35,16 +35,15 @@ from ._frames import (
     ERROR,
     EVENTS,
     PROGRESS,
-    PROTOCOL_VERSIONS,
     REQUEST,
     RESULT,
-    SESSION_PATH,
     WATCH_END,
     FrameError,
     decode_events,
     pack,
     unpack_all,
 )
+from ._session_dial import Dialer
 
 __all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
 
@@ -165,16 +164,13 @@ class SessionClient:
         max_in_flight: int,
     ) -> None:
         self.url = base_url
-        self._ws_url = base_url + SESSION_PATH
-        self._headers = dict(headers)
-        self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True
+        self.dialer = Dialer(base_url, headers=headers, ssl=ssl, connect_timeout=connect_timeout)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.progress_interval = progress_interval
         self.reconnect_timeout = reconnect_timeout
         self.read_retries = read_retries
         self._limit = asyncio.Semaphore(max_in_flight) if max_in_flight else None
-        self._http: aiohttp.ClientSession | None = None
         self._conn: _Connection | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -182,8 +178,6 @@ class SessionClient:
         self._resume: str | None = None
         self.leases: set[int] = set()  # granted through this session (claimed on a new one)
         self.watches: set[Any] = set()  # every live SessionWatch
-        #: the protocol versions the hello offers
-        self.hello_versions = list(PROTOCOL_VERSIONS)
         self._closing: set[asyncio.Future[None]] = set()
         self._last_blob = b""
         self._last_events: list[WatchEvent] = []
@@ -214,86 +208,16 @@ class SessionClient:
                     connecting.exception()  # retrieved: reported to every waiter
 
     async def _connect(self) -> _Connection:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True)
-            )
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                ws = await self._http.ws_connect(
-                    self._ws_url,
-                    headers=self._headers,
-                    ssl=self._ssl,
-                    autoping=True,
-                    max_msg_size=0,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
-                )
-                try:
-                    welcome = await self._hello(ws)
-                except BaseException:
-                    await ws.close()
-                    raise
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status in (401, 403):
-                raise StoreAuthError(f"{self.url}: the server refused the token") from None
-            if exc.status == 404:
-                raise StoreConnectionError(
-                    f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
-                ) from None
-            reason = await self._refusal(exc.status)
-            raise StoreConnectionError(
-                f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
-            ) from None
-        except TimeoutError:
-            raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
-        except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
-            raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
+        hello = {
+            "resume": self._resume,
+            "leases": sorted(self.leases),
+            "progress_interval": self.progress_interval,
+        }
+        ws, welcome = await self.dialer.dial(hello)
         if self.closed:
             await ws.close()
             raise StoreClosedError(f"the store of {self.url} was closed")
         return self._established(ws, welcome)
-
-    async def _refusal(self, status: int) -> str:
-        """Why the server refused the upgrade (over its connection limit, stopping...).
-
-        aiohttp's handshake error carries no body, so the reason is asked once more with a plain
-        request, which the server answers with the same JSON error; nothing is written by it.
-        """
-        assert self._http is not None
-        try:
-            async with (
-                asyncio.timeout(self.connect_timeout),
-                self._http.get(self._ws_url, headers=self._headers, ssl=self._ssl) as response,
-            ):
-                body = await response.json(content_type=None)
-            return str(body.get("message", "")) if isinstance(body, dict) else str(status)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            return "no reason given"
-
-    async def _hello(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
-        hello = {
-            "versions": self.hello_versions,
-            "resume": self._resume,
-            "leases": sorted(self.leases),
-            "progress_interval": self.progress_interval,
-            "client": "aioelastic",
-        }
-        await ws.send_bytes(pack([REQUEST, 0, "hello", hello]))
-        message = await ws.receive()
-        if message.type is not aiohttp.WSMsgType.BINARY:
-            raise StoreConnectionError(
-                f"{self.url}: no answer to the session hello ({message.type.name})"
-            )
-        try:
-            frame = next(unpack_all(message.data, max_len=1 << 20))
-        except (FrameError, StopIteration):
-            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello") from None
-        if len(frame) == 5 and frame[0] == ERROR:
-            raise StoreConnectionError(f"{self.url} refused the session: {frame[3]} ({frame[2]})")
-        if len(frame) != 3 or frame[0] != RESULT or not isinstance(frame[2], dict):
-            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello")
-        welcome: dict[str, Any] = frame[2]
-        return welcome
 
     def _established(
         self, ws: aiohttp.ClientWebSocketResponse, welcome: dict[str, Any]
@@ -541,8 +465,7 @@ class SessionClient:
             await _close_quietly(conn.ws)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
+        await self.dialer.aclose()
 
 
 class Refused(Exception):
