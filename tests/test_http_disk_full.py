@@ -15,6 +15,7 @@ import anyio
 import pytest
 from http_helpers import ServerProcess
 
+from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, open_store
 
 _LIMIT = 24_000  # bytes any file of the server may hold
@@ -63,6 +64,12 @@ async def test_a_full_disk_refuses_writes_and_loses_nothing(
             for key in refused:
                 async with http.get(f"{server.url}/v1/kv/{key}") as answer:
                     assert answer.status == 404
+            # the session client is told the same, as a write that was not applied
+            async with open_store(server.url) as store:
+                with pytest.raises(StoreConnectionError, match="insufficient_storage") as caught:
+                    await store.put("big-over-session", b"s" * _VALUE)
+                assert not isinstance(caught.value, WriteOutcomeUnknownError)
+                assert await store.get("big-over-session") is None
             # a write that fits is taken again, at the very next revision
             status, body = await _put(http, server.url, "small", b"x")
             assert status == 200, body

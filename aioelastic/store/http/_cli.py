@@ -103,6 +103,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "is closed, or the new one is answered 503 too_many_connections (/healthz still "
         "answers). Default: what the open-file limit allows (raised to its hard limit at start)",
     )
+    parser.add_argument(
+        "--session-grace",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="revoke the leases of a session S seconds after its connection ends, unless the "
+        "client resumed it meanwhile (default: 0.25; 0: at once)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -151,6 +159,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--snapshot-every must be >= 1, got {args.snapshot_every}"
     if not math.isfinite(args.read_timeout) or args.read_timeout <= 0:
         return f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout}"
+    if not math.isfinite(args.session_grace) or args.session_grace < 0:
+        return f"--session-grace must be a number of seconds >= 0, got {args.session_grace}"
     if args.max_connections is not None and args.max_connections < 1:
         return f"--max-connections must be >= 1, got {args.max_connections}"
     options: dict[str, Any] = {
@@ -164,6 +174,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "max_key_bytes": args.max_key_bytes,
         "shutdown_timeout": args.shutdown_timeout,
         "read_timeout": args.read_timeout,
+        "session_grace": args.session_grace,
         "max_connections": args.max_connections,
     }
     if args.token_file is not None:

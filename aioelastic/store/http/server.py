@@ -36,7 +36,9 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
+from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy, LogWriteError
+from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -589,6 +591,8 @@ class _App:
         self.public_paths: set[str] = {"/healthz"}
         self.closing = False
         self.watch_streams = 0
+        #: watches served over sessions (they share ``max_watch_streams``), set by make_app
+        self.session_watches: Callable[[], int] = lambda: 0
         #: Set by the runner: the connection limit (None: none).
         self.max_connections: int | None = None
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
@@ -1031,7 +1035,7 @@ class _App:
                 )
         if self.closing:
             raise _ApiError(503, "unavailable", "the server is shutting down")
-        if self.watch_streams >= self.limits.max_watch_streams:
+        if self.watch_streams + self.session_watches() >= self.limits.max_watch_streams:
             raise _ApiError(
                 503,
                 "too_many_watches",
@@ -1202,10 +1206,15 @@ class _Metrics:
         self.revision = Gauge("aioelastic_revision", "Store revision", registry=self.registry)
         self.revision.set_function(lambda: engine.revision)
         self.watchers = Gauge(
-            "aioelastic_watch_streams", "Open watch streams", registry=self.registry
+            "aioelastic_watch_streams",
+            "Open watch streams and session watches",
+            registry=self.registry,
         )
         self.connections = Gauge(
             "aioelastic_connections", "Open client connections", registry=self.registry
+        )
+        self.sessions = Gauge(
+            "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
         )
         self._refused = Counter(
             "aioelastic_connections_refused",
@@ -1254,7 +1263,7 @@ class _NoMetrics:
     """Without prometheus-client the server runs as usual; ``/metrics`` answers 501 and says
     which extra to install."""
 
-    watchers = connections = _Unset()
+    watchers = connections = sessions = _Unset()
 
     def observe(self, op: str, status: int, seconds: float) -> None:
         pass
@@ -1300,12 +1309,15 @@ def make_app(
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     data: DataDir | None = None,
     max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
+    session_grace: float = DEFAULT_SESSION_GRACE,
 ) -> web.Application:
     """The aiohttp application serving ``engine`` (see ``docs/http-api.md`` for the routes).
 
     ``token``: require ``Authorization: Bearer <token>`` on every route but ``/healthz``.
     ``data``: an opened :class:`DataDir` whose durability every write waits for.
-    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches``.
+    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches`` (and
+    as many watches again over sessions). ``session_grace``: seconds a session's leases outlive
+    its connection, waiting for the client to resume it (``/v1/session``).
     """
     if max_key_bytes < 1 or max_value_bytes < 0 or max_watch_streams < 1:
         raise ValueError(
@@ -1320,12 +1332,26 @@ def make_app(
         metrics=metrics,
     )
     metrics.watchers.set_function(lambda: state.watch_streams)
+    sessions = SessionHub(
+        engine,
+        grace=session_grace,
+        max_key_bytes=max_key_bytes,
+        max_value_bytes=max_value_bytes,
+        max_watches=max_watch_streams,
+        durable=data.wait_durable if data is not None else None,
+        observe=metrics.observe,
+        other_watches=lambda: state.watch_streams,
+    )
+    state.session_watches = lambda: sessions.watches
+    metrics.watchers.set_function(lambda: state.watch_streams + sessions.watches)
+    metrics.sessions.set_function(lambda: sessions.session_count)
     # A body of client_max_size bytes is refused: +1 lets the largest allowed one through.
     app = web.Application(
         middlewares=[state.middleware],
         client_max_size=max(max_value_bytes, MAX_JSON_BODY_BYTES) + 1,
     )
     app[_STATE] = state
+    app[_SESSIONS] = sessions
 
     def route(method: str, path: str, handler: _Handler, op: str) -> None:
         # The handler is registered as is (no wrapper coroutine per request); the middleware
@@ -1354,15 +1380,18 @@ def make_app(
     route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
     route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
     route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
+    route("GET", SESSION_PATH, sessions.handle, "session")
 
     async def on_shutdown(app: web.Application) -> None:
         state.end_watch_streams()
+        sessions.shutdown()
 
     app.on_shutdown.append(on_shutdown)
     return app
 
 
 _STATE: web.AppKey[_App] = web.AppKey("aioelastic_state", _App)
+_SESSIONS: web.AppKey[SessionHub] = web.AppKey("aioelastic_sessions", SessionHub)
 
 
 # -- the embeddable server -----------------------------------------------------------------------
@@ -1385,6 +1414,7 @@ class HttpStoreServer:
     ``max_connections``: connections served at once (None: what the open-file limit allows); see
     ``docs/http-api.md``, "Connection limits". ``backlog``: the listen backlog (None: 65,535
     capped by ``net.core.somaxconn``).
+    ``session_grace``: seconds a session's leases outlive its connection (see ``make_app``).
     """
 
     def __init__(
@@ -1406,6 +1436,7 @@ class HttpStoreServer:
         shutdown_timeout: float = 10.0,
         backlog: int | None = None,
         read_timeout: float | None = DEFAULT_READ_TIMEOUT,
+        session_grace: float = DEFAULT_SESSION_GRACE,
         max_connections: int | None = None,
     ) -> None:
         if engine is not None and data_dir is not None:
@@ -1454,6 +1485,7 @@ class HttpStoreServer:
         #: One log line a second at most from the server's loggers (attach more: ``asyncio``).
         self.log_limiter = LogLimiter()
         self._read_timeout = None if read_timeout is None else float(read_timeout)
+        self._session_grace = session_grace
         self._runner: _Runner | None = None
         self._app: web.Application | None = None
         self._stopped = False
@@ -1497,6 +1529,7 @@ class HttpStoreServer:
                 max_value_bytes=self._max_value_bytes,
                 data=self.data,
                 max_watch_streams=self._max_watch_streams,
+                session_grace=self._session_grace,
             )
             runner = _Runner(
                 self._app,
@@ -1590,11 +1623,13 @@ class HttpStoreServer:
             )
 
     def statistics(self) -> dict[str, int]:
-        """Keys, leases, open watch streams and the revision, for logs and tests."""
-        streams = self._app[_STATE].watch_streams if self._app is not None else 0
+        """Keys, leases, open watch streams, sessions and the revision, for logs and tests."""
+        app = self._app
         return {
             "keys": len(self.engine),
             "leases": self.engine.lease_count,
-            "watch_streams": streams,
+            "watch_streams": app[_STATE].watch_streams if app is not None else 0,
+            "sessions": app[_SESSIONS].session_count if app is not None else 0,
+            "session_watches": app[_SESSIONS].watches if app is not None else 0,
             "revision": self.engine.revision,
         }

@@ -1,0 +1,129 @@
+"""Opening a session's WebSocket: the upgrade, the hello and its answer, every failure
+translated to aioelastic's errors (see ``docs/http-api.md``, "The session protocol")."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as _ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from ...errors import StoreAuthError, StoreConnectionError
+from ._frames import (
+    ERROR,
+    PROTOCOL_VERSIONS,
+    REQUEST,
+    RESULT,
+    SESSION_PATH,
+    FrameError,
+    pack,
+    unpack_all,
+)
+
+__all__ = ["Dialer"]
+
+
+class Dialer:
+    """Opens WebSockets to ``base_url``'s session endpoint and says hello."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str],
+        ssl: _ssl.SSLContext | None,
+        connect_timeout: float,
+    ) -> None:
+        self.url = base_url
+        self._ws_url = base_url + SESSION_PATH
+        self._headers = dict(headers)
+        self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True
+        self.connect_timeout = connect_timeout
+        #: the protocol versions the hello offers
+        self.hello_versions = list(PROTOCOL_VERSIONS)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def dial(
+        self, hello: dict[str, Any]
+    ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
+        """A new WebSocket and the server's welcome to ``hello`` (plus our versions), or
+        ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True)
+            )
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                ws = await self._http.ws_connect(
+                    self._ws_url,
+                    headers=self._headers,
+                    ssl=self._ssl,
+                    autoping=True,
+                    max_msg_size=0,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                )
+                try:
+                    welcome = await self._hello(ws, hello)
+                except BaseException:
+                    await ws.close()
+                    raise
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (401, 403):
+                raise StoreAuthError(f"{self.url}: the server refused the token") from None
+            if exc.status == 404:
+                raise StoreConnectionError(
+                    f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
+                ) from None
+            reason = await self._refusal(exc.status)
+            raise StoreConnectionError(
+                f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
+            ) from None
+        except TimeoutError:
+            raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
+        except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
+            raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
+        return ws, welcome
+
+    async def _refusal(self, status: int) -> str:
+        """Why the server refused the upgrade (over its connection limit, stopping...).
+
+        aiohttp's handshake error carries no body, so the reason is asked once more with a plain
+        request, which the server answers with the same JSON error; nothing is written by it.
+        """
+        assert self._http is not None
+        try:
+            async with (
+                asyncio.timeout(self.connect_timeout),
+                self._http.get(self._ws_url, headers=self._headers, ssl=self._ssl) as response,
+            ):
+                body = await response.json(content_type=None)
+            return str(body.get("message", "")) if isinstance(body, dict) else str(status)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return "no reason given"
+
+    async def _hello(
+        self, ws: aiohttp.ClientWebSocketResponse, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        hello = {"versions": self.hello_versions, "client": "aioelastic", **fields}
+        await ws.send_bytes(pack([REQUEST, 0, "hello", hello]))
+        message = await ws.receive()
+        if message.type is not aiohttp.WSMsgType.BINARY:
+            raise StoreConnectionError(
+                f"{self.url}: no answer to the session hello ({message.type.name})"
+            )
+        try:
+            frame = next(unpack_all(message.data, max_len=1 << 20))
+        except (FrameError, StopIteration):
+            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello") from None
+        if len(frame) == 5 and frame[0] == ERROR:
+            raise StoreConnectionError(f"{self.url} refused the session: {frame[3]} ({frame[2]})")
+        if len(frame) != 3 or frame[0] != RESULT or not isinstance(frame[2], dict):
+            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello")
+        welcome: dict[str, Any] = frame[2]
+        return welcome
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
