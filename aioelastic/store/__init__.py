@@ -2,7 +2,9 @@
 
 ``open_store(url)`` picks a backend by URL scheme and imports it only when used. Every backend
 implements :class:`Store`; the conveniences (``add``, ``wait_for``, ``lease``, ``namespace``) are
-written once on top of its core.
+written once on top of its core. Transactions (``store.txn``) are spelled with :class:`Compare`
+and the operations :class:`Put`, :class:`Get`, :class:`Range`, :class:`Delete` and
+:class:`DeletePrefix`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,21 @@ from __future__ import annotations
 from ._base import Store, Watch
 from ._keeper import LeaseKeeper, LeaseKeeperStatistics
 from ._prefixed import PrefixedStore
+from ._txn import (
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    Compare,
+    CompareField,
+    Delete,
+    DeletePrefix,
+    DeleteResult,
+    Get,
+    GetResult,
+    Put,
+    PutResult,
+    Range,
+    TxnResult,
+)
 from ._types import (
     CasResult,
     EventType,
@@ -23,8 +40,17 @@ from ._url import StoreOpener, open_store, register_backend, supported_schemes
 from .memory import MemoryEngine, MemoryStore
 
 __all__ = [
+    "MAX_TXN_BYTES",
+    "MAX_TXN_OPS",
     "CasResult",
+    "Compare",
+    "CompareField",
+    "Delete",
+    "DeletePrefix",
+    "DeleteResult",
     "EventType",
+    "Get",
+    "GetResult",
     "KeyValue",
     "LeaseGrant",
     "LeaseKeeper",
@@ -33,9 +59,13 @@ __all__ = [
     "MemoryEngine",
     "MemoryStore",
     "PrefixedStore",
+    "Put",
+    "PutResult",
+    "Range",
     "RangeResult",
     "Store",
     "StoreOpener",
+    "TxnResult",
     "Watch",
     "WatchEvent",
     "open_store",

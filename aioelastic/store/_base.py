@@ -2,9 +2,9 @@
 
 A backend subclasses :class:`Store` and implements the underscore-prefixed core
 (``_get``, ``_range``, ``_put``, ``_delete``, ``_compare_and_swap``, ``_compare_and_delete``,
-``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``, ``_aclose``). The public
-methods validate arguments and the closed state once, here, and the conveniences (``add``,
-``wait_for``, ``lease``, ``namespace``) are built on the core.
+``_txn``, ``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``,
+``_aclose``). The public methods validate arguments and the closed state once, here, and the
+conveniences (``add``, ``stm``, ``wait_for``, ``lease``, ``namespace``) are built on the core.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ._types import (
 
 if TYPE_CHECKING:
     from ._keeper import LeaseKeeper
+    from ._txn import Compare, Txn, TxnOp, TxnResult
 
 __all__ = ["Store", "Watch"]
 
@@ -301,6 +302,30 @@ class Store(abc.ABC):
         self._check_open()
         return await self._compare_and_delete(key, expected_mod_revision)
 
+    async def txn(
+        self,
+        *,
+        compare: Iterable[Compare] = (),
+        success: Iterable[TxnOp] = (),
+        failure: Iterable[TxnOp] = (),
+    ) -> TxnResult:
+        """An atomic transaction, as etcd's ``Txn``: if every compare holds (none: true), apply
+        the ``success`` operations, else the ``failure`` ones, all at one revision.
+
+        Compares see the store before the transaction; each operation sees the ones before it
+        (a :class:`~aioelastic.store.Get` after a :class:`~aioelastic.store.Put` of its key
+        reads the new value). Watchers see the transaction's events at one revision, in order.
+        A branch may write a key at most once (no put twice, no put of a key it deletes); at
+        most 128 compares and 128 operations per branch, and 1 MiB of keys and values, else
+        :class:`~aioelastic.errors.TxnTooLargeError`. A put with a lease that does not exist
+        fails the whole transaction with ``LeaseNotFoundError`` (nothing is applied).
+        """
+        from ._txn import check_txn
+
+        checked = check_txn(compare, success, failure)
+        self._check_open()
+        return await self._txn(checked)
+
     async def add(self, key: str, delta: int = 1) -> int:
         """Atomically add ``delta`` to the decimal integer at ``key`` (absent = 0); return it."""
         check_key(key)
@@ -478,6 +503,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def _txn(self, txn: Txn) -> TxnResult: ...
 
     @abc.abstractmethod
     def _watch(self, prefix: str, start_revision: int | None) -> Watch: ...

@@ -40,6 +40,7 @@ from ...errors import (
     WriteTimeoutError,
 )
 from .._base import Store, Watch
+from .._txn import Get, Range, Txn, TxnResult
 from .._types import (
     CasResult,
     EventType,
@@ -50,6 +51,7 @@ from .._types import (
     WatchEvent,
 )
 from . import _wire
+from ._txn_wire import result_from_json, txn_to_json
 
 __all__ = ["HttpStore", "open_http_store"]
 
@@ -448,6 +450,15 @@ class HttpStore(Store):
             "POST", "/v1/add/" + _quote_key(key), write=True, params={"delta": str(delta)}
         )
         return int(out["value"])
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        # only reads in both branches: a read (retried on a lost connection); else a write
+        write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
+        _, out = await self._call_json("POST", "/v1/txn", write=write, json_body=txn_to_json(txn))
+        try:
+            return result_from_json(out)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreConnectionError(f"POST /v1/txn: malformed answer ({exc!r})") from None
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return _HttpWatch(self, prefix, start_revision)
