@@ -12,6 +12,7 @@ from __future__ import annotations
 from ._base import Store, Watch
 from ._keeper import LeaseKeeper, LeaseKeeperStatistics
 from ._prefixed import PrefixedStore
+from ._stm import StmTxn
 from ._txn import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -63,6 +64,7 @@ __all__ = [
     "PutResult",
     "Range",
     "RangeResult",
+    "StmTxn",
     "Store",
     "StoreOpener",
     "TxnResult",

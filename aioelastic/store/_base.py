@@ -12,9 +12,9 @@ from __future__ import annotations
 import abc
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
 
@@ -31,9 +31,12 @@ from ._types import (
 
 if TYPE_CHECKING:
     from ._keeper import LeaseKeeper
+    from ._stm import StmTxn
     from ._txn import Compare, Txn, TxnOp, TxnResult
 
 __all__ = ["Store", "Watch"]
+
+T = TypeVar("T")
 
 #: Features a backend can declare. The conformance suite skips (never silently passes) the tests
 #: of a feature a backend does not declare.
@@ -325,6 +328,32 @@ class Store(abc.ABC):
         checked = check_txn(compare, success, failure)
         self._check_open()
         return await self._txn(checked)
+
+    async def stm(
+        self,
+        fn: Callable[[StmTxn], Awaitable[T]],
+        *,
+        keys: Iterable[str] = (),
+        max_attempts: int = 32,
+    ) -> T:
+        """Run ``fn(tx)`` as a software transaction (etcd's ``concurrency.NewSTM``) and return
+        what it returns.
+
+        ``fn`` reads through ``await tx.get(key)`` (and ``tx.rev(key)``) and stages writes with
+        ``tx.put(key, value)`` / ``tx.delete(key)``; they are committed in one transaction if
+        no key it read has changed since, else ``fn`` runs again on the new values, at most
+        ``max_attempts`` times, then :class:`~aioelastic.errors.TxnConflictError`. ``keys``
+        are read together, at one revision, before the first attempt. Commits are
+        serializable over the keys read; ``fn`` must have no other effects (it may run more
+        than once). See docs/store.md, "Software transactions".
+        """
+        from ._stm import run_stm
+
+        check_int(max_attempts, "max_attempts", minimum=1)
+        if isinstance(keys, str):
+            raise TypeError("keys must be a list of keys, not a str")
+        self._check_open()
+        return await run_stm(self, fn, keys, max_attempts)
 
     async def add(self, key: str, delta: int = 1) -> int:
         """Atomically add ``delta`` to the decimal integer at ``key`` (absent = 0); return it."""

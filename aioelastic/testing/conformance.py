@@ -42,6 +42,7 @@ from ..errors import (
 from ..store import EventType, KeyValue, Store, open_store
 from ..store._base import ALL_FEATURES
 from ._conformance_kit import _Body, collect, conformance_test, next_event
+from ._stm_conformance import StmConformance
 from ._txn_conformance import TxnConformance
 from ._virtual_time import virtual_time_loop
 
@@ -50,7 +51,7 @@ __all__ = ["ALL_FEATURES", "StoreConformance"]
 T = TypeVar("T")
 
 
-class StoreConformance(TxnConformance):
+class StoreConformance(TxnConformance, StmConformance):
     """The suite. Subclasses implement :meth:`open_store` and may set the class attributes."""
 
     #: Optional features of the backend (see ``aioelastic.store._base.ALL_FEATURES``).
