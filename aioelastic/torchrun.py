@@ -32,7 +32,7 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 
 from . import errors
 from .rendezvous import RendezvousHandler, RendezvousParameters, create_handler
-from .store import Store
+from .store import Compare, Get, GetResult, Put, Store
 
 __all__ = [
     "BACKEND",
@@ -166,16 +166,24 @@ class TorchStore(dist.Store):  # type: ignore[misc]
         desired = _bytes(desired_value, "desired_value")
 
         async def cas() -> bytes:
+            # one transaction: swap if the value is the expected one (for an empty expected:
+            # if the key is absent), else read it back at the same revision
+            compare = Compare.value(key) == expected if expected else Compare.version(key) == 0
             while True:
-                kv = await self._store.get(key)
-                if kv is None and expected:
-                    return expected
-                if kv is not None and kv.value != expected:
-                    return kv.value
-                revision = 0 if kv is None else kv.mod_revision
-                result = await self._store.compare_and_swap(key, revision, desired)
+                result = await self._store.txn(
+                    compare=[compare], success=[Put(key, desired)], failure=[Get(key)]
+                )
                 if result.succeeded:
                     return desired
+                outcome = result[0]
+                assert isinstance(outcome, GetResult)
+                kv = outcome.kv
+                if kv is None:  # absent, and a non-empty value expected
+                    return expected
+                if kv.value != expected:
+                    return kv.value
+                # present with the expected empty value: swap against exactly that write
+                compare = Compare.mod_revision(key) == kv.mod_revision
 
         return self._run(cas())
 

@@ -30,6 +30,7 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
+    from ._add import CounterAdder
     from ._keeper import LeaseKeeper
     from ._stm import StmTxn
     from ._txn import Compare, Txn, TxnOp, TxnResult
@@ -203,6 +204,7 @@ class Store(abc.ABC):
 
     def __init__(self) -> None:
         self._closed = False
+        self._adder: CounterAdder | None = None
 
     # -- lifecycle
 
@@ -500,15 +502,13 @@ class Store(abc.ABC):
     # -- the required core
 
     async def _add(self, key: str, delta: int) -> int:
-        """``add`` on compare-and-swap; a backend with an atomic increment overrides this."""
-        current = await self._get(key)
-        while True:
-            base = 0 if current is None else _parse_counter(key, current.value)
-            expected = 0 if current is None else current.mod_revision
-            result = await self._compare_and_swap(key, expected, str(base + delta).encode(), 0)
-            if result.succeeded:
-                return base + delta
-            current = result.kv
+        """``add`` on transactions (see ``_add.py``); a backend with an atomic increment
+        overrides this."""
+        if self._adder is None:
+            from ._add import CounterAdder
+
+            self._adder = CounterAdder(self)
+        return await self._adder.add(key, delta)
 
     @abc.abstractmethod
     async def _get(self, key: str) -> KeyValue | None: ...

@@ -228,7 +228,6 @@ class EtcdStore(Store):
         self.watch_reconnect_timeout = float(watch_reconnect_timeout)
         self._keepalives: dict[int, _KeepAliveStream] = {}
         self._watches: set[_EtcdWatch] = set()
-        self._add_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def __repr__(self) -> str:
         scheme = "etcds" if self.client.tls is not None else "etcd"
@@ -361,23 +360,6 @@ class EtcdStore(Store):
             _op_result(op, pb, revision) for op, pb in zip(ops, response.responses, strict=True)
         )
         return TxnResult(bool(response.succeeded), revision, results)
-
-    async def _add(self, key: str, delta: int) -> int:
-        # etcd has no atomic increment: add is a compare-and-swap loop. Adds to one key from this
-        # client queue here, so they do not race each other (contention between clients remains
-        # and is resolved by the loop).
-        entry = self._add_locks.get(key)
-        if entry is None:
-            entry = self._add_locks[key] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
-        try:
-            async with lock:
-                return await super()._add(key, delta)
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._add_locks[key]
 
     # -- history
 

@@ -273,3 +273,19 @@ class TxnConformance:
         assert set(totals) == {100}
         assert sum(int(kv.value) for kv in final) == 100
         assert sum(kv.version for kv in final) == 4 + 2 * moves  # every move wrote both keys
+
+    @conformance_test()
+    async def test_two_clients_adding_to_one_key_at_once_are_exact(self, store: Store) -> None:
+        """Every add applies exactly once and returns a total no other add returned."""
+        returned: list[int] = []
+        async with self.peer(store) as other:
+
+            async def worker(client: Store) -> None:
+                for _ in range(10):
+                    returned.append(await client.add("n", 1))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(worker, store if i % 2 else other)
+        assert sorted(returned) == list(range(1, 201))
+        assert (await store.get("n")).value == b"200"  # type: ignore[union-attr]
