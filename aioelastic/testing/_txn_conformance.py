@@ -289,3 +289,12 @@ class TxnConformance:
                     tg.start_soon(worker, store if i % 2 else other)
         assert sorted(returned) == list(range(1, 201))
         assert (await store.get("n")).value == b"200"  # type: ignore[union-attr]
+
+    @conformance_test()
+    async def test_add_keeps_the_keys_lease(self, store: Store) -> None:
+        lease = await store.lease_grant(60)
+        await store.put("n", b"1", lease=lease.id)
+        assert await store.add("n", 2) == 3
+        assert (await store.get("n")).lease == lease.id  # type: ignore[union-attr]
+        await store.lease_revoke(lease.id)
+        assert await store.get("n") is None
