@@ -1,6 +1,6 @@
-"""The HTTP store client against real and deliberately broken servers on 127.0.0.1: error
+"""The HTTP store client against real and deliberately broken session servers on 127.0.0.1: error
 mapping, no silent write retries, watch resumption without loss or repeats, dead-server detection,
-pooled lease keep-alives."""
+lease keep-alives on the one session, pipelining."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import aiohttp.web
@@ -19,12 +20,14 @@ from aioelastic.errors import (
     CompactedError,
     StoreClosedError,
     StoreConnectionError,
+    StoreError,
     StoreTimeoutError,
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
 from aioelastic.store import EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
+from aioelastic.store.http._frames import RESULT, pack, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
 
 
@@ -36,45 +39,62 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def _fake_server(
-    respond: Callable[[asyncio.StreamReader, asyncio.StreamWriter], object],
-) -> AsyncIterator[tuple[str, list[int]]]:
-    """A TCP server on 127.0.0.1 whose connections ``respond`` handles; yields (url, count)."""
-    connections = [0]
-    tasks: set[asyncio.Task[object]] = set()
+async def _fake_session_server(
+    answer: Callable[[aiohttp.web.WebSocketResponse, list[Any]], Awaitable[str | None]],
+) -> AsyncIterator[tuple[str, _Seen]]:
+    """An aiohttp server on 127.0.0.1 whose ``/v1/session`` welcomes every hello, then calls
+    ``answer(ws, frame)`` for each request frame; ``"hang up"`` drops the connection (no close
+    frame). Yields (url, what it saw)."""
+    seen = _Seen()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections[0] += 1
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
-        try:
-            result = respond(reader, writer)
-            if asyncio.iscoroutine(result):
-                await result
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+    async def handle(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        seen.connections += 1
+        seen.headers.append(dict(request.headers))
+        await ws.receive()  # the hello
+        welcome = {"version": 1, "resume": "r", "grace": 0.25, "max_message": 1 << 20}
+        await ws.send_bytes(pack([RESULT, 0, welcome]))
+        async for message in ws:
+            frames = list(unpack_all(message.data, max_len=1 << 20))
+            seen.messages.append(len(frames))
+            for frame in frames:
+                seen.ops.append(frame[2])
+                if await answer(ws, frame) == "hang up":
+                    assert request.transport is not None
+                    request.transport.close()
+                    return ws
+        return ws
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    app = aiohttp.web.Application()
+    app.router.add_get("/v1/session", handle)
+    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
     try:
-        yield f"http://127.0.0.1:{port}", connections
+        yield f"http://127.0.0.1:{port}", seen
     finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        await server.wait_closed()
+        seen.release.set()
+        await runner.cleanup()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            await reader.readexactly(int(line.split(b":")[1]))
+class _Seen:
+    def __init__(self) -> None:
+        self.connections = 0
+        self.ops: list[str] = []
+        self.messages: list[int] = []  # frames per message
+        self.headers: list[dict[str, str]] = []
+        self.release = asyncio.Event()
+
+
+async def _hang_up(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> str:
+    return "hang up"  # the request arrived... and the server dies
+
+
+async def _never_answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+    return None
 
 
 @pytest.mark.asyncio
@@ -92,11 +112,8 @@ async def test_unreachable_server_is_a_connection_error_even_for_writes() -> Non
 
 @pytest.mark.asyncio
 async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -> None:
-    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)  # the request arrived... and the server dies
-
     async with (
-        _fake_server(hang_up) as (url, connections),
+        _fake_session_server(_hang_up) as (url, seen),
         open_store(url, read_retries=2) as store,
     ):
         for write in (
@@ -106,84 +123,53 @@ async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -
             store.delete("k"),
             store.lease_grant(5),
         ):
-            before = connections[0]
+            before = len(seen.ops)
             with pytest.raises(WriteOutcomeUnknownError, match="may or may not"):
                 await write
-            assert connections[0] == before + 1  # sent once, never retried
-        before = connections[0]
+            assert len(seen.ops) == before + 1  # sent once, never retried
+        before = len(seen.ops)
         with pytest.raises(StoreConnectionError) as info:
             await store.get("k")
         assert not isinstance(info.value, WriteOutcomeUnknownError)
-        assert connections[0] == before + 3  # a read is retried
-
-
-@contextlib.asynccontextmanager
-async def _silent_aiohttp_server() -> AsyncIterator[tuple[str, list[str], asyncio.Event]]:
-    """A real aiohttp server on 127.0.0.1 that reads every request and never answers; yields
-    (url, the requests it received as "METHOD path", an event set at each arrival)."""
-    received: list[str] = []
-    arrived = asyncio.Event()
-    release = asyncio.Event()
-
-    async def never_answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        await request.read()
-        received.append(f"{request.method} {request.path}")
-        arrived.set()
-        await release.wait()
-        return aiohttp.web.Response(status=503)
-
-    app = aiohttp.web.Application()
-    app.router.add_route("*", "/{tail:.*}", never_answer)
-    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", received, arrived
-    finally:
-        release.set()
-        await runner.cleanup()
+        assert seen.ops[before:] == ["get"] * 3  # a read is retried
 
 
 @pytest.mark.asyncio
 async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -> None:
-    async with _silent_aiohttp_server() as (url, received, arrived):
+    async with _fake_session_server(_never_answer) as (url, seen):
         async with open_store(url, timeout=0.3, read_retries=2) as store:
             writes = {
-                "PUT /v1/kv/k": store.put("k", b"v"),
-                "DELETE /v1/kv/k": store.delete("k"),
-                "DELETE /v1/range/p/": store.delete_prefix("p/"),
-                "PUT /v1/kv/c": store.compare_and_swap("c", 3, b"v"),
-                "POST /v1/add/n": store.add("n"),
-                "POST /v1/lease": store.lease_grant(5),
-                "DELETE /v1/lease/7": store.lease_revoke(7),
+                "put": store.put("k", b"v"),
+                "delete": store.delete("k"),
+                "cas": store.compare_and_swap("c", 3, b"v"),
+                "add": store.add("n"),
+                "lease_grant": store.lease_grant(5),
+                "lease_revoke": store.lease_revoke(7),
             }
-            for request, write in writes.items():
-                before = len(received)
+            for op, write in writes.items():
+                before = len(seen.ops)
                 with pytest.raises(WriteTimeoutError, match="may or may not have applied") as info:
                     await asyncio.wait_for(write, 10)
                 # a deadline with an unknown outcome: callers can tell it from a lost connection
                 assert isinstance(info.value, WriteOutcomeUnknownError)
                 assert isinstance(info.value, StoreTimeoutError)
                 assert "0.3s deadline" in str(info.value)
-                assert received[before:] == [request]  # sent once, never retried
+                assert seen.ops[before:] == [op]  # sent once, never retried
             for read in (store.get("k"), store.lease_keep_alive(7)):
-                before = len(received)
+                before = len(seen.ops)
                 with pytest.raises(StoreTimeoutError) as read_info:
                     await asyncio.wait_for(read, 10)
                 assert not isinstance(read_info.value, WriteOutcomeUnknownError)
-                assert len(received) == before + 1
-        # A write whose deadline passed before it was sent (here: waiting for the one connection,
-        # held by a read that the server never answers and given a longer deadline) stays a
-        # StoreConnectionError: nothing was sent, so its outcome is known (not applied).
+                assert len(seen.ops) == before + 1
+        # A write that could not be sent before its deadline (here: waiting for the one request
+        # slot, held by a read that the server never answers) stays a StoreConnectionError:
+        # nothing was sent, so its outcome is known (not applied).
         async with open_store(url, timeout=0.3, max_connections=1) as single:
             assert isinstance(single, HttpStore)
-            single._request_timeout = 30.0
-            arrived.clear()
+            single.session.request_timeout = 30.0
             hung = asyncio.ensure_future(single.get("slow"))
-            await asyncio.wait_for(arrived.wait(), 10)
-            single._request_timeout = 0.3
+            await asyncio.sleep(0.05)
+            single.session.request_timeout = 0.3
             with pytest.raises(StoreConnectionError) as connect_info:
                 await asyncio.wait_for(single.put("k", b"v"), 10)
             assert not isinstance(connect_info.value, WriteOutcomeUnknownError)
@@ -191,26 +177,18 @@ async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -
             hung.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await hung
-            assert received[-1] == "GET /v1/kv/slow"  # the write was not sent
+            assert seen.ops[-1] == "get"  # the write was not sent
 
 
 @pytest.mark.asyncio
 async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
-    async def created_then_silence(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await _read_request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n"
-        )
-        frame = b'{"type":"created","start_revision":1,"revision":0}\n'
-        writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
-        await writer.drain()
-        await asyncio.sleep(30)  # a hung server: the socket stays open, nothing more comes
+    async def created_then_silence(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+        # a hung server: the socket stays open, nothing more comes
 
     async with (
-        _fake_server(created_then_silence) as (url, _),
+        _fake_session_server(created_then_silence) as (url, seen),
         open_store(url, progress_interval=0.1, reconnect_timeout=0.5) as store,
         store.watch("x") as events,
     ):
@@ -218,6 +196,7 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
         with pytest.raises(StoreConnectionError, match="no progress"):
             await events.__anext__()
         assert time.monotonic() - started < 5
+        assert seen.connections >= 2  # it did reconnect, and still gave up
 
 
 @pytest.mark.asyncio
@@ -284,7 +263,7 @@ async def test_watch_resuming_into_compacted_history_raises_compacted() -> None:
 
 
 @pytest.mark.asyncio
-async def test_lease_keep_alives_reuse_one_pooled_connection() -> None:
+async def test_lease_keep_alives_ride_the_one_session_connection() -> None:
     async with HttpStoreServer(port=0) as server:
         async with open_store(server.url) as store:
             grant = await store.lease_grant(10)
@@ -293,7 +272,7 @@ async def test_lease_keep_alives_reuse_one_pooled_connection() -> None:
             async with aiohttp.ClientSession() as session:
                 metrics = await (await session.get(f"{server.url}/metrics")).text()
         line = next(x for x in metrics.splitlines() if x.startswith("aioelastic_connections "))
-        assert float(line.split()[1]) == 2.0  # the store's pooled connection + this scrape
+        assert float(line.split()[1]) == 2.0  # the store's session + this scrape
 
 
 @pytest.mark.asyncio
@@ -366,7 +345,7 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
         await server.stop()
 
 
-# -- the client's own HTTP/1.1 reader (_wire) ----------------------------------------------------
+# -- the session's wire ----------------------------------------------------------------------
 
 
 def test_the_client_runs_on_uvloop() -> None:
@@ -388,35 +367,14 @@ def test_the_client_runs_on_uvloop() -> None:
 
 
 @pytest.mark.asyncio
-async def test_answers_framed_by_chunks_or_by_the_end_of_the_connection_are_read() -> None:
-    body = b'{"revision": 7, "compact_revision": 0}'
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)  # chunked, in pieces, with an extension and a trailer
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(b"%x;ext=1\r\n%s\r\n" % (5, body[:5]))
-        await writer.drain()
-        await asyncio.sleep(0.01)
-        writer.write(b"%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n" % (len(body) - 5, body[5:]))
-        await _read_request(reader)  # then an HTTP/1.0-style answer ended by closing
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
-        await writer.drain()
-
-    async with _fake_server(answer) as (url, connections), open_store(url) as store:
-        assert await store.current_revision() == 7
-        assert await store.current_revision() == 7
-        assert connections[0] == 1  # the chunked answer left the connection reusable
-
-
-@pytest.mark.asyncio
 async def test_a_malformed_answer_is_a_connection_error() -> None:
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"SMTP ready\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(5)
+    async def garbage(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        await ws.send_bytes(b"\xc1 SMTP ready")  # 0xc1: never used by msgpack
 
-    async with _fake_server(garbage) as (url, _), open_store(url, read_retries=0) as store:
+    async with (
+        _fake_session_server(garbage) as (url, _),
+        open_store(url, read_retries=0) as store,
+    ):
         with pytest.raises(StoreConnectionError, match="malformed") as info:
             await store.get("k")
         assert not isinstance(info.value, WriteOutcomeUnknownError)
@@ -425,29 +383,17 @@ async def test_a_malformed_answer_is_a_connection_error() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_request_is_sent_in_one_write_and_keys_are_escaped() -> None:
-    seen: list[bytes] = []
+async def test_pipelined_requests_go_in_one_message_with_the_token_at_the_upgrade() -> None:
+    async def answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        await ws.send_bytes(pack([RESULT, frame[1], None]))
 
-    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                return
-            seen.append(data)
-            answer = b'{"revision":3,"kv":{"key":"x"}}'
-            writer.write(
-                b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "3"\r\n\r\n%s'
-                % (len(answer), answer)
-            )
-            await writer.drain()
-
-    async with _fake_server(record) as (url, _), open_store(url, token="s3cret") as store:
-        assert await store.put("a/b c%", b"value", lease=0) == 3
-    head, _, body = seen[0].partition(b"\r\n\r\n")
-    assert head.startswith(b"PUT /v1/kv/a%2Fb%20c%25 HTTP/1.1\r\n")
-    assert b"\r\nAuthorization: Bearer s3cret" in head
-    assert b"\r\nContent-Length: 5" in head
-    assert body == b"value"  # head and body arrived together
+    async with (
+        _fake_session_server(answer) as (url, seen),
+        open_store(url, token="s3cret") as store,
+    ):
+        assert await asyncio.gather(*(store.get(f"k/{i}") for i in range(20))) == [None] * 20
+    assert seen.messages == [20]  # one message carried the whole batch
+    assert seen.headers[0]["Authorization"] == "Bearer s3cret"
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
 
@@ -456,10 +402,12 @@ async def test_a_request_is_sent_in_one_write_and_keys_are_escaped() -> None:
 async def test_max_connections_bounds_requests_in_flight() -> None:
     with pytest.raises(ValueError, match="max_connections"):
         HttpStore("http://127.0.0.1:1", max_connections=-1)
-    async with HttpStoreServer(port=0) as server:
-        for limit, connections in ((1, 1), (0, 8)):
-            async with open_store(server.url, max_connections=limit) as store:
-                await asyncio.gather(*(store.put(f"m/{i}", b"v") for i in range(8)))
-                assert len(server.engine) == 8
-                assert isinstance(store, HttpStore)
-                assert len(store._pool._open) <= connections
+    async with (
+        _fake_session_server(_never_answer) as (url, seen),
+        open_store(url, max_connections=2, timeout=0.5, read_retries=0) as store,
+    ):
+        results = await asyncio.gather(
+            *(store.get(f"m/{i}") for i in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(r, StoreError) for r in results)
+        assert seen.ops.count("get") <= 4  # 2 in flight at once, then 2 more (in 0.5 s each)

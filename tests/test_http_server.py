@@ -166,10 +166,11 @@ async def test_a_watch_the_client_closed_is_not_a_server_error(server: HttpStore
         removed.set()
 
     server.engine.remove_watcher = remove  # type: ignore[method-assign]
-    async with open_store(server.url) as store:
-        async with store.watch("w/") as events:
-            await store.put("w/1", b"1")
-            await events.__anext__()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/v1/watch/w/?progress_interval=0.1") as stream:
+            assert json.loads(await stream.content.readline())["type"] == "created"
+            server.engine.put("w/1", b"1")
+            assert json.loads(await stream.content.readline())["type"] == "events"
         await asyncio.wait_for(removed.wait(), 10)
     _, body, _ = await _raw("GET", f"{server.url}/metrics")
     text = body.decode()

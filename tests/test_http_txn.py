@@ -230,3 +230,59 @@ def test_fuzzed_txns_never_get_a_5xx(fuzz_server: ServerThread, body: dict[str, 
         assert engine.revision == before
     else:
         assert isinstance(answer["succeeded"], bool)
+
+
+# -- the session's txn operation -------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_session_txn_op_answers_and_refuses_cleanly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aioelastic.store.http._frames import ERROR, REQUEST, RESULT, pack, unpack_all
+
+    async with (
+        HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv,
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{srv.url}/v1/session") as ws,
+    ):
+
+        async def exchange(*frames: list[Any]) -> list[list[Any]]:
+            await ws.send_bytes(b"".join(pack(f) for f in frames))
+            message = await ws.receive(timeout=10)
+            return list(unpack_all(message.data, max_len=1 << 20))
+
+        [welcome] = await exchange([REQUEST, 0, "hello", {"versions": [1]}])
+        assert welcome[0] == RESULT
+        bad_args: list[Any] = [
+            ["not", "three"],
+            [[], [["frob", "k"]], []],
+            [[["k", "size", "==", 1]], [], []],
+            [[["k", "value", "==", "text"]], [], []],
+            [[], [["put", "k", b"v", 0], ["put", "k", b"w", 0]], []],
+            [[], [["get", "k"]] * 129, []],
+            [[], [["put", "k", b"x" * 1001, 0]], []],
+            [[], [["get", "k" * 101]], []],
+            [[], [["put", "k", b"v", 99]], []],
+        ]
+        frames = await exchange(
+            *([REQUEST, i + 1, "txn", args] for i, args in enumerate(bad_args)),
+            [REQUEST, 99, "txn", [[["k", "version", "==", 0]], [["put", "k", b"v", 0]], []]],
+        )
+        assert [f[2] for f in frames[:-1]] == [
+            "bad_request",
+            "bad_request",
+            "bad_request",
+            "bad_request",
+            "bad_request",
+            "txn_too_large",
+            "value_too_large",
+            "key_too_large",
+            "lease_not_found",
+        ]
+        assert frames[5][4] == {"limit": "ops", "maximum": 128, "size": 129}
+        assert frames[-1][:2] == [RESULT, 99]
+        assert frames[-1][2][:2] == [True, 1]  # only the good one applied
+        assert srv.engine.revision == 1
+        assert frames[0][0] == ERROR
+    assert "Traceback" not in caplog.text

@@ -226,8 +226,10 @@ class Store(abc.ABC):
     async def aclose(self) -> None:
         """Close the client: pending watches end with ``StoreClosedError``; later calls raise it.
 
-        Leases granted through this client are not revoked: they expire at their TTL, exactly as
-        if the process had died (revoke them first for a clean exit).
+        Leases granted through this client are not revoked by the call: they end exactly as if
+        the process had died, at their TTL, or on http once the session's grace has passed (the
+        server revokes a session's leases when its connection ends; see docs/store.md). Revoke
+        them first for a clean exit.
         """
         if self._closed:
             return

@@ -12,6 +12,7 @@ too). Then ``TestX = MyMachine.TestCase``. Needs hypothesis (``aioelastic[test]`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -149,6 +150,11 @@ class StoreMachine(RuleBasedStateMachine):
             if self.watch is not None:
                 self.run(self.watch.aclose())
             if self.store is not None:
+                # A clean exit revokes its leases: over an http session, closing would revoke
+                # them anyway once the session's grace passes, in the middle of the next example.
+                for lease_id in list(self.model.leases):
+                    with contextlib.suppress(LeaseNotFoundError):
+                        self.run(self.s.lease_revoke(lease_id))
                 self.run(self.store.aclose())
         finally:
             self.loop.close()

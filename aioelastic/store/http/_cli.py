@@ -85,6 +85,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "arrive, or its body more than S seconds after them (default: 30; idle keep-alive "
         "connections and watch streams are not affected)",
     )
+    parser.add_argument(
+        "--session-grace",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="revoke the leases of a session S seconds after its connection ends, unless the "
+        "client resumed it meanwhile (default: 0.25; 0: at once)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -133,6 +141,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--snapshot-every must be >= 1, got {args.snapshot_every}"
     if not math.isfinite(args.read_timeout) or args.read_timeout <= 0:
         return f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout}"
+    if not math.isfinite(args.session_grace) or args.session_grace < 0:
+        return f"--session-grace must be a number of seconds >= 0, got {args.session_grace}"
     options: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -143,6 +153,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "max_key_bytes": args.max_key_bytes,
         "shutdown_timeout": args.shutdown_timeout,
         "read_timeout": args.read_timeout,
+        "session_grace": args.session_grace,
     }
     if args.token_file is not None:
         try:

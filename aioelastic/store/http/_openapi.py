@@ -324,6 +324,17 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
             "/v1/leases": {
                 "get": {"summary": "every live lease", "responses": {"200": {"description": "OK"}}}
             },
+            "/v1/session": {
+                "get": {
+                    "summary": "open a session: a WebSocket carrying msgpack frames (requests, "
+                    "watches, keep-alives; see docs/http-api.md, 'The session protocol')",
+                    "responses": {
+                        "101": {"description": "switching to the WebSocket protocol"},
+                        "503": _error("the server is shutting down"),
+                        **_COMMON,
+                    },
+                }
+            },
             "/v1/lease/{lease}": {
                 "parameters": [_LEASE],
                 "get": {

@@ -1,4 +1,5 @@
-"""The JSON form of a transaction and of its result (``POST /v1/txn``), for client and server.
+"""The wire forms of a transaction and of its result, for client and server: JSON for the REST
+route ``POST /v1/txn``, msgpack arrays for the session's ``txn`` operation (below).
 
 Request::
 
@@ -41,7 +42,16 @@ from .._txn import (
 )
 from .._types import KeyValue, RangeResult
 
-__all__ = ["result_from_json", "result_to_json", "txn_from_json", "txn_to_json"]
+__all__ = [
+    "result_from_frame",
+    "result_from_json",
+    "result_to_frame",
+    "result_to_json",
+    "txn_from_frame",
+    "txn_from_json",
+    "txn_to_frame",
+    "txn_to_json",
+]
 
 
 def _b64(data: bytes) -> str:
@@ -215,3 +225,116 @@ def result_from_json(obj: Mapping[str, Any]) -> TxnResult:
     revision = int(obj["revision"])
     results = tuple(_result_from_json(r, revision) for r in obj["results"])
     return TxnResult(bool(obj["succeeded"]), revision, results)
+
+
+# -- the session frame (msgpack: values stay raw bytes) -----------------------------------------
+#
+# args of the ``txn`` op: ``[compares, success, failure]``; a compare ``[key, target, op,
+# operand]``; an operation ``["put", key, value, lease]``, ``["get", key]``, ``["range", prefix,
+# limit]``, ``["delete", key]`` or ``["delete_prefix", prefix]``. The answer: ``[succeeded,
+# revision, results]``, a result ``["put", kv, prev_kv]``, ``["get", kv]``, ``["range", count,
+# more, kvs]`` or ``["delete", deleted]`` (a kv as the session's other answers carry it).
+
+
+def _op_to_frame(op: TxnOp) -> list[Any]:
+    if isinstance(op, Put):
+        return ["put", op.key, op.value, op.lease]
+    if isinstance(op, Get):
+        return ["get", op.key]
+    if isinstance(op, Range):
+        return ["range", op.prefix, op.limit]
+    if isinstance(op, Delete):
+        return ["delete", op.key]
+    return ["delete_prefix", op.prefix]
+
+
+def txn_to_frame(txn: Txn) -> list[Any]:
+    return [
+        [[c.key, c.target, c.op, c.operand] for c in txn.compare],
+        [_op_to_frame(op) for op in txn.success],
+        [_op_to_frame(op) for op in txn.failure],
+    ]
+
+
+_FRAME_OPS: dict[str, tuple[type, int]] = {
+    "put": (Put, 3),
+    "get": (Get, 1),
+    "range": (Range, 2),
+    "delete": (Delete, 1),
+    "delete_prefix": (DeletePrefix, 1),
+}
+
+
+def _op_from_frame(item: Any, what: str) -> TxnOp:
+    if not isinstance(item, list) or not item or not isinstance(item[0], str):
+        raise ValueError(f"{what} must be an array [op, ...]")
+    kind = _FRAME_OPS.get(item[0])
+    if kind is None:
+        raise ValueError(f"{what}: unknown op {item[0][:40]!r}")
+    cls, arity = kind
+    if len(item) != arity + 1:
+        raise ValueError(f"{what}: {item[0]} takes {arity} argument(s)")
+    op: TxnOp = cls(*item[1:])
+    return op
+
+
+def txn_from_frame(args: list[Any]) -> Txn:
+    """The checked :class:`Txn` of a ``txn`` op's arguments (errors as :func:`txn_from_json`)."""
+    if len(args) != 3 or not all(isinstance(part, list) for part in args):
+        raise ValueError("txn takes [compares, success, failure], three arrays")
+    compares, success, failure = args
+    for c in compares:
+        if not isinstance(c, list) or len(c) != 4:
+            raise ValueError("a compare is [key, target, op, operand]")
+    return check_txn(
+        [Compare(*c) for c in compares],
+        [_op_from_frame(item, "success[]") for item in success],
+        [_op_from_frame(item, "failure[]") for item in failure],
+    )
+
+
+def _kv_frame(kv: KeyValue | None) -> list[Any] | None:
+    if kv is None:
+        return None
+    return [kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease]
+
+
+def _kv_unframe(item: Any) -> KeyValue | None:
+    return None if item is None else KeyValue(*item)
+
+
+def result_to_frame(result: TxnResult) -> list[Any]:
+    out: list[Any] = []
+    for r in result.results:
+        if isinstance(r, PutResult):
+            out.append(["put", _kv_frame(r.kv), _kv_frame(r.prev_kv)])
+        elif isinstance(r, GetResult):
+            out.append(["get", _kv_frame(r.kv)])
+        elif isinstance(r, RangeResult):
+            out.append(["range", r.count, r.more, [_kv_frame(kv) for kv in r.kvs]])
+        else:
+            out.append(["delete", r.deleted])
+    return [result.succeeded, result.revision, out]
+
+
+def result_from_frame(value: Any) -> TxnResult:
+    """The :class:`TxnResult` of a ``txn`` answer (``ValueError``/``TypeError`` if malformed)."""
+    succeeded, revision, items = value
+    results: list[OpResult] = []
+    for item in items:
+        kind = item[0]
+        if kind == "put":
+            kv = _kv_unframe(item[1])
+            if kv is None:
+                raise ValueError("a put result without its key-value")
+            results.append(PutResult(kv, _kv_unframe(item[2])))
+        elif kind == "get":
+            results.append(GetResult(_kv_unframe(item[1])))
+        elif kind == "range":
+            kvs = tuple(kv for kv in map(_kv_unframe, item[3]) if kv is not None)
+            results.append(RangeResult(kvs, int(revision), int(item[1]), bool(item[2])))
+        elif kind == "delete":
+            results.append(DeleteResult(int(item[1])))
+        else:
+            raise ValueError(f"unknown result op {str(kind)[:40]!r}")
+    return TxnResult(bool(succeeded), int(revision), tuple(results))

@@ -1,66 +1,52 @@
 """The HTTP store client: ``open_store("http://host:29400")`` / ``https://``.
 
-Requests go through a small HTTP/1.1 client of our own (:mod:`._wire`), not aiohttp's: one pool
-of keep-alive connections carries every unary request (lease keep-alives included), and each
-watch stream has a connection of its own, so that many watches never starve ordinary requests.
-Reads are retried on connection errors; writes never are: a write whose request may have reached
-the server raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
+Every request, watch and lease keep-alive of one store goes over one session: a WebSocket to
+``aioelastic serve`` at ``/v1/session`` with msgpack frames (:mod:`._session_client`; the protocol
+is in ``docs/http-api.md``). Requests are pipelined; watches are pushed by the server. Reads are
+retried on connection errors; writes never are: a write whose request may have reached the server
+raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
 :class:`~aioelastic.errors.WriteTimeoutError` (also a ``StoreTimeoutError``) when no answer came
-before the deadline. Watches reconnect after a
-lost stream and resume from the last revision seen + 1, so no event is lost or repeated. Every
-socket, TLS and protocol error is translated to aioelastic's errors here.
+before the deadline. A lost session is resumed at once (its leases stay, see "session-bound
+leases" in ``docs/store.md``) and every watch resumes from the last revision seen + 1, so no event
+is lost or repeated. Every socket, TLS and protocol error is translated to aioelastic's errors.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import os
-import re
 import ssl as _ssl
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, quote, urlencode
+from urllib.parse import SplitResult
 
 from yarl import URL
 
-from ...errors import (
-    CompactedError,
-    LeaseNotFoundError,
-    StoreAuthError,
-    StoreClosedError,
-    StoreConnectionError,
-    StoreError,
-    StoreTimeoutError,
-    ValueTooLargeError,
-    WriteOutcomeUnknownError,
-    WriteTimeoutError,
-)
+from ...errors import StoreClosedError, StoreConnectionError
 from .._base import Store, Watch
 from .._txn import Get, Range, Txn, TxnResult
 from .._types import (
     CasResult,
-    EventType,
     KeyValue,
     LeaseGrant,
     LeaseStatus,
     RangeResult,
     WatchEvent,
 )
-from . import _wire
-from ._txn_wire import result_from_json, txn_to_json
+from ._frames import (
+    decode_events,
+    kv_from_wire,
+    lease_status_from_wire,
+    range_from_wire,
+)
+from ._session_client import ConnectionLost, Refused, SessionClient, error_from_frame
+from ._txn_wire import result_from_frame, txn_to_frame
 
 __all__ = ["HttpStore", "open_http_store"]
 
 #: Environment variable read for the bearer token when no ``token``/``token_file`` is given.
 TOKEN_ENV = "AIOELASTIC_TOKEN"
-#: A watch line longer than this is refused (a revision's events, base64).
-MAX_WATCH_LINE = 256 * 1024 * 1024
-#: How many built request URLs a store keeps (the cache is emptied when full).
-_URL_CACHE_SIZE = 4096
 
 
 def _ssl_context(ssl: _ssl.SSLContext | bool) -> _ssl.SSLContext:
@@ -75,66 +61,9 @@ def _ssl_context(ssl: _ssl.SSLContext | bool) -> _ssl.SSLContext:
     return context
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~-]+")
-_PLAIN_KEY_WITH_SLASHES = re.compile(r"[A-Za-z0-9_.~/-]+")
-
-
-def _quote_key(key: str) -> str:
-    if _PLAIN_KEY.fullmatch(key):
-        return key  # nothing to escape (the common case: a fast path)
-    if _PLAIN_KEY_WITH_SLASHES.fullmatch(key):
-        # Hierarchical keys ("job/rank/0"): only the slashes need escaping, as quote() would.
-        return key.replace("/", "%2F")
-    try:
-        return quote(key, safe="")
-    except UnicodeEncodeError:
-        raise ValueError(f"key {key!r} cannot be encoded as UTF-8 for the HTTP store") from None
-
-
-def _kv_from_json(obj: Mapping[str, Any], value: bytes | None = None) -> KeyValue:
-    if value is None:
-        value = base64.b64decode(obj.get("value_b64", ""))
-    return KeyValue(
-        obj["key"],
-        value,
-        int(obj["create_revision"]),
-        int(obj["mod_revision"]),
-        int(obj["version"]),
-        int(obj["lease"]),
-    )
-
-
-def _event_from_json(obj: Mapping[str, Any]) -> WatchEvent:
-    if obj["type"] == "PUT":
-        return WatchEvent(EventType.PUT, _kv_from_json(obj))
-    return WatchEvent(
-        EventType.DELETE, KeyValue(obj["key"], b"", 0, int(obj["mod_revision"]), 0, 0)
-    )
-
-
-def _error_body(body: bytes) -> dict[str, Any]:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return {"error": "unknown", "message": body[:200].decode("utf-8", "replace")}
-    return parsed if isinstance(parsed, dict) else {"error": "unknown", "message": str(parsed)}
-
-
-class _Answer(dict[str, Any]):
-    """A JSON answer whose missing fields raise ``StoreConnectionError`` (a foreign server)."""
-
-    def __missing__(self, key: str) -> Any:
-        raise StoreConnectionError(f"malformed answer from the server: no field {key!r}")
-
-
-def _parse_answer(body: bytes, what: str) -> _Answer:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise StoreConnectionError(f"{what}: the answer is not a JSON object")
-    return _Answer(parsed)
+def _cas_result(value: list[Any]) -> CasResult:
+    succeeded, revision, kv = value
+    return CasResult(bool(succeeded), int(revision), None if kv is None else kv_from_wire(kv))
 
 
 class HttpStore(Store):
@@ -144,11 +73,12 @@ class HttpStore(Store):
     ``ssl``: an :class:`ssl.SSLContext` for ``https://`` (or ``False`` to skip verification).
     ``timeout``: seconds for one request. ``connect_timeout``: seconds to connect.
     ``read_retries``: extra attempts for reads after a connection error.
-    ``progress_interval``: how often (s) the server reports progress on an idle watch; a watch
-    stream silent for ``3 * progress_interval`` counts as lost. ``reconnect_timeout``: how long
-    (s) a watch tries to resume before raising :class:`~aioelastic.errors.StoreConnectionError`.
-    ``max_connections``: requests in flight at once (each on its own pooled connection; watches
-    not included); 0: no limit.
+    ``progress_interval``: how often (s) the server reports progress on an idle watch; a session
+    with watches that is silent for ``3 * progress_interval`` counts as lost.
+    ``reconnect_timeout``: how long (s) a lost session with watches or leases tries to reconnect
+    before its watches raise :class:`~aioelastic.errors.StoreConnectionError`.
+    ``max_connections``: requests in flight at once (0: no limit); the name is kept from the
+    connection pool the session replaced.
     """
 
     def __init__(
@@ -189,340 +119,136 @@ class HttpStore(Store):
                 f"max_connections must be an int >= 0 (0: no limit), got {max_connections!r}"
             )
         self.url = str(base).rstrip("/")
-        self._base_path = base.path.rstrip("/")
-        self._origin = base.origin()
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._connect_timeout = connect_timeout
-        self._read_retries = read_retries
-        self.progress_interval = float(progress_interval)
-        self.reconnect_timeout = float(reconnect_timeout)
-        ssl_arg: _ssl.SSLContext | bool = True if ssl is None else ssl
         if token is not None and any(c in token for c in "\r\n\0"):
             raise ValueError("token must not contain CR, LF or NUL characters")
-        # Unary requests go through our own small HTTP/1.1 client (see _wire.py: aiohttp's
-        # client costs more CPU per request than the server does answering it).
-        port = base.port or (443 if base.scheme == "https" else 80)
-        host = base.raw_host or ""
-        wire_host = f"[{host}]" if ":" in host else host
-        if base.port != (443 if base.scheme == "https" else 80):
-            wire_host += f":{port}"
-        self._host, self._port = host, port
-        self._ssl_context = _ssl_context(ssl_arg) if base.scheme == "https" else None
-        self._pool = _wire.Pool(
-            host,
-            port,
-            ssl=self._ssl_context,
-            connect_timeout=connect_timeout,
-            limit=max_connections,
-            keepalive=30.0,
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        ssl_arg: _ssl.SSLContext | bool = True if ssl is None else ssl
+        self.progress_interval = float(progress_interval)
+        self.reconnect_timeout = float(reconnect_timeout)
+        self.session = SessionClient(
+            self.url,
+            headers=headers,
+            ssl=_ssl_context(ssl_arg) if base.scheme == "https" else None,
+            connect_timeout=float(connect_timeout),
+            request_timeout=float(timeout),
+            progress_interval=self.progress_interval,
+            reconnect_timeout=self.reconnect_timeout,
+            read_retries=read_retries,
+            max_in_flight=max_connections,
         )
-        self._request_timeout = float(timeout)
-        self._wire_prefix = base.raw_path.rstrip("/")
-        self._head_tail = "".join(
-            f"\r\n{name}: {value}"
-            for name, value in (
-                ("Host", wire_host),
-                ("User-Agent", "aioelastic"),
-                *self._headers.items(),
-            )
-        ).encode("utf-8")
-        self._watches: set[_HttpWatch] = set()
 
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
 
-    # -- requests
-
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        write: bool,
-        params: Mapping[str, str] | None = None,
-        data: bytes | None = None,
-        json_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        """Send one request; answer (status, headers (lower-case names), body) or raise an
-        aioelastic error."""
-        request = self._build(method, path, params, data, json_body, headers)
-        attempts = 1 if write else 1 + self._read_retries
-        for attempt in range(attempts):
-            self._check_open()
-            try:
-                return await self._pool.request(request, self._request_timeout)
-            except _wire.ConnectFailed as exc:
-                # Not connected: nothing was sent, so even a write had no effect.
-                error: StoreError = StoreConnectionError(f"cannot connect to {self.url}: {exc}")
-            except _wire.RequestTimeout:
-                what = f"{method} {path[:200]}"
-                if self._closed:
-                    raise StoreClosedError(f"{self!r} was closed during {what}") from None
-                if write:
-                    # Sent, and no answer before the deadline: a timeout (StoreTimeoutError)
-                    # whose outcome is unknown (WriteOutcomeUnknownError), as with etcd.
-                    raise WriteTimeoutError(
-                        f"{what} timed out: sent to {self.url}, no answer within the "
-                        f"{self._request_timeout:g}s deadline; it may or may not have applied"
-                    ) from None
-                raise StoreTimeoutError(f"{what} timed out ({self.url})") from None
-            except _wire.ConnectionLost as exc:
-                what = f"{method} {path[:200]}"
-                if self._closed:
-                    raise StoreClosedError(f"{self!r} was closed during {what}") from None
-                if write:
-                    raise WriteOutcomeUnknownError(
-                        f"{what}: connection to {self.url} lost after the request was sent "
-                        f"({exc}); it may or may not have applied"
-                    ) from None
-                error = StoreConnectionError(f"{what}: connection to {self.url} lost ({exc})")
-            if self._closed:
-                raise StoreClosedError(f"{self!r} was closed during {method} {path[:200]}")
-            if attempt + 1 < attempts:
-                await asyncio.sleep(0.05 * 2**attempt)
-        raise error
-
-    def _build(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str] | None = None,
-        data: bytes | None = None,
-        json_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> bytes:
-        """The bytes of one request (head and body, written at once)."""
-        target = self._wire_prefix + path
-        if params:
-            target += "?" + urlencode(params)
-        extra = ""
-        if json_body is not None:
-            data = json.dumps(json_body).encode()
-            extra = "\r\nContent-Type: application/json"
-        elif data is not None:
-            extra = "\r\nContent-Type: application/octet-stream"
-        if headers:
-            extra += "".join(f"\r\n{name}: {value}" for name, value in headers.items())
-        if data is not None or method in ("PUT", "POST"):
-            extra += f"\r\nContent-Length: {len(data) if data is not None else 0}"
-        return b"".join(
-            (
-                f"{method} {target} HTTP/1.1".encode(),
-                self._head_tail,
-                extra.encode("latin-1"),
-                b"\r\n\r\n",
-                data or b"",
-            )
-        )
-
-    def _fail(self, status: int, body: bytes, what: str, *, write: bool = False) -> Exception:
-        """The aioelastic error for an unexpected answer (raise it)."""
-        info = _error_body(body)
-        message = f"{what}: {info.get('message', '')} (HTTP {status})"
-        code = info.get("error")
-        if status == 401 or status == 403:
-            return StoreAuthError(message)
-        if code == "lease_not_found":
-            return LeaseNotFoundError(int(info.get("lease", 0)))
-        if code == "compacted":
-            return CompactedError(
-                int(info.get("requested_revision", 0)), int(info.get("compact_revision", 0))
-            )
-        if status == 413:
-            return ValueTooLargeError(message)
-        if status == 400:
-            return ValueError(message)
-        if status == 503:
-            return StoreConnectionError(f"the server is unavailable: {message}")
-        if write and status >= 500:
-            return WriteOutcomeUnknownError(message)
-        return StoreConnectionError(f"unexpected answer: {message}")
-
-    async def _call_json(
-        self, method: str, path: str, *, write: bool, ok: tuple[int, ...] = (200,), **kwargs: Any
-    ) -> tuple[int, _Answer]:
-        status, _, body = await self._request(method, path, write=write, **kwargs)
-        if status not in ok:
-            raise self._fail(status, body, f"{method} {path[:200]}", write=write)
-        return status, _parse_answer(body, f"{method} {path[:200]}")
+    async def _call(self, op: str, args: list[Any], *, write: bool, what: str) -> Any:
+        self._check_open()
+        return await self.session.call(op, args, write=write, what=what)
 
     # -- the core
 
     async def _get(self, key: str) -> KeyValue | None:
-        path = "/v1/kv/" + _quote_key(key)
-        status, headers, body = await self._request("GET", path, write=False)
-        if status == 404 and _error_body(body).get("error") == "key_not_found":
-            return None
-        if status != 200:
-            raise self._fail(status, body, f"get {key!r}")
-        try:
-            return KeyValue(
-                key,
-                body,
-                int(headers["x-create-revision"]),
-                int(headers["x-mod-revision"]),
-                int(headers["x-version"]),
-                int(headers["x-lease"]),
-            )
-        except (KeyError, ValueError):
-            raise StoreConnectionError(f"get {key!r}: malformed answer from {self.url}") from None
+        value = await self._call("get", [key], write=False, what=f"get {key[:200]!r}")
+        return None if value is None else kv_from_wire(value)
 
     async def _range(self, prefix: str, limit: int | None) -> RangeResult:
-        params = {"limit": str(limit)} if limit is not None else None
-        _, out = await self._call_json(
-            "GET", "/v1/range/" + _quote_key(prefix), write=False, params=params
-        )
-        return RangeResult(
-            kvs=tuple(_kv_from_json(kv) for kv in out["kvs"]),
-            revision=int(out["revision"]),
-            count=int(out["count"]),
-            more=bool(out["more"]),
-        )
+        value = await self._call("range", [prefix, limit], write=False, what="range")
+        return range_from_wire(value)
 
     async def _current_revision(self) -> int:
-        _, out = await self._call_json("GET", "/v1/revision", write=False)
-        return int(out["revision"])
+        return int(await self._call("revision", [], write=False, what="revision"))
 
     async def _put(self, key: str, value: bytes, lease: int) -> int:
-        params = {"lease": str(lease)} if lease else None
-        path = "/v1/kv/" + _quote_key(key)
-        status, headers, body = await self._request(
-            "PUT", path, write=True, params=params, data=value
+        return int(
+            await self._call("put", [key, value, lease], write=True, what=f"put {key[:200]!r}")
         )
-        if status != 200:
-            raise self._fail(status, body, f"PUT {path[:200]}", write=True)
-        # The revision of the write is the answer's ETag ("R"): no need to parse the body.
-        etag = headers.get("etag", "")
-        if len(etag) > 2 and etag[0] == etag[-1] == '"' and etag[1:-1].isdigit():
-            return int(etag[1:-1])
-        return int(_parse_answer(body, f"PUT {path[:200]}")["revision"])
 
     async def _delete(self, key: str, prefix: bool) -> int:
-        route = "/v1/range/" if prefix else "/v1/kv/"
-        _, out = await self._call_json("DELETE", route + _quote_key(key), write=True)
-        return int(out["deleted"])
+        return int(await self._call("delete", [key, prefix], write=True, what="delete"))
 
     async def _compare_and_swap(
         self, key: str, expected_mod_revision: int, value: bytes, lease: int
     ) -> CasResult:
-        params = {"lease": str(lease)} if lease else None
-        condition = (
-            {"If-None-Match": "*"}
-            if expected_mod_revision == 0
-            else {"If-Match": f'"{expected_mod_revision}"'}
+        answer = await self._call(
+            "cas", [key, expected_mod_revision, value, lease], write=True, what="compare_and_swap"
         )
-        status, out = await self._call_json(
-            "PUT",
-            "/v1/kv/" + _quote_key(key),
-            write=True,
-            ok=(200, 412),
-            params=params,
-            data=value,
-            headers=condition,
-        )
-        if status == 412:
-            current = out.get("kv")
-            return CasResult(
-                False, int(out["revision"]), None if current is None else _kv_from_json(current)
-            )
-        return CasResult(True, int(out["revision"]), _kv_from_json(out["kv"], value))
+        return _cas_result(answer)
 
     async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
-        status, out = await self._call_json(
-            "DELETE",
-            "/v1/kv/" + _quote_key(key),
-            write=True,
-            ok=(200, 412),
-            headers={"If-Match": f'"{expected_mod_revision}"'},
+        answer = await self._call(
+            "cad", [key, expected_mod_revision], write=True, what="compare_and_delete"
         )
-        if status == 412:
-            current = out.get("kv")
-            return CasResult(
-                False, int(out["revision"]), None if current is None else _kv_from_json(current)
-            )
-        return CasResult(True, int(out["revision"]), None)
+        return _cas_result(answer)
 
     async def _add(self, key: str, delta: int) -> int:
-        _, out = await self._call_json(
-            "POST", "/v1/add/" + _quote_key(key), write=True, params={"delta": str(delta)}
-        )
-        return int(out["value"])
+        return int(await self._call("add", [key, delta], write=True, what=f"add {key[:200]!r}"))
 
     async def _txn(self, txn: Txn) -> TxnResult:
-        # only reads in both branches: a read (retried on a lost connection); else a write
+        # only reads in both branches: a read (retried on a lost session); else a write
         write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
-        _, out = await self._call_json("POST", "/v1/txn", write=write, json_body=txn_to_json(txn))
+        answer = await self._call("txn", txn_to_frame(txn), write=write, what="txn")
         try:
-            return result_from_json(out)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreConnectionError(f"POST /v1/txn: malformed answer ({exc!r})") from None
+            return result_from_frame(answer)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise StoreConnectionError(f"txn: malformed answer ({exc!r})") from None
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
-        return _HttpWatch(self, prefix, start_revision)
+        return SessionWatch(self, prefix, start_revision)
 
     async def _range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
-        # one request: the stream's ``created`` frame carries the range (``?snapshot=1``)
-        watch = _HttpWatch(self, prefix, None, snapshot=True)
+        # one request: the watch's answer carries the range
+        watch = SessionWatch(self, prefix, None, snapshot=True)
         await watch.start()
         assert watch.snapshot is not None
         return watch.snapshot, watch
 
     async def _compact(self, revision: int) -> None:
-        status, _, body = await self._request(
-            "POST", "/v1/compact", write=True, json_body={"revision": revision}
-        )
-        if status == 400:
-            raise ValueError(f"compact: {_error_body(body).get('message')}")
-        if status != 200:
-            raise self._fail(status, body, "compact", write=True)
+        await self._call("compact", [revision], write=True, what="compact")
 
     async def _lease_grant(self, ttl: float) -> LeaseGrant:
-        _, out = await self._call_json("POST", "/v1/lease", write=True, json_body={"ttl": ttl})
-        return LeaseGrant(int(out["id"]), float(out["ttl"]))
+        lease_id, granted = await self._call("lease_grant", [ttl], write=True, what="lease_grant")
+        self.session.leases.add(int(lease_id))
+        return LeaseGrant(int(lease_id), float(granted))
 
     async def _lease_keep_alive(self, lease_id: int) -> float:
         # Idempotent (it restarts the TTL), so it may be retried like a read.
-        _, out = await self._call_json("POST", f"/v1/lease/{lease_id}/keepalive", write=False)
-        return float(out["ttl"])
-
-    async def _lease_revoke(self, lease_id: int) -> None:
-        await self._call_json("DELETE", f"/v1/lease/{lease_id}", write=True)
-
-    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus:
-        _, out = await self._call_json("GET", f"/v1/lease/{lease_id}", write=False)
-        return LeaseStatus(
-            int(out["id"]),
-            float(out["granted_ttl"]),
-            float(out["remaining"]),
-            tuple(out["keys"]),
+        return float(
+            await self._call("lease_keep_alive", [lease_id], write=False, what="lease_keep_alive")
         )
 
+    async def _lease_revoke(self, lease_id: int) -> None:
+        await self._call("lease_revoke", [lease_id], write=True, what="lease_revoke")
+        self.session.leases.discard(lease_id)
+
+    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus:
+        answer = await self._call("lease_ttl", [lease_id], write=False, what="lease_time_to_live")
+        return lease_status_from_wire(answer)
+
     async def _aclose(self) -> None:
-        for watch in list(self._watches):
-            watch._abort()
-        self._pool.close()
+        await self.session.aclose()
 
 
-class _HttpWatch(Watch):
-    """One NDJSON watch stream, resumed on a new connection when it is lost."""
+class SessionWatch(Watch):
+    """One watch carried by the store's session; resumed by the session when it reconnects."""
 
     def __init__(
         self, store: HttpStore, prefix: str, start_revision: int | None, *, snapshot: bool = False
     ) -> None:
         super().__init__(prefix, start_revision)
-        self._store = store
+        self._client = store.session
         self._want_snapshot = snapshot
-        #: with ``snapshot=True``: the range of the prefix the stream opened with
+        #: with ``snapshot=True``: the range of the prefix the watch opened with
         self.snapshot: RangeResult | None = None
-        self._stream: _wire.LineStream | None = None
         self._pending: deque[WatchEvent] = deque()
+        self._wakeup = asyncio.Event()
+        self._error: BaseException | None = None
         self._start_revision: int | None = None
-        self._next_revision = 0  # where a resumed stream starts: last revision received + 1
-        self._lost_since: float | None = None  # loop time the stream was last known dead
+        self._next_revision = 0  # where a resumed watch starts: last revision received + 1
+        self.wire_id = 0
         self.reconnects = 0
+        #: loop time of the last sign of life (the answer, an event or a progress frame)
+        self._alive_at = 0.0
 
     @property
     def start_revision(self) -> int:
@@ -531,181 +257,102 @@ class _HttpWatch(Watch):
         return self._start_revision
 
     async def _start(self) -> None:
-        self._store._check_open()
-        self._store._watches.add(self)
-        try:
-            await self._connect(self.requested_revision)
-        except BaseException:
-            self._store._watches.discard(self)
-            raise
-
-    async def _connect(self, start: int | None) -> None:
-        """Open a stream from ``start`` and read its ``created`` frame (the watch is then live)."""
-        store = self._store
-        if store.closed:
-            raise StoreClosedError(f"{store!r} was closed")
-        params = {"progress_interval": repr(store.progress_interval)}
-        if start is not None:
-            params["start_revision"] = str(start)
-        snapshot = self._want_snapshot and self.snapshot is None  # not when resuming
-        if snapshot:
-            params["snapshot"] = "1"
-        request = store._build("GET", "/v1/watch/" + _quote_key(self.prefix), params)
+        client = self._client
         what = f"watch {self.prefix!r}"
-        loop = asyncio.get_running_loop()
-        silence = store.progress_interval * 3
+        client.watches.add(self)
         try:
-            async with asyncio.timeout(store._connect_timeout + silence):
-                try:
-                    async with asyncio.timeout(store._connect_timeout):
-                        stream = await _wire.open_stream(
-                            store._host,
-                            store._port,
-                            store._ssl_context,
-                            request,
-                            max_line=MAX_WATCH_LINE,
-                        )
-                except TimeoutError:
-                    raise _wire.ConnectFailed("connecting timed out") from None
-                self._stream = stream
-                await stream.read_head()
-                if stream.status != 200:
-                    self._drop()
-                    raise store._fail(stream.status, stream.error_body or b"", what)
-                # From now on a stream silent for 3 progress intervals counts as lost.
-                stream.watch_silence(loop, silence)
-                frame = await self._read_frame()
-        except (
-            _wire.ConnectFailed,
-            _wire.ConnectionLost,
-            _wire.RequestTimeout,
-            TimeoutError,
-        ) as exc:
-            self._drop()
-            if store.closed:
-                raise StoreClosedError(f"{store!r} was closed") from None
-            raise StoreConnectionError(f"{what}: cannot open the stream: {exc!r}") from exc
-        if frame is None or frame.get("type") != "created":
-            self._drop()
-            raise StoreConnectionError(f"{what}: the server did not confirm the watch")
-        if snapshot:
+            conn = await client.connection()
+            future = client.register_watch(
+                conn, self, [self.prefix, self.requested_revision, self._want_snapshot]
+            )
             try:
+                async with asyncio.timeout(client.request_timeout):
+                    created = await future
+            except Refused as refused:
+                raise refused.error(what, write=False) from None
+            except ConnectionLost as exc:
+                if client.closed:
+                    raise StoreClosedError(f"the store was closed during {what}") from None
+                raise StoreConnectionError(f"{what}: the session was lost ({exc})") from None
+            except TimeoutError:
+                raise StoreConnectionError(f"{what}: no answer from {client.url}") from None
+            start, revision, snapshot = created
+            if self._want_snapshot:
+                count, kvs = snapshot
                 self.snapshot = RangeResult(
-                    kvs=tuple(_kv_from_json(kv) for kv in frame["kvs"]),
-                    revision=int(frame["revision"]),
-                    count=int(frame["count"]),
+                    kvs=tuple(kv_from_wire(kv) for kv in kvs), revision=int(revision), count=count
                 )
-            except (KeyError, TypeError, ValueError):
-                self._drop()
-                raise StoreConnectionError(
-                    f"{what}: the server sent no range with the watch (an older server?)"
-                ) from None
-        if self._start_revision is None:
-            self._start_revision = int(frame["start_revision"])
-        self._next_revision = int(frame["start_revision"])
+        except BaseException:
+            client.watches.discard(self)
+            client.unwatch(self)
+            raise
+        self._start_revision = self._next_revision = int(start)
+        self._alive_at = asyncio.get_running_loop().time()
 
-    async def _read_frame(self) -> dict[str, Any] | None:
-        """The next NDJSON frame, or None at the end of the stream; raises a ``_wire`` error
-        when the stream is lost, silent too long or malformed."""
-        stream = self._stream
-        if stream is None:
-            return None
-        line = await stream.read_line()
-        if line is None:
-            return None
-        try:
-            frame = json.loads(line)
-        except ValueError:
-            raise _wire.ConnectionLost("malformed watch frame") from None
-        if not isinstance(frame, dict):
-            raise _wire.ConnectionLost("malformed watch frame")
-        return frame
+    def resubscribe(self, client: SessionClient, conn: Any) -> None:
+        """A new connection: ask for the events from the next unseen revision on."""
+        if self._start_revision is None or self._closed or self._error is not None:
+            return
+        silent = asyncio.get_running_loop().time() - self._alive_at
+        if silent > client.reconnect_timeout:
+            # connections succeed, yet the watch delivers nothing: a hung server
+            self.fail(
+                StoreConnectionError(
+                    f"watch {self.prefix!r}: no progress from {client.url} for {silent:.1f}s "
+                    f"(more than reconnect_timeout; resume from revision {self._next_revision})"
+                )
+            )
+            return
+        future = client.register_watch(conn, self, [self.prefix, self._next_revision, False])
+        future.add_done_callback(self._resubscribed)
+
+    def _resubscribed(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if isinstance(exc, Refused):
+            self.fail(exc.error(f"watch {self.prefix!r}", write=False))
+        elif exc is None:
+            self.reconnects += 1  # alive only once it delivers (a hung server answers too)
+
+    def on_events(self, blob: bytes) -> None:
+        events = [e for e in decode_events(blob) if e.kv.mod_revision >= self._next_revision]
+        self._alive_at = asyncio.get_running_loop().time()
+        if events:  # never deliver a revision twice
+            self._pending.extend(events)
+            self._next_revision = events[-1].kv.mod_revision + 1
+            self._wakeup.set()
+
+    def on_progress(self, revision: int) -> None:
+        self._alive_at = asyncio.get_running_loop().time()
+        self._next_revision = max(self._next_revision, int(revision) + 1)
+
+    def on_end(self, conn: Any, code: str, message: str, extra: Any) -> None:
+        if code == "closing":
+            return  # the server is stopping: the session reconnects and resumes this watch
+        self.fail(error_from_frame(code, message, extra, f"watch {self.prefix!r}", write=False))
+
+    def fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._client.watches.discard(self)
+        self._client.unwatch(self)
+        self._wakeup.set()
 
     async def _next(self) -> WatchEvent:
-        store = self._store
         while not self._pending:
             if self._closed:
                 raise StopAsyncIteration
-            if store.closed:
-                raise StoreClosedError(f"{store!r} was closed")
-            frame: dict[str, Any] | None = None
-            try:
-                frame = await self._read_frame()
-            except (_wire.ConnectionLost, _wire.RequestTimeout):
-                frame = None
-            if self._closed:
-                raise StopAsyncIteration
-            if store.closed:
-                raise StoreClosedError(f"{store!r} was closed")
-            if frame is None or frame.get("type") == "closing":
-                await self._resume()
-                continue
-            kind = frame.get("type")
-            if kind in ("events", "progress"):
-                self._lost_since = None  # the server is alive and serving this watch
-            if kind == "events":
-                revision = int(frame["revision"])
-                if revision >= self._next_revision:  # never deliver a revision twice
-                    self._pending.extend(_event_from_json(e) for e in frame["events"])
-                    self._next_revision = revision + 1
-            elif kind == "progress":
-                self._next_revision = max(self._next_revision, int(frame["revision"]) + 1)
-            elif kind == "error":
-                self._drop()
-                if frame.get("error") == "compacted":
-                    raise CompactedError(
-                        int(frame["requested_revision"]), int(frame["compact_revision"])
-                    )
-                raise StoreConnectionError(f"watch {self.prefix!r}: {frame.get('message')}")
+            if self._error is not None:
+                raise self._error
+            self._wakeup.clear()
+            await self._wakeup.wait()
         return self._pending.popleft()
 
-    async def _resume(self) -> None:
-        """Reconnect from the next unseen revision.
-
-        Gives up with ``StoreConnectionError`` once the stream has delivered nothing (no event, no
-        progress frame) for ``reconnect_timeout`` seconds, even if connections succeed.
-        """
-        store = self._store
-        self._drop()
-        loop = asyncio.get_running_loop()
-        if self._lost_since is None:
-            self._lost_since = loop.time()
-        deadline = self._lost_since + store.reconnect_timeout
-        if loop.time() >= deadline:
-            raise StoreConnectionError(
-                f"watch {self.prefix!r}: no progress from {store.url} for "
-                f"{store.reconnect_timeout}s (resume from revision {self._next_revision})"
-            )
-        delay = 0.05
-        while True:
-            try:
-                await self._connect(self._next_revision)
-                self.reconnects += 1
-                return
-            except StoreConnectionError as exc:
-                if store.closed:
-                    raise StoreClosedError(f"{store!r} was closed") from None
-                if loop.time() + delay > deadline:
-                    raise StoreConnectionError(
-                        f"watch {self.prefix!r} lost and not resumed within "
-                        f"{store.reconnect_timeout}s (resume from revision "
-                        f"{self._next_revision}): {exc}"
-                    ) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    def _drop(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-
-    def _abort(self) -> None:
-        """The store is closing: end the stream so a pending ``_next`` wakes up."""
-        self._drop()
-
     async def _aclose(self) -> None:
-        self._store._watches.discard(self)
-        self._drop()
+        self._client.watches.discard(self)
+        self._client.unwatch(self)
+        self._wakeup.set()
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:

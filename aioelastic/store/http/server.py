@@ -36,7 +36,9 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnT
 from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
+from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy
+from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
 from ._txn_wire import result_to_json, txn_from_json
 
 __all__ = [
@@ -494,6 +496,8 @@ class _App:
         self.metrics = metrics
         self.closing = False
         self.watch_streams = 0
+        #: watches served over sessions (they share ``max_watch_streams``), set by make_app
+        self.session_watches: Callable[[], int] = lambda: 0
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers of the same prefix at
@@ -901,7 +905,7 @@ class _App:
                 )
         if self.closing:
             raise _ApiError(503, "unavailable", "the server is shutting down")
-        if self.watch_streams >= self.limits.max_watch_streams:
+        if self.watch_streams + self.session_watches() >= self.limits.max_watch_streams:
             raise _ApiError(
                 503,
                 "too_many_watches",
@@ -1072,10 +1076,15 @@ class _Metrics:
         self.revision = Gauge("aioelastic_revision", "Store revision", registry=self.registry)
         self.revision.set_function(lambda: engine.revision)
         self.watchers = Gauge(
-            "aioelastic_watch_streams", "Open watch streams", registry=self.registry
+            "aioelastic_watch_streams",
+            "Open watch streams and session watches",
+            registry=self.registry,
         )
         self.connections = Gauge(
             "aioelastic_connections", "Open client connections", registry=self.registry
+        )
+        self.sessions = Gauge(
+            "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
         )
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
@@ -1104,7 +1113,7 @@ class _NoMetrics:
     """Without prometheus-client the server runs as usual; ``/metrics`` answers 501 and says
     which extra to install."""
 
-    watchers = connections = _Unset()
+    watchers = connections = sessions = _Unset()
 
     def observe(self, op: str, status: int, seconds: float) -> None:
         pass
@@ -1134,12 +1143,15 @@ def make_app(
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     data: DataDir | None = None,
     max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
+    session_grace: float = DEFAULT_SESSION_GRACE,
 ) -> web.Application:
     """The aiohttp application serving ``engine`` (see ``docs/http-api.md`` for the routes).
 
     ``token``: require ``Authorization: Bearer <token>`` on every route but ``/healthz``.
     ``data``: an opened :class:`DataDir` whose durability every write waits for.
-    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches``.
+    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches`` (and
+    as many watches again over sessions). ``session_grace``: seconds a session's leases outlive
+    its connection, waiting for the client to resume it (``/v1/session``).
     """
     if max_key_bytes < 1 or max_value_bytes < 0 or max_watch_streams < 1:
         raise ValueError(
@@ -1154,10 +1166,24 @@ def make_app(
         metrics=metrics,
     )
     metrics.watchers.set_function(lambda: state.watch_streams)
+    sessions = SessionHub(
+        engine,
+        grace=session_grace,
+        max_key_bytes=max_key_bytes,
+        max_value_bytes=max_value_bytes,
+        max_watches=max_watch_streams,
+        durable=data.wait_durable if data is not None else None,
+        observe=metrics.observe,
+        other_watches=lambda: state.watch_streams,
+    )
+    state.session_watches = lambda: sessions.watches
+    metrics.watchers.set_function(lambda: state.watch_streams + sessions.watches)
+    metrics.sessions.set_function(lambda: sessions.session_count)
     app = web.Application(
         middlewares=[state.middleware], client_max_size=max_value_bytes + 64 * 1024
     )
     app[_STATE] = state
+    app[_SESSIONS] = sessions
 
     def route(method: str, path: str, handler: _Handler, op: str) -> None:
         # The handler is registered as is (no wrapper coroutine per request); the middleware
@@ -1183,15 +1209,18 @@ def make_app(
     route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
     route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
     route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
+    route("GET", SESSION_PATH, sessions.handle, "session")
 
     async def on_shutdown(app: web.Application) -> None:
         state.end_watch_streams()
+        sessions.shutdown()
 
     app.on_shutdown.append(on_shutdown)
     return app
 
 
 _STATE: web.AppKey[_App] = web.AppKey("aioelastic_state", _App)
+_SESSIONS: web.AppKey[SessionHub] = web.AppKey("aioelastic_sessions", SessionHub)
 
 
 # -- the embeddable server -----------------------------------------------------------------------
@@ -1208,6 +1237,7 @@ class HttpStoreServer:
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
     head may take to arrive, and its body after its head, before the connection is closed (408);
     None: no deadline. It does not bound idle keep-alive connections or responses (watches).
+    ``session_grace``: seconds a session's leases outlive its connection (see ``make_app``).
     """
 
     def __init__(
@@ -1228,6 +1258,7 @@ class HttpStoreServer:
         shutdown_timeout: float = 10.0,
         backlog: int = 1024,
         read_timeout: float | None = DEFAULT_READ_TIMEOUT,
+        session_grace: float = DEFAULT_SESSION_GRACE,
     ) -> None:
         if engine is not None and data_dir is not None:
             raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
@@ -1260,6 +1291,7 @@ class HttpStoreServer:
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
         self._read_timeout = None if read_timeout is None else float(read_timeout)
+        self._session_grace = session_grace
         self._runner: _Runner | None = None
         self._app: web.Application | None = None
         self._stopped = False
@@ -1302,6 +1334,7 @@ class HttpStoreServer:
                 max_value_bytes=self._max_value_bytes,
                 data=self.data,
                 max_watch_streams=self._max_watch_streams,
+                session_grace=self._session_grace,
             )
             runner = _Runner(
                 self._app,
@@ -1354,11 +1387,13 @@ class HttpStoreServer:
             self.engine.close()
 
     def statistics(self) -> dict[str, int]:
-        """Keys, leases, open watch streams and the revision, for logs and tests."""
-        streams = self._app[_STATE].watch_streams if self._app is not None else 0
+        """Keys, leases, open watch streams, sessions and the revision, for logs and tests."""
+        app = self._app
         return {
             "keys": len(self.engine),
             "leases": self.engine.lease_count,
-            "watch_streams": streams,
+            "watch_streams": app[_STATE].watch_streams if app is not None else 0,
+            "sessions": app[_SESSIONS].session_count if app is not None else 0,
+            "session_watches": app[_SESSIONS].watches if app is not None else 0,
             "revision": self.engine.revision,
         }

@@ -1,0 +1,143 @@
+"""The session protocol's frames: msgpack arrays, several to one WebSocket message.
+
+Shared by both ends (:mod:`._session_server`, :mod:`._session_client`); the protocol is described
+in ``docs/http-api.md`` ("The session protocol"). Every frame is a msgpack array whose first item
+is its kind. A WebSocket binary message carries one or more frames back to back, so that a batch
+of requests (or of answers) is one message and one write.
+
+Client to server: ``[REQUEST, id, op, args]`` (``args`` a list). The first frame on a connection
+must be the hello, ``[REQUEST, 0, "hello", {...}]``.
+Server to client: ``[RESULT, id, value]``, ``[ERROR, id, code, message, extra]``, and for a watch
+(whose id is the id of the request that opened it): ``[EVENTS, id, blob]`` (``blob``: the msgpack
+of a list of events, encoded once for every watcher at the same position),
+``[PROGRESS, id, revision]`` and ``[WATCH_END, id, code, message, extra]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from .._types import EventType, KeyValue, LeaseStatus, RangeResult, WatchEvent
+
+__all__ = [
+    "ERROR",
+    "EVENTS",
+    "PROGRESS",
+    "PROTOCOL_VERSIONS",
+    "REQUEST",
+    "RESULT",
+    "SESSION_PATH",
+    "WATCH_END",
+    "FrameError",
+    "decode_events",
+    "encode_events",
+    "kv_from_wire",
+    "kv_to_wire",
+    "pack",
+    "unpack_all",
+]
+
+#: Versions of the session protocol this package speaks, newest last.
+PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+#: The route of the session endpoint (a WebSocket upgrade).
+SESSION_PATH = "/v1/session"
+
+REQUEST = 0
+RESULT = 1
+ERROR = 2
+EVENTS = 3
+PROGRESS = 4
+WATCH_END = 5
+
+_PUT, _DELETE = 0, 1
+
+#: Encode with ``use_bin_type`` (bytes stay bytes, str stays str); one packer per process is
+#: fine (asyncio is single-threaded, and ``pack`` never suspends).
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+class FrameError(ValueError):
+    """A message that is not a sequence of valid frames."""
+
+
+def pack(frame: list[Any]) -> bytes:
+    """The bytes of one frame."""
+    data: bytes = _packer.pack(frame)
+    return data
+
+
+def unpack_all(data: bytes, *, max_len: int) -> Iterator[list[Any]]:
+    """Every frame of one message; raises :class:`FrameError` on anything but arrays."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        max_buffer_size=max(len(data), 1),
+        max_bin_len=max_len,
+        max_str_len=max_len,
+        max_array_len=1_000_000,
+        max_map_len=10_000,
+        max_ext_len=0,
+    )
+    unpacker.feed(data)
+    try:
+        for frame in unpacker:
+            if not isinstance(frame, list) or not frame:
+                raise FrameError(f"a frame must be a non-empty array, got {type(frame).__name__}")
+            yield frame
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        if isinstance(exc, FrameError):
+            raise
+        raise FrameError(f"the message is not valid msgpack: {exc}") from None
+
+
+def kv_to_wire(kv: KeyValue) -> list[Any]:
+    return [kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease]
+
+
+def kv_from_wire(item: list[Any]) -> KeyValue:
+    key, value, create, mod, version, lease = item
+    return KeyValue(key, value, create, mod, version, lease)
+
+
+def range_to_wire(result: RangeResult) -> list[Any]:
+    return [result.revision, result.count, result.more, [kv_to_wire(kv) for kv in result.kvs]]
+
+
+def range_from_wire(item: list[Any]) -> RangeResult:
+    revision, count, more, kvs = item
+    return RangeResult(
+        kvs=tuple(kv_from_wire(kv) for kv in kvs), revision=revision, count=count, more=more
+    )
+
+
+def lease_status_to_wire(status: LeaseStatus) -> list[Any]:
+    return [status.id, status.granted_ttl, status.remaining, list(status.keys)]
+
+
+def lease_status_from_wire(item: list[Any]) -> LeaseStatus:
+    lease_id, granted, remaining, keys = item
+    return LeaseStatus(lease_id, float(granted), float(remaining), tuple(keys))
+
+
+def encode_events(events: list[WatchEvent]) -> bytes:
+    """The blob of an ``EVENTS`` frame: ``[[kind, key, value, create, mod, version, lease],...]``
+    (a DELETE carries its revision as ``mod`` and zeros elsewhere)."""
+    blob: bytes = _packer.pack(
+        [[_PUT if e.type is EventType.PUT else _DELETE, *kv_to_wire(e.kv)] for e in events]
+    )
+    return blob
+
+
+def decode_events(blob: bytes) -> list[WatchEvent]:
+    out: list[WatchEvent] = []
+    for kind, key, value, create, mod, version, lease in msgpack.unpackb(blob, raw=False):
+        out.append(
+            WatchEvent(
+                EventType.PUT if kind == _PUT else EventType.DELETE,
+                KeyValue(key, value, create, mod, version, lease),
+            )
+        )
+    return out

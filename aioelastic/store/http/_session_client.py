@@ -1,0 +1,510 @@
+"""The client end of a session: one WebSocket to ``aioelastic serve`` for every request, watch and
+keep-alive of one :class:`~aioelastic.store.http.HttpStore` (see ``docs/http-api.md``).
+
+:class:`SessionClient` connects on first use, pipelines requests (one message per batch), and
+when the connection is lost reconnects at once in the background if it has watches or leases,
+resuming the session (its leases stay) and every watch from the revision after the last one it
+delivered. A request in flight when the connection is lost: a read is sent again, a write raises
+:class:`~aioelastic.errors.WriteOutcomeUnknownError` (it is never sent twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as _ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from ...errors import (
+    CompactedError,
+    LeaseNotFoundError,
+    StoreAuthError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreTimeoutError,
+    TxnTooLargeError,
+    ValueTooLargeError,
+    WriteOutcomeUnknownError,
+    WriteTimeoutError,
+)
+from ._frames import (
+    ERROR,
+    EVENTS,
+    PROGRESS,
+    PROTOCOL_VERSIONS,
+    REQUEST,
+    RESULT,
+    SESSION_PATH,
+    WATCH_END,
+    FrameError,
+    pack,
+    unpack_all,
+)
+
+__all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
+
+log = logging.getLogger("aioelastic.store.http")
+
+
+class ConnectionLost(Exception):
+    """The connection ended with the request pending (it had been sent)."""
+
+
+def error_from_frame(code: Any, message: Any, extra: Any, what: str, *, write: bool) -> Exception:
+    """The aioelastic error for an ``ERROR`` frame."""
+    extra = extra if isinstance(extra, dict) else {}
+    text = f"{what}: {message}"
+    if code == "lease_not_found":
+        return LeaseNotFoundError(int(extra.get("lease", 0)))
+    if code == "compacted":
+        return CompactedError(
+            int(extra.get("requested_revision", 0)), int(extra.get("compact_revision", 0))
+        )
+    if code == "txn_too_large":
+        return TxnTooLargeError(
+            str(extra.get("limit", "ops")),
+            int(extra.get("maximum", 0)),
+            int(extra.get("size", 0)),
+            "the transaction (as the server counts it)",
+        )
+    if code in ("value_too_large", "key_too_large"):
+        return ValueTooLargeError(text)
+    if code == "bad_request":
+        return ValueError(text)
+    if code == "unauthorized":
+        return StoreAuthError(text)
+    if code == "storage_error" and write:
+        return WriteOutcomeUnknownError(text)
+    return StoreConnectionError(f"{text} ({code})")
+
+
+class _Connection:
+    """One WebSocket: its writer (a batch per message), its pending requests and watches."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, max_message: int) -> None:
+        self.ws = ws
+        self.max_message = max_message
+        self.pending: dict[int, tuple[asyncio.Future[Any], bool]] = {}  # id -> (future, write)
+        self.watches: dict[int, Any] = {}  # id -> SessionWatch
+        self.lost = False
+        self.reason = ""
+        self.last_received = asyncio.get_running_loop().time()
+        self._outbox: list[bytes] = []
+        self._size = 0
+        self._wake = asyncio.Event()
+        self.writer = asyncio.ensure_future(self._write())
+        self.reader: asyncio.Task[None] | None = None
+
+    def send(self, frame: list[Any]) -> None:
+        data = pack(frame)
+        self._outbox.append(data)
+        self._size += len(data)
+        self._wake.set()
+
+    async def _write(self) -> None:
+        ws = self.ws
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                batch, self._outbox, self._size = self._outbox, [], 0
+                # a batch larger than the server's message bound goes as several messages
+                start = 0
+                while start < len(batch):
+                    end, size = start, 0
+                    while end < len(batch) and (
+                        end == start or size + len(batch[end]) <= self.max_message
+                    ):
+                        size += len(batch[end])
+                        end += 1
+                    chunk = batch[start:end]
+                    await ws.send_bytes(chunk[0] if len(chunk) == 1 else b"".join(chunk))
+                    start = end
+
+    def abort(self, reason: str) -> None:
+        if not self.reason:
+            self.reason = reason
+        if self.reader is not None:
+            self.reader.cancel()
+
+
+class SessionClient:
+    """A session to ``base_url`` (``http(s)://host:port[/prefix]``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str],
+        ssl: _ssl.SSLContext | None,
+        connect_timeout: float,
+        request_timeout: float,
+        progress_interval: float,
+        reconnect_timeout: float,
+        read_retries: int,
+        max_in_flight: int,
+    ) -> None:
+        self.url = base_url
+        self._ws_url = base_url + SESSION_PATH
+        self._headers = dict(headers)
+        self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.progress_interval = progress_interval
+        self.reconnect_timeout = reconnect_timeout
+        self.read_retries = read_retries
+        self._limit = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._http: aiohttp.ClientSession | None = None
+        self._conn: _Connection | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._next_id = 1
+        self._resume: str | None = None
+        self.leases: set[int] = set()  # granted through this session (claimed on a new one)
+        self.watches: set[Any] = set()  # every live SessionWatch
+        #: the protocol versions the hello offers
+        self.hello_versions = list(PROTOCOL_VERSIONS)
+        self._closing: set[asyncio.Future[None]] = set()
+        self.closed = False
+        self.version = 0
+        self.grace = 0.0
+        self.resumes = 0
+        self.connects = 0
+
+    # -- connecting
+
+    async def connection(self) -> _Connection:
+        """The live connection, connecting (once, shared by concurrent callers) if needed."""
+        conn = self._conn
+        if conn is not None:
+            return conn
+        if self.closed:
+            raise StoreClosedError(f"the store of {self.url} was closed")
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
+                if not connecting.cancelled():
+                    connecting.exception()  # retrieved: reported to every waiter
+
+    async def _connect(self) -> _Connection:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True)
+            )
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                ws = await self._http.ws_connect(
+                    self._ws_url,
+                    headers=self._headers,
+                    ssl=self._ssl,
+                    autoping=True,
+                    max_msg_size=0,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                )
+                try:
+                    welcome = await self._hello(ws)
+                except BaseException:
+                    await ws.close()
+                    raise
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (401, 403):
+                raise StoreAuthError(f"{self.url}: the server refused the token") from None
+            if exc.status == 404:
+                raise StoreConnectionError(
+                    f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
+                ) from None
+            raise StoreConnectionError(f"cannot open a session to {self.url}: {exc}") from None
+        except TimeoutError:
+            raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
+        except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
+            raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
+        if self.closed:
+            await ws.close()
+            raise StoreClosedError(f"the store of {self.url} was closed")
+        return self._established(ws, welcome)
+
+    async def _hello(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+        hello = {
+            "versions": self.hello_versions,
+            "resume": self._resume,
+            "leases": sorted(self.leases),
+            "progress_interval": self.progress_interval,
+            "client": "aioelastic",
+        }
+        await ws.send_bytes(pack([REQUEST, 0, "hello", hello]))
+        message = await ws.receive()
+        if message.type is not aiohttp.WSMsgType.BINARY:
+            raise StoreConnectionError(
+                f"{self.url}: no answer to the session hello ({message.type.name})"
+            )
+        try:
+            frame = next(unpack_all(message.data, max_len=1 << 20))
+        except (FrameError, StopIteration):
+            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello") from None
+        if len(frame) == 5 and frame[0] == ERROR:
+            raise StoreConnectionError(f"{self.url} refused the session: {frame[3]} ({frame[2]})")
+        if len(frame) != 3 or frame[0] != RESULT or not isinstance(frame[2], dict):
+            raise StoreConnectionError(f"{self.url}: a malformed answer to the hello")
+        welcome: dict[str, Any] = frame[2]
+        return welcome
+
+    def _established(
+        self, ws: aiohttp.ClientWebSocketResponse, welcome: dict[str, Any]
+    ) -> _Connection:
+        self.version = int(welcome.get("version", 0))
+        self.grace = float(welcome.get("grace", 0.0))
+        if welcome.get("resumed"):
+            self.resumes += 1
+        self._resume = str(welcome.get("resume", "")) or None
+        self.connects += 1
+        conn = _Connection(ws, int(welcome.get("max_message", 4 << 20)))
+        conn.reader = asyncio.ensure_future(self._read(conn))
+        self._conn = conn
+        for watch in list(self.watches):
+            watch.resubscribe(self, conn)
+        return conn
+
+    async def _read(self, conn: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        silence = 3 * self.progress_interval
+        try:
+            while True:
+                timeout = silence if conn.watches else None
+                try:
+                    message = await conn.ws.receive(timeout=timeout)
+                except TimeoutError:
+                    conn.reason = f"nothing received for {silence:g}s (3 progress intervals)"
+                    break
+                if message.type is not aiohttp.WSMsgType.BINARY:
+                    if message.type is aiohttp.WSMsgType.CLOSE and not conn.reason:
+                        conn.reason = f"closed by the server ({message.data}: {message.extra})"
+                    break
+                conn.last_received = loop.time()
+                try:
+                    for frame in unpack_all(message.data, max_len=1 << 31):
+                        self._on_frame(conn, frame)
+                except (FrameError, ValueError, TypeError) as exc:
+                    conn.reason = f"a malformed frame from the server: {exc}"
+                    break
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            conn.reason = conn.reason or repr(exc)
+        finally:
+            self._lost(conn)
+
+    def _on_frame(self, conn: _Connection, frame: list[Any]) -> None:
+        kind, rid = frame[0], frame[1]
+        if kind in (RESULT, ERROR):
+            entry = conn.pending.pop(rid, None)
+            if entry is None:
+                if kind == ERROR and rid == 0:
+                    conn.reason = f"the server said: {frame[3]} ({frame[2]})"
+                return
+            future = entry[0]
+            if not future.done():
+                if kind == RESULT:
+                    future.set_result(frame[2])
+                else:
+                    future.set_exception(Refused(frame[2], frame[3], frame[4]))
+            return
+        watch = conn.watches.get(rid)
+        if watch is None:
+            return
+        if kind == EVENTS:
+            watch.on_events(frame[2])
+        elif kind == PROGRESS:
+            watch.on_progress(frame[2])
+        elif kind == WATCH_END:
+            del conn.watches[rid]
+            watch.on_end(conn, frame[2], frame[3], frame[4])
+
+    def _lost(self, conn: _Connection) -> None:
+        if conn.lost:
+            return
+        conn.lost = True
+        if self._conn is conn:
+            self._conn = None
+        conn.writer.cancel()
+        closing = asyncio.ensure_future(_close_quietly(conn.ws))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        lost = ConnectionLost(conn.reason or "the connection ended")
+        for future, _ in conn.pending.values():
+            if not future.done():
+                future.set_exception(lost)
+        conn.pending.clear()
+        conn.watches.clear()
+        if not self.closed and (self.watches or self.leases):
+            self._start_reconnecting()
+
+    def _start_reconnecting(self) -> None:
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Reconnect at once (within the session's grace, so its leases stay), then with backoff
+        until ``reconnect_timeout``; then fail the watches."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reconnect_timeout
+        delay = 0.01
+        error: Exception | None = None
+        while not self.closed and loop.time() < deadline:
+            try:
+                await self.connection()
+                return
+            except StoreClosedError:
+                return
+            except (StoreConnectionError, StoreAuthError) as exc:
+                error = exc
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, 1.0)
+        for watch in list(self.watches):
+            watch.fail(
+                StoreConnectionError(
+                    f"watch {watch.prefix!r}: the session to {self.url} was lost and not resumed "
+                    f"within {self.reconnect_timeout:g}s: {error}"
+                )
+            )
+
+    # -- requests
+
+    def register_watch(self, conn: _Connection, watch: Any, args: list[Any]) -> asyncio.Future[Any]:
+        """Send a ``watch`` request; its frames go to ``watch`` from now on."""
+        rid = self._take_id()
+        conn.watches[rid] = watch
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        conn.pending[rid] = (future, False)
+        conn.send([REQUEST, rid, "watch", args])
+        watch.wire_id = rid
+        return future
+
+    def unwatch(self, watch: Any) -> None:
+        conn = self._conn
+        rid = watch.wire_id
+        if conn is not None and conn.watches.get(rid) is watch:
+            del conn.watches[rid]
+            self._send_and_forget(conn, "unwatch", [rid])
+
+    def _send_and_forget(self, conn: _Connection, op: str, args: list[Any]) -> None:
+        rid = self._take_id()
+        conn.send([REQUEST, rid, op, args])
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < 2**62 else 1
+        return rid
+
+    async def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Any:
+        """Send one request and return its answer's value, or raise an aioelastic error."""
+        limit = self._limit
+        if limit is None:
+            return await self._call(op, args, write, what)
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await limit.acquire()
+        except TimeoutError:
+            # nothing was sent: the outcome is known (not applied), even for a write
+            raise StoreConnectionError(
+                f"{what}: no request slot within {self.request_timeout:g}s "
+                "(max_connections requests in flight)"
+            ) from None
+        try:
+            return await self._call(op, args, write, what)
+        finally:
+            limit.release()
+
+    async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
+        attempts = 1 if write else 1 + self.read_retries
+        loop = asyncio.get_running_loop()
+        for attempt in range(attempts):
+            try:
+                conn = await self.connection()
+            except StoreConnectionError:
+                # Not connected: nothing was sent, so even a write had no effect.
+                if attempt + 1 == attempts:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
+                continue
+            rid = self._take_id()
+            future: asyncio.Future[Any] = loop.create_future()
+            conn.pending[rid] = (future, write)
+            conn.send([REQUEST, rid, op, args])
+            try:
+                async with asyncio.timeout(self.request_timeout):
+                    return await future
+            except Refused as refused:
+                raise refused.error(what, write=write) from None
+            except TimeoutError:
+                conn.pending.pop(rid, None)
+                if self.closed:
+                    raise StoreClosedError(f"the store was closed during {what}") from None
+                if write:
+                    # Sent, and no answer before the deadline: a timeout (StoreTimeoutError)
+                    # whose outcome is unknown (WriteOutcomeUnknownError), as with etcd.
+                    raise WriteTimeoutError(
+                        f"{what} timed out: sent to {self.url}, no answer within the "
+                        f"{self.request_timeout:g}s deadline; it may or may not have applied"
+                    ) from None
+                raise StoreTimeoutError(f"{what} timed out ({self.url})") from None
+            except ConnectionLost as exc:
+                if self.closed:
+                    raise StoreClosedError(f"the store was closed during {what}") from None
+                if write:
+                    raise WriteOutcomeUnknownError(
+                        f"{what}: the session to {self.url} was lost after the request was sent "
+                        f"({exc}); it may or may not have applied"
+                    ) from None
+                if attempt + 1 == attempts:
+                    raise StoreConnectionError(
+                        f"{what}: the session to {self.url} was lost ({exc})"
+                    ) from None
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- closing
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for task in (self._reconnecting, self._connecting):
+            if task is not None and not task.done():
+                task.cancel()
+        for watch in list(self.watches):
+            watch.fail(StoreClosedError(f"the store of {self.url} was closed"))
+        conn = self._conn
+        if conn is not None:
+            conn.reason = "the store was closed"
+            if conn.reader is not None:
+                conn.reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await conn.reader
+            await _close_quietly(conn.ws)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+
+
+class Refused(Exception):
+    """An ``ERROR`` answer, mapped to an aioelastic error by :meth:`error`."""
+
+    def __init__(self, code: Any, message: Any, extra: Any) -> None:
+        super().__init__(code, message)
+        self.code, self.message, self.extra = code, message, extra
+
+    def error(self, what: str, *, write: bool) -> Exception:
+        return error_from_frame(self.code, self.message, self.extra, what, write=write)
+
+
+async def _close_quietly(ws: aiohttp.ClientWebSocketResponse) -> None:
+    with contextlib.suppress(Exception):
+        await ws.close()
