@@ -89,7 +89,8 @@ class Compare:
         if self.op not in _OPS:
             raise ValueError(f"compare op must be one of {_OPS}, got {self.op!r}")
         if self.target == "value":
-            object.__setattr__(self, "operand", check_value(self.operand, "compare operand"))
+            if type(self.operand) is not bytes:
+                object.__setattr__(self, "operand", check_value(self.operand, "compare operand"))
         else:
             check_int(self.operand, f"compare operand of {self.target}", minimum=0)
 
@@ -179,7 +180,8 @@ class Put:
 
     def __post_init__(self) -> None:
         check_key(self.key)
-        object.__setattr__(self, "value", check_value(self.value))
+        if type(self.value) is not bytes:
+            object.__setattr__(self, "value", check_value(self.value))
         check_int(self.lease, "lease", minimum=0)
 
 
@@ -300,40 +302,52 @@ class Txn:
 # -- the rules ----------------------------------------------------------------------------------
 
 
-def _items(items: Iterable[object], kinds: tuple[type, ...], what: str) -> tuple[object, ...]:
+def _as_tuple(items: Iterable[object], what: str) -> tuple[object, ...]:
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(f"{what} must be a list, got {type(items).__name__}")
-    out = tuple(items)
-    for item in out:
-        if not isinstance(item, kinds):
-            names = " | ".join(k.__name__ for k in kinds)
-            raise TypeError(f"{what}[] must be {names}, got {type(item).__name__}")
-    return out
+    return tuple(items)
 
 
-def _size(item: Compare | TxnOp) -> int:
-    key = item.prefix if isinstance(item, (Range, DeletePrefix)) else item.key
-    size = len(key.encode("utf-8", "surrogatepass"))
-    if isinstance(item, Put):
-        size += len(item.value)
-    elif isinstance(item, Compare) and isinstance(item.operand, bytes):
-        size += len(item.operand)
-    return size
+def _key_size(key: str) -> int:
+    return len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))
 
 
-def _check_writes(ops: tuple[TxnOp, ...], branch: str) -> None:
-    """etcd's rule: a branch may not put one key twice, nor put a key it also deletes."""
-    puts: set[str] = set()
-    points = {op.key for op in ops if isinstance(op, Delete)}
-    prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
+_OP_KINDS = (Put, Get, Range, Delete, DeletePrefix)
+
+
+def _check_branch(ops: tuple[object, ...], branch: str) -> int:
+    """Check one branch's operations (types; etcd's rule that a branch may not put one key
+    twice, nor put a key it also deletes); return their size in bytes."""
+    size = 0
+    puts: list[str] = []
+    deleted: list[str] = []
+    prefixes: list[str] = []
     for op in ops:
-        if not isinstance(op, Put):
-            continue
-        if op.key in puts:
-            raise ValueError(f"txn {branch}: key {op.key!r} is put twice (one write per key)")
-        if op.key in points or any(op.key.startswith(p) for p in prefixes):
-            raise ValueError(f"txn {branch}: key {op.key!r} is both put and deleted")
-        puts.add(op.key)
+        if isinstance(op, Put):
+            size += _key_size(op.key) + len(op.value)
+            puts.append(op.key)
+        elif isinstance(op, Get):
+            size += _key_size(op.key)
+        elif isinstance(op, (Range, DeletePrefix)):
+            size += _key_size(op.prefix)
+            if isinstance(op, DeletePrefix):
+                prefixes.append(op.prefix)
+        elif isinstance(op, Delete):
+            size += _key_size(op.key)
+            deleted.append(op.key)
+        else:
+            names = " | ".join(k.__name__ for k in _OP_KINDS)
+            raise TypeError(f"{branch}[] must be {names}, got {type(op).__name__}")
+    if len(puts) > 1 or (puts and (deleted or prefixes)):
+        seen: set[str] = set()
+        points = set(deleted)
+        for key in puts:
+            if key in seen:
+                raise ValueError(f"txn {branch}: key {key!r} is put twice (one write per key)")
+            if key in points or any(key.startswith(p) for p in prefixes):
+                raise ValueError(f"txn {branch}: key {key!r} is both put and deleted")
+            seen.add(key)
+    return size
 
 
 def check_txn(
@@ -342,19 +356,18 @@ def check_txn(
     """Validate a transaction once, for every backend: types, the size limits
     (:class:`~aioelastic.errors.TxnTooLargeError`) and the one-write-per-key rule
     (``ValueError``)."""
-    op_kinds = (Put, Get, Range, Delete, DeletePrefix)
-    txn = Txn(
-        _items(compare, (Compare,), "compare"),  # type: ignore[arg-type]
-        _items(success, op_kinds, "success"),  # type: ignore[arg-type]
-        _items(failure, op_kinds, "failure"),  # type: ignore[arg-type]
-    )
-    for name in ("compare", "success", "failure"):
-        count = len(getattr(txn, name))
-        if count > MAX_TXN_OPS:
-            raise TxnTooLargeError("ops", MAX_TXN_OPS, count, f"its {name} list")
-    size = sum(map(_size, (*txn.compare, *txn.success, *txn.failure)))
+    compares = _as_tuple(compare, "compare")
+    branches = {"success": _as_tuple(success, "success"), "failure": _as_tuple(failure, "failure")}
+    for name, items in (("compare", compares), *branches.items()):
+        if len(items) > MAX_TXN_OPS:
+            raise TxnTooLargeError("ops", MAX_TXN_OPS, len(items), f"its {name} list")
+    size = 0
+    for c in compares:
+        if not isinstance(c, Compare):
+            raise TypeError(f"compare[] must be Compare, got {type(c).__name__}")
+        size += _key_size(c.key) + (len(c.operand) if isinstance(c.operand, bytes) else 0)
+    for name, items in branches.items():
+        size += _check_branch(items, name)
     if size > MAX_TXN_BYTES:
         raise TxnTooLargeError("bytes", MAX_TXN_BYTES, size, "its keys and values")
-    _check_writes(txn.success, "success")
-    _check_writes(txn.failure, "failure")
-    return txn
+    return Txn(compares, branches["success"], branches["failure"])  # type: ignore[arg-type]
