@@ -89,7 +89,8 @@ async def increments(
     async def worker(store: Store, count: int) -> None:
         nonlocal conflicts
         for _ in range(count):
-            conflicts += await increment(store, key)
+            seen = await increment(store, key)  # (not `conflicts += await ...`: that loses
+            conflicts += seen  # the updates made while it waits, the very bug measured here)
 
     shares = [total // tasks + (1 if i < total % tasks else 0) for i in range(tasks)]
     started = time.perf_counter()
