@@ -347,8 +347,10 @@ class EtcdStore(Store):
             success=[_op_pb(op) for op in txn.success],
             failure=[_op_pb(op) for op in txn.failure],
         )
+        # only reads in both branches: a read (moved to another member on failure); else a write
+        write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
         try:
-            response = await self.client.call("Txn", request, write=True)
+            response = await self.client.call("Txn", request, write=write)
         except StoreError as exc:
             leases = [op.lease for op in (*txn.success, *txn.failure) if isinstance(op, Put)]
             if "lease not found" in str(exc):
