@@ -506,11 +506,12 @@ class Store(abc.ABC):
     async def _add(self, key: str, delta: int) -> int:
         """``add`` on transactions (see ``_add.py``); a backend with an atomic increment
         overrides this."""
-        if self._adder is None:
+        adder = getattr(self, "_adder", None)  # (a subclass may skip Store.__init__)
+        if adder is None:
             from ._add import CounterAdder
 
-            self._adder = CounterAdder(self)
-        return await self._adder.add(key, delta)
+            adder = self._adder = CounterAdder(self)
+        return await adder.add(key, delta)
 
     @abc.abstractmethod
     async def _get(self, key: str) -> KeyValue | None: ...
