@@ -4,6 +4,7 @@ Runs ``python -m aioelastic serve`` in a subprocess on 127.0.0.1 (so server and 
 separate cores) and prints:
 
 - one client, sequential: put/s and get/s;
+- one client with ``--in-flight`` gets in flight at once (pipelined on its session): get/s;
 - 64 concurrent clients (one HttpStore each): aggregate ops/s (half puts, half gets), with all
   clients in this one process (bound by one core of client CPU), and with the clients spread
   over ``--procs`` processes (server-bound: on a 2-core machine the server and the clients then
@@ -125,6 +126,24 @@ async def sequential(url: str, ops: int, pid: int) -> list[tuple[str, float, str
             elapsed = time.perf_counter() - start
         rows.append(("get", ops / elapsed, cpu.per_op(ops)))
     return rows
+
+
+async def pipelined(url: str, ops: int, depth: int, pid: int) -> tuple[float, str]:
+    """One client, ``depth`` gets in flight at once (``depth`` tasks on one store)."""
+    async with open_store(url, max_connections=0) as store:
+        await store.put("pipe/k", b"x" * 64)
+
+        async def worker() -> None:
+            for _ in range(ops // depth):
+                await store.get("pipe/k")
+
+        await asyncio.gather(*(store.get("pipe/k") for _ in range(200)))  # warm up
+        with CpuMeter(pid) as cpu:
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(depth)))
+            elapsed = time.perf_counter() - start
+        done = ops // depth * depth
+        return done / elapsed, cpu.per_op(done)
 
 
 async def _work(n: int, store: Store, ops: int) -> None:
@@ -332,6 +351,7 @@ def main() -> None:
         "--procs", type=int, default=2, help="client processes of the multi-process row (0: none)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median shown)")
+    parser.add_argument("--in-flight", type=int, default=64, help="gets in flight, one client")
     parser.add_argument("--watchers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5, help="fan-out rounds")
     parser.add_argument(
@@ -373,12 +393,14 @@ def main() -> None:
             gets: list[tuple[float, str]] = []
             one: list[tuple[float, str]] = []
             many: list[tuple[float, str]] = []
+            piped: list[tuple[float, str]] = []
             for _ in range(args.repeat):
                 (_, put_s, put_cpu), (_, get_s, get_cpu) = run(
                     sequential(url, args.ops, proc.pid), loop
                 )
                 puts.append((put_s, put_cpu))
                 gets.append((get_s, get_cpu))
+                piped.append(run(pipelined(url, args.ops, args.in_flight, proc.pid), loop))
                 one.append(run(concurrent(url, args.clients, args.ops_each, proc.pid), loop))
                 if args.procs > 0:
                     many.append(
@@ -390,6 +412,7 @@ def main() -> None:
             rows = [
                 ("1 client sequential put", puts),
                 ("1 client sequential get", gets),
+                (f"1 client, {args.in_flight} gets in flight", piped),
                 (f"{args.clients} clients, 1 process (½ put)", one),
             ]
             if many:
@@ -403,6 +426,7 @@ def main() -> None:
                 ours = {
                     "put": _median(puts)[0],
                     "get": _median(gets)[0],
+                    "pipelined": _median(piped)[0],
                     "concurrent": max(_median(one)[0], _median(many)[0] if many else 0.0),
                 }
                 lat, fan_cpu = run(fan_out(url, args.watchers, args.rounds, proc.pid), loop)
@@ -417,17 +441,25 @@ def main() -> None:
         tmp.cleanup()
     if args.no_torch:
         return
-    theirs = torch_rows(args.ops, args.clients, args.ops_each)
-    if theirs is None:
+    torch_all = [torch_rows(args.ops, args.clients, args.ops_each) for _ in range(args.repeat)]
+    torch_runs = [r for r in torch_all if r is not None]
+    if not torch_runs:
         print("torch is not installed: no TCPStore comparison")
         return
     version = importlib.import_module("torch").__version__
-    print(f"[torch {version} TCPStore (C++ server thread, same process)]")
+    print(f"[torch {version} TCPStore (C++ server thread, same process), median of {args.repeat}]")
+    theirs: dict[str, float] = {}
     for name, label in (("put", "set"), ("get", "get"), ("concurrent", "concurrent")):
+        theirs[name] = statistics.median(r[name] for r in torch_runs)
+        spread = ", ".join(f"{r[name]:,.0f}" for r in torch_runs)
         print(
             f"  {label:<11} {theirs[name]:>10,.0f} ops/s   aioelastic/TCPStore = "
-            f"{ours[name] / theirs[name]:.2f}"
+            f"{ours[name] / theirs[name]:.2f}   (runs: {spread})"
         )
+    print(
+        f"  aioelastic's {args.in_flight} gets in flight / TCPStore's sequential get = "
+        f"{ours['pipelined'] / theirs['get']:.2f}"
+    )
 
 
 if __name__ == "__main__":

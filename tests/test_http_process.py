@@ -185,6 +185,8 @@ async def test_serve_with_token_file_and_tls(tmp_path: Path) -> None:
         (("--read-timeout", "nan"), "--read-timeout must be a finite number of seconds > 0"),
         (("--read-timeout", "-2"), "--read-timeout must be a finite number of seconds > 0"),
         (("--read-timeout", "soon"), "--read-timeout"),
+        (("--session-grace", "-0.1"), "--session-grace must be a number of seconds >= 0"),
+        (("--session-grace", "inf"), "--session-grace must be a number of seconds >= 0"),
     ],
 )
 def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:

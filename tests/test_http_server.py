@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import socket
 import ssl
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from aioelastic.errors import (
 )
 from aioelastic.store import open_store
 from aioelastic.store.http.server import HttpStoreServer
+from aioelastic.testing.strategies import any_keys
 
 
 @pytest_asyncio.fixture
@@ -287,6 +290,62 @@ async def test_huge_and_malformed_http_gets_json_4xx(server: HttpStoreServer) ->
 
 
 @pytest.mark.asyncio
+async def test_compressed_bodies_are_refused_with_415_and_store_nothing(
+    server: HttpStoreServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Content codings are refused (415), never decoded in part or stored compressed; an
+    undecodable body is a 415 too, not a 500 with a traceback."""
+    import gzip
+    import zlib
+
+    value = b"0123456789" * 90  # 900 bytes: under the 1000-byte limit
+    cases = [
+        ("gzip", gzip.compress(value)),
+        ("deflate", zlib.compress(value)),
+        ("gzip", b"this is not gzip at all"),
+        ("deflate", b"\x78\x9c not deflate"),
+        ("br", b"\x00\x01"),
+        ("x-unknown", value),
+        ("gzip, identity", gzip.compress(value)),
+    ]
+    for i, (coding, body) in enumerate(cases):
+        headers = {"Content-Encoding": coding}
+        status, answer, got = await _raw(
+            "PUT", f"{server.url}/v1/kv/c{i}", data=body, headers=headers
+        )
+        assert status == 415, (coding, answer)
+        assert json.loads(answer)["error"] == "unsupported_content_encoding"
+        assert got["Accept-Encoding"] == "identity"
+        assert server.engine.get(f"c{i}") is None
+    status, answer, _ = await _raw(
+        "POST",
+        f"{server.url}/v1/lease",
+        data=gzip.compress(b'{"ttl": 5}'),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert status == 415, answer
+    assert server.engine.lease_count == 0
+    status, answer, _ = await _raw(
+        "PUT", f"{server.url}/v1/kv/plain", data=value, headers={"Content-Encoding": "identity"}
+    )
+    assert status == 200, answer
+    # A transfer coding besides chunked: refused, not stored compressed.
+    compressed = gzip.compress(value)
+    request = (
+        b"PUT /v1/kv/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(compressed), compressed)
+    )
+    raw = await asyncio.to_thread(_raw_socket_exchange, server.port, request)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert int(head.split(b" ", 2)[1]) == 415, raw[:300]
+    assert json.loads(body)["error"] == "unsupported_transfer_encoding"
+    assert server.engine.get("te") is None
+    assert (await _raw("GET", f"{server.url}/healthz"))[0] == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@pytest.mark.asyncio
 async def test_client_maps_limits_to_value_too_large(server: HttpStoreServer) -> None:
     async with open_store(server.url) as store:
         with pytest.raises(ValueTooLargeError):
@@ -471,6 +530,28 @@ def test_fuzzed_requests_never_get_a_5xx(
             assert after == before, (method, target, payload[:300])
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=any_keys(max_size=20))
+def test_any_key_round_trips_over_http(fuzz_server: ServerThread, key: str) -> None:
+    """Every key the protocol allows (newlines included: once a 404 "no route") is written,
+    read, listed, watched, added to and deleted through the real client."""
+
+    async def main() -> None:
+        async with open_store(fuzz_server.url, read_retries=0) as store:
+            space = store.namespace(f"any-{uuid.uuid4().hex}/")
+            written = await space.put(key, b"v")
+            assert (await space.get(key)) is not None
+            assert [kv.key for kv in await space.range(key)] == [key]
+            async with space.watch(key, start_revision=written) as events:
+                event = await asyncio.wait_for(events.__anext__(), 10)
+            assert event.kv.key == key
+            assert (await space.compare_and_delete(key, written)).succeeded
+            assert await space.add(key, 3) == 3
+            assert await space.delete_prefix("") == 1
+
+    asyncio.run(main())
+
+
 def test_the_openapi_document_describes_every_route() -> None:
     from aioelastic.store import MemoryEngine
     from aioelastic.store.http._openapi import openapi_document
@@ -488,8 +569,6 @@ def test_the_openapi_document_describes_every_route() -> None:
     for route in app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}
         path = info.get("path") or info.get("formatter", "")
-        if path.startswith(("/v1/range/", "/v1/watch/")):
-            path = path.replace("{key}", "{prefix}")
         served.add((path, route.method))
     assert served == described
 
@@ -727,3 +806,111 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_keepalive_timeo
             assert await asyncio.wait_for(reader.read(), 5) == b""
         finally:
             writer.close()
+
+
+# -- conditional deletes, Expect: 100-continue, body limits ---------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_delete_with_if_none_match_star_deletes_nothing(server: HttpStoreServer) -> None:
+    """``If-None-Match: *`` holds only while the key is absent (RFC 9110): 412 and the key kept
+    when it exists, ``deleted: 0`` when it does not; it was ignored (the key deleted)."""
+    base = f"{server.url}/v1/kv/"
+    revision = server.engine.put("kept", b"v", 0)
+    status, body, _ = await _raw("DELETE", base + "kept", headers={"If-None-Match": "*"})
+    assert status == 412, body
+    assert json.loads(body)["kv"]["mod_revision"] == revision
+    assert server.engine.get("kept") is not None
+    status, body, _ = await _raw("DELETE", base + "absent", headers={"If-None-Match": "*"})
+    assert (status, json.loads(body)["deleted"]) == (200, 0)
+    for headers in ({"If-None-Match": '"3"'}, {"If-None-Match": "*", "If-Match": f'"{revision}"'}):
+        status, body, _ = await _raw("DELETE", base + "kept", headers=headers)
+        assert status == 400, (headers, body)
+    assert server.engine.revision == revision
+
+
+async def _expect_exchange(port: int, head: bytes) -> tuple[bytes, bytes]:
+    """Send a request head with ``Expect: 100-continue`` and no body; (the first answer's status
+    line, everything read within a second)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        first = await asyncio.wait_for(reader.readline(), 10)
+        try:
+            rest = await asyncio.wait_for(reader.read(65536), 1)
+        except TimeoutError:
+            rest = b""
+        return first, rest
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_100_continue_only_after_auth_and_length_are_checked() -> None:
+    """A client waiting for ``100 Continue`` learns of a wrong token, an oversized body or a
+    coding at once, before it sends the body (aiohttp sent 100 before any check)."""
+    async with HttpStoreServer(port=0, token="t0ken", max_value_bytes=1000) as srv:
+
+        def head(method: str, path: str, length: int, extra: str = "") -> bytes:
+            return (
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                f"Content-Length: {length}\r\n{extra}\r\n"
+            ).encode()
+
+        good = "Authorization: Bearer t0ken\r\n"
+        for request, status in (
+            (head("PUT", "/v1/kv/a", 10), b"401"),
+            (head("PUT", "/v1/kv/a", 10, "Authorization: Bearer nope\r\n"), b"401"),
+            (head("PUT", "/v1/kv/a", 1001, good), b"413"),
+            (head("POST", "/v1/lease", 70_000, good), b"413"),
+            (head("PUT", "/v1/kv/a", 10, good + "Content-Encoding: gzip\r\n"), b"415"),
+            (head("PUT", "/v1/kv/a", 10, good).replace(b"100-continue", b"x-other"), b"417"),
+        ):
+            first, rest = await _expect_exchange(srv.port, request)
+            assert first.split(b" ")[1] == status, (request, first, rest)
+            assert b"100 Continue" not in first + rest
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            writer.write(head("PUT", "/v1/kv/a", 5, good))
+            assert await asyncio.wait_for(reader.readline(), 10) == b"HTTP/1.1 100 Continue\r\n"
+            assert await asyncio.wait_for(reader.readline(), 10) == b"\r\n"
+            writer.write(b"hello")
+            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+        finally:
+            writer.close()
+        kv = srv.engine.get("a")
+        assert kv is not None
+        assert kv.value == b"hello"
+        assert srv.engine.revision == 1
+
+
+@pytest.mark.asyncio
+async def test_json_bodies_are_bounded_by_their_own_limit_and_values_by_theirs() -> None:
+    """JSON bodies (lease grant, compact) at most 64 KiB whatever the value limit (they were
+    taken up to the value limit + 64 KiB); a value exactly at the limit passes, chunked too."""
+    from aioelastic.store.http.server import MAX_JSON_BODY_BYTES
+
+    async with HttpStoreServer(port=0, max_value_bytes=200_000) as srv:
+        grant = b'{"ttl": 5}'
+        at_limit = grant + b" " * (MAX_JSON_BODY_BYTES - len(grant))
+        status, body, _ = await _raw("POST", f"{srv.url}/v1/lease", data=at_limit)
+        assert status == 200, body
+        for data in (at_limit + b" ", grant + b" " * 150_000):
+            status, body, _ = await _raw("POST", f"{srv.url}/v1/lease", data=data)
+            assert (status, json.loads(body)["error"]) == (413, "body_too_large")
+
+        async def chunks(size: int) -> AsyncIterator[bytes]:
+            for _ in range(size // 1000):
+                yield b"x" * 1000
+
+        for size, expected in ((200_000, 200), (201_000, 413)):
+            async with (
+                aiohttp.ClientSession() as session,
+                session.put(f"{srv.url}/v1/kv/v{size}", data=chunks(size)) as resp,
+            ):
+                assert resp.status == expected, await resp.read()
+        assert srv.engine.lease_count == 1
+        kv = srv.engine.get("v200000")
+        assert kv is not None
+        assert len(kv.value) == 200_000
+        assert srv.engine.get("v201000") is None

@@ -94,13 +94,14 @@ async def test_a_killed_client_loses_its_leases_within_the_grace() -> None:
 async def test_a_frozen_client_keeps_its_leases_until_their_ttl() -> None:
     with (
         ServerProcess("--session-grace", "0.25") as server,
-        client_process(server.url, 2.0, "frozen/me") as proc,
+        client_process(server.url, 3.0, "frozen/me") as proc,
     ):
-        # its connection stays open (no FIN): only the TTL tells it is gone
+        # its connection stays open (no FIN): only the TTL tells it is gone, 2-3 s after the
+        # stop (its keeper renews every second); far more than the grace
         seconds = await _deleted_after(
             server.url, "frozen/me", lambda: proc.send_signal(signal.SIGSTOP), 20
         )
-    assert 1.0 <= seconds < 8.0, seconds
+    assert 1.0 <= seconds < 10.0, seconds
 
 
 @pytest.mark.asyncio

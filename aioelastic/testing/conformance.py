@@ -42,6 +42,7 @@ from ..errors import (
 from ..store import EventType, KeyValue, Store, open_store
 from ..store._base import ALL_FEATURES
 from ._conformance_kit import _Body, collect, conformance_test, next_event
+from ._keys import UNUSUAL_KEYS
 from ._stm_conformance import StmConformance
 from ._txn_conformance import TxnConformance
 from ._virtual_time import virtual_time_loop
@@ -134,6 +135,31 @@ class StoreConformance(TxnConformance, StmConformance):
         assert (await store.get("empty")).value == b""  # type: ignore[union-attr]
         assert len((await store.get("big")).value) == 65536  # type: ignore[union-attr]
         assert (await store.get("unicode/ключ/🔑")).text() == "значение"  # type: ignore[union-attr]
+
+    @conformance_test()
+    async def test_unusual_keys_round_trip_through_every_operation(self, store: Store) -> None:
+        """Newlines, NUL, URL syntax, dot segments, astral characters: every key the protocol
+        allows works on every operation (an HTTP router once answered 404 on a newline)."""
+        grant = await store.lease_grant(60)
+        for key in UNUSUAL_KEYS:
+            written = await store.put(key, b"1", lease=grant.id)
+            assert await store.get(key) == KeyValue(key, b"1", written, written, 1, grant.id), key
+            assert [kv.key for kv in await store.range(key)] == [key], key
+            async with store.watch(key, start_revision=written) as events:
+                assert (await next_event(events)).kv.key == key
+            swapped = await store.compare_and_swap(key, written, b"2")
+            assert swapped.succeeded, key
+            assert not (await store.compare_and_delete(key, written)).succeeded, key
+            assert (await store.compare_and_delete(key, swapped.revision)).succeeded, key
+            assert await store.add(key, 5) == 5, key
+            assert await store.add(key, -2) == 3, key
+            assert await store.delete(key) == 1, key
+            assert await store.get(key) is None, key
+            await store.put(key, b"3", lease=grant.id)
+            assert key in (await store.lease_time_to_live(grant.id)).keys, key
+            assert await store.delete_prefix(key) == 1, key
+        await store.lease_revoke(grant.id)
+        assert len(await store.range("")) == 0
 
     @conformance_test()
     async def test_get_absent_is_none(self, store: Store) -> None:

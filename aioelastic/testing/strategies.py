@@ -36,11 +36,13 @@ from hypothesis import strategies as st
 
 from ..errors import StoreError
 from ..store import CasResult, KeyValue, RangeResult, Store
+from ._keys import UNUSUAL_KEYS
 
 __all__ = [
     "KEYS",
     "PREFIXES",
     "STEP_KINDS",
+    "UNUSUAL_KEYS",
     "Add",
     "CompareAndDelete",
     "CompareAndSwap",
@@ -53,6 +55,7 @@ __all__ = [
     "RendezvousStep",
     "StoreOp",
     "add_deltas",
+    "any_keys",
     "cas_expectations",
     "keys",
     "lease_ttls",
@@ -71,15 +74,23 @@ __all__ = [
 
 # -- store operations: the building blocks --------------------------------------------------------
 
-#: Keys chosen to collide on prefixes (``a`` is a prefix of ``a/b`` and of ``ab``).
-KEYS: tuple[str, ...] = ("a", "a/b", "a/c", "ab", "b", "b/a")
+#: Keys chosen to collide on prefixes (``a`` is a prefix of ``a/b``, ``ab`` and ``a\nb``), with
+#: a few :data:`UNUSUAL_KEYS` among them so that every backend's transport is checked too.
+KEYS: tuple[str, ...] = ("a", "a/b", "a/c", "ab", "a\nb", "b", "b/a", "b\r\n", "..", " ?#%0A")
 #: Prefixes that split :data:`KEYS` in different ways (``""`` is every key).
-PREFIXES: tuple[str, ...] = ("", "a", "a/", "b")
+PREFIXES: tuple[str, ...] = ("", "a", "a/", "a\n", "b", ".", " ?#%")
 
 
 def keys(pool: Sequence[str] = KEYS) -> st.SearchStrategy[str]:
     """Keys from a small pool, so that operations hit the same keys and prefixes often."""
     return st.sampled_from(tuple(pool))
+
+
+def any_keys(max_size: int = 12) -> st.SearchStrategy[str]:
+    """Any key the protocol allows (a non-empty ``str`` of Unicode scalar values: no lone
+    surrogates, which have no UTF-8 form), :data:`UNUSUAL_KEYS` drawn often."""
+    text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=max_size)
+    return st.sampled_from(UNUSUAL_KEYS) | text
 
 
 def prefixes(pool: Sequence[str] = PREFIXES) -> st.SearchStrategy[str]:

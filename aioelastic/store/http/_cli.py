@@ -81,9 +81,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         metavar="S",
-        help="close a connection (408) whose request's headers take more than S seconds to "
-        "arrive, or its body more than S seconds after them (default: 30; idle keep-alive "
-        "connections and watch streams are not affected)",
+        help="close a connection (408) whose first request's headers take more than S seconds "
+        "to arrive after it connects (or its TLS handshake more than S), a request's headers "
+        "more than S after their first byte, or its body more than S after them (default: 30; "
+        "idle keep-alive connections and watch streams are not affected)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hold at most N client connections: beyond, the oldest one that has sent nothing "
+        "is closed, or the new one is answered 503 too_many_connections (/healthz still "
+        "answers). Default: what the open-file limit allows (raised to its hard limit at start)",
     )
     parser.add_argument(
         "--session-grace",
@@ -143,6 +153,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout}"
     if not math.isfinite(args.session_grace) or args.session_grace < 0:
         return f"--session-grace must be a number of seconds >= 0, got {args.session_grace}"
+    if args.max_connections is not None and args.max_connections < 1:
+        return f"--max-connections must be >= 1, got {args.max_connections}"
     options: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -154,6 +166,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "shutdown_timeout": args.shutdown_timeout,
         "read_timeout": args.read_timeout,
         "session_grace": args.session_grace,
+        "max_connections": args.max_connections,
     }
     if args.token_file is not None:
         try:
@@ -176,10 +189,16 @@ async def _serve(options: dict[str, Any]) -> int:
     import signal
     import sys
 
+    from ._connections import raise_open_file_limit
     from ._persist import CorruptDataDirError
     from .server import HttpStoreServer
 
+    before, after = raise_open_file_limit()
+    if after != before:
+        print(f"aioelastic serve: open-file limit raised from {before} to {after}", flush=True)
     server = HttpStoreServer(**options)
+    # This process is the server's: asyncio's accept errors (EMFILE) are limited too, to its end.
+    server.log_limiter.attach("asyncio")
     try:
         await server.start()
     except (OSError, RuntimeError, CorruptDataDirError) as exc:
@@ -195,7 +214,11 @@ async def _serve(options: dict[str, Any]) -> int:
         where = "in memory only: everything is lost when the server stops (use --data-dir)"
     auth = "token required" if options.get("token") else "no authentication"
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
-    print(f"aioelastic serve: listening on {server.url} ({where}; {auth}; {loop} loop)", flush=True)
+    limits = f"at most {server.max_connections} connections, backlog {server.backlog}"
+    print(
+        f"aioelastic serve: listening on {server.url} ({where}; {auth}; {loop} loop; {limits})",
+        flush=True,
+    )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -23,6 +23,11 @@ def _ok(schema: str, description: str = "OK") -> dict[str, Any]:
     }
 
 
+#: An integer as the server takes it: at least ``minimum``, below 2**63 (etcd's int64).
+def _int(minimum: int = 0) -> dict[str, Any]:
+    return {"type": "integer", "format": "int64", "minimum": minimum, "maximum": 2**63 - 1}
+
+
 _KEY = {
     "name": "key",
     "in": "path",
@@ -30,16 +35,28 @@ _KEY = {
     "description": "the key, percent-encoded; '/' may appear as itself or as %2F",
     "schema": {"type": "string"},
 }
-_PREFIX = {**_KEY, "description": "the key prefix, percent-encoded (empty: every key)"}
+_PREFIX = {
+    **_KEY,
+    "name": "prefix",
+    "description": "the key prefix, percent-encoded (empty: every key)",
+}
 _LEASE = {
     "name": "lease",
     "in": "path",
     "required": True,
-    "schema": {"type": "integer", "minimum": 1},
+    "schema": _int(1),
 }
 _COMMON = {
     "400": _error("malformed request (the message says what was wrong)"),
     "401": _error("missing or wrong bearer token"),
+}
+#: The answers of a route with a key or prefix in its path.
+_KEYED = {**_COMMON, "413": _error("key too large")}
+#: The answers of a route with a JSON body.
+_BODIED = {
+    **_COMMON,
+    "413": _error("body too large"),
+    "415": _error("a content or transfer coding (the body must be sent as it is)"),
 }
 
 
@@ -50,10 +67,10 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
         "required": ["key", "create_revision", "mod_revision", "version", "lease"],
         "properties": {
             "key": {"type": "string"},
-            "create_revision": {"type": "integer"},
-            "mod_revision": {"type": "integer"},
-            "version": {"type": "integer"},
-            "lease": {"type": "integer"},
+            "create_revision": _int(),
+            "mod_revision": _int(),
+            "version": _int(),
+            "lease": _int(),
             "value_b64": {"type": "string", "contentEncoding": "base64"},
         },
     }
@@ -81,19 +98,66 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "Write": {
                     "type": "object",
                     "properties": {
-                        "revision": {"type": "integer"},
+                        "revision": _int(),
                         "kv": {"$ref": "#/components/schemas/KeyValue"},
                     },
                 },
+                "Revision": {
+                    "type": "object",
+                    "required": ["revision", "compact_revision"],
+                    "properties": {"revision": _int(), "compact_revision": _int()},
+                },
+                "Added": {
+                    "type": "object",
+                    "required": ["value", "revision"],
+                    "properties": {"value": {"type": "integer"}, "revision": _int()},
+                },
+                "Compacted": {
+                    "type": "object",
+                    "required": ["compact_revision"],
+                    "properties": {"compact_revision": _int()},
+                },
+                "Revoked": {
+                    "type": "object",
+                    "required": ["revoked", "revision"],
+                    "properties": {"revoked": {"const": True}, "revision": _int()},
+                },
+                "KeepAlive": {
+                    "type": "object",
+                    "required": ["ttl"],
+                    "properties": {"ttl": {"type": "number"}},
+                },
+                "Leases": {
+                    "type": "object",
+                    "required": ["leases"],
+                    "properties": {
+                        "leases": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "id": _int(1),
+                                    "granted_ttl": {"type": "number"},
+                                    "remaining": {"type": "number"},
+                                },
+                            },
+                        }
+                    },
+                },
+                "Health": {
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {"status": {"enum": ["ok", "stopping"]}},
+                },
                 "Deleted": {
                     "type": "object",
-                    "properties": {"deleted": {"type": "integer"}, "revision": {"type": "integer"}},
+                    "properties": {"deleted": _int(), "revision": _int()},
                 },
                 "Range": {
                     "type": "object",
                     "properties": {
-                        "revision": {"type": "integer"},
-                        "count": {"type": "integer"},
+                        "revision": _int(),
+                        "count": _int(),
                         "more": {"type": "boolean"},
                         "kvs": {
                             "type": "array",
@@ -107,7 +171,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                     "properties": {
                         "error": {"const": "precondition_failed"},
                         "message": {"type": "string"},
-                        "revision": {"type": "integer"},
+                        "revision": _int(),
                         "kv": {
                             "oneOf": [{"$ref": "#/components/schemas/KeyValue"}, {"type": "null"}]
                         },
@@ -115,12 +179,12 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 },
                 "Lease": {
                     "type": "object",
-                    "properties": {"id": {"type": "integer"}, "ttl": {"type": "number"}},
+                    "properties": {"id": _int(1), "ttl": {"type": "number"}},
                 },
                 "LeaseStatus": {
                     "type": "object",
                     "properties": {
-                        "id": {"type": "integer"},
+                        "id": _int(1),
                         "granted_ttl": {"type": "number"},
                         "remaining": {"type": "number"},
                         "keys": {"type": "array", "items": {"type": "string"}},
@@ -134,22 +198,45 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "get": {
                     "summary": "liveness (never needs the token)",
                     "security": [],
-                    "responses": {"200": {"description": "serving"}, "503": _error("stopping")},
+                    "responses": {
+                        "200": _ok("Health", "serving"),
+                        "503": {
+                            "description": "stopping",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/Health"}
+                                }
+                            },
+                        },
+                    },
                 }
             },
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "text exposition format"}, **_COMMON},
+                    "responses": {
+                        "200": {
+                            "description": "text exposition format",
+                            "content": {"text/plain": {}},
+                        },
+                        "501": _error("prometheus-client is not installed"),
+                        **_COMMON,
+                    },
                 }
             },
             "/openapi.json": {
-                "get": {"summary": "this document", "responses": {"200": {"description": "OK"}}}
+                "get": {
+                    "summary": "this document",
+                    "responses": {
+                        "200": {"description": "OK", "content": {"application/json": {}}},
+                        **_COMMON,
+                    },
+                }
             },
             "/v1/revision": {
                 "get": {
                     "summary": "current and compacted revisions",
-                    "responses": {"200": {"description": "OK"}, **_COMMON},
+                    "responses": {"200": _ok("Revision"), **_COMMON},
                 }
             },
             "/v1/kv/{key}": {
@@ -166,21 +253,22 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                     ],
                     "responses": {
                         "200": {
-                            "description": "the value",
-                            "content": {"application/octet-stream": {}},
+                            "description": "the value (raw bytes; with format=json, JSON)",
+                            "content": {
+                                "application/octet-stream": {},
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/Write"}
+                                },
+                            },
                         },
                         "404": _error("no such key"),
-                        **_COMMON,
+                        **_KEYED,
                     },
                 },
                 "put": {
                     "summary": "write a key (body = raw value); If-Match / If-None-Match: * = CAS",
                     "parameters": [
-                        {
-                            "name": "lease",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 0},
-                        },
+                        {"name": "lease", "in": "query", "schema": _int()},
                         {"name": "If-Match", "in": "header", "schema": {"type": "string"}},
                         {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
                     ],
@@ -205,19 +293,21 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         },
                         "404": _error("lease not found"),
                         "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
+                        **_BODIED,
                         "413": _error("key or value too large"),
-                        **_COMMON,
                     },
                 },
                 "delete": {
-                    "summary": "delete a key; with If-Match: compare-and-delete",
+                    "summary": "delete a key; If-Match: compare-and-delete; If-None-Match: * "
+                    "deletes nothing (412 when the key exists)",
                     "parameters": [
-                        {"name": "If-Match", "in": "header", "schema": {"type": "string"}}
+                        {"name": "If-Match", "in": "header", "schema": {"type": "string"}},
+                        {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
                     ],
                     "responses": {
                         "200": _ok("Deleted"),
                         "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
-                        **_COMMON,
+                        **_KEYED,
                     },
                 },
             },
@@ -225,8 +315,18 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "parameters": [_KEY],
                 "post": {
                     "summary": "atomically add delta to the decimal integer at key",
-                    "parameters": [{"name": "delta", "in": "query", "schema": {"type": "integer"}}],
-                    "responses": {"200": {"description": "{value, revision}"}, **_COMMON},
+                    "parameters": [
+                        {
+                            "name": "delta",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": -(10**19 - 1),
+                                "maximum": 10**19 - 1,
+                            },
+                        }
+                    ],
+                    "responses": {"200": _ok("Added"), **_KEYED},
                 },
             },
             "/v1/txn": txn_path(_COMMON, _error),
@@ -234,18 +334,12 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "parameters": [_PREFIX],
                 "get": {
                     "summary": "every key under prefix, in key order",
-                    "parameters": [
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1},
-                        }
-                    ],
-                    "responses": {"200": _ok("Range"), **_COMMON},
+                    "parameters": [{"name": "limit", "in": "query", "schema": _int(1)}],
+                    "responses": {"200": _ok("Range"), **_KEYED},
                 },
                 "delete": {
                     "summary": "delete every key under prefix at one revision",
-                    "responses": {"200": _ok("Deleted"), **_COMMON},
+                    "responses": {"200": _ok("Deleted"), **_KEYED},
                 },
             },
             "/v1/watch/{prefix}": {
@@ -253,11 +347,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "get": {
                     "summary": "NDJSON stream: created, events (one line per revision), progress",
                     "parameters": [
-                        {
-                            "name": "start_revision",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1},
-                        },
+                        {"name": "start_revision", "in": "query", "schema": _int(1)},
                         {
                             "name": "progress_interval",
                             "in": "query",
@@ -277,7 +367,8 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                             "content": {"application/x-ndjson": {}},
                         },
                         "410": _error("start_revision was compacted"),
-                        **_COMMON,
+                        "503": _error("too many watch streams, or the server is stopping"),
+                        **_KEYED,
                     },
                 },
             },
@@ -290,15 +381,15 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                                 "schema": {
                                     "type": "object",
                                     "required": ["revision"],
-                                    "properties": {"revision": {"type": "integer", "minimum": 1}},
+                                    "properties": {"revision": _int(1)},
                                 }
                             }
                         }
                     },
                     "responses": {
-                        "200": {"description": "{compact_revision}"},
+                        "200": _ok("Compacted"),
                         "410": _error("already compacted past it"),
-                        **_COMMON,
+                        **_BODIED,
                     },
                 }
             },
@@ -312,17 +403,24 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                                     "type": "object",
                                     "required": ["ttl"],
                                     "properties": {
-                                        "ttl": {"type": "number", "exclusiveMinimum": 0}
+                                        "ttl": {
+                                            "type": "number",
+                                            "exclusiveMinimum": 0,
+                                            "maximum": 1e9,
+                                        }
                                     },
                                 }
                             }
                         }
                     },
-                    "responses": {"200": _ok("Lease"), **_COMMON},
+                    "responses": {"200": _ok("Lease"), **_BODIED},
                 }
             },
             "/v1/leases": {
-                "get": {"summary": "every live lease", "responses": {"200": {"description": "OK"}}}
+                "get": {
+                    "summary": "every live lease",
+                    "responses": {"200": _ok("Leases"), **_COMMON},
+                }
             },
             "/v1/session": {
                 "get": {
@@ -348,7 +446,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "delete": {
                     "summary": "revoke (deletes its keys)",
                     "responses": {
-                        "200": {"description": "revoked"},
+                        "200": _ok("Revoked"),
                         "404": _error("lease not found"),
                         **_COMMON,
                     },
@@ -359,7 +457,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 "post": {
                     "summary": "restart the lease's TTL",
                     "responses": {
-                        "200": {"description": "{ttl}"},
+                        "200": _ok("KeepAlive"),
                         "404": _error("lease not found"),
                         **_COMMON,
                     },

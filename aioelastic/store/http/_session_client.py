@@ -31,6 +31,7 @@ from ...errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
+from .._types import WatchEvent
 from ._frames import (
     ERROR,
     EVENTS,
@@ -41,6 +42,7 @@ from ._frames import (
     SESSION_PATH,
     WATCH_END,
     FrameError,
+    decode_events,
     pack,
     unpack_all,
 )
@@ -169,6 +171,8 @@ class SessionClient:
         #: the protocol versions the hello offers
         self.hello_versions = list(PROTOCOL_VERSIONS)
         self._closing: set[asyncio.Future[None]] = set()
+        self._last_blob = b""
+        self._last_events: list[WatchEvent] = []
         self.closed = False
         self.version = 0
         self.grace = 0.0
@@ -222,7 +226,10 @@ class SessionClient:
                 raise StoreConnectionError(
                     f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
                 ) from None
-            raise StoreConnectionError(f"cannot open a session to {self.url}: {exc}") from None
+            reason = await self._refusal(exc.status)
+            raise StoreConnectionError(
+                f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
+            ) from None
         except TimeoutError:
             raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
         except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
@@ -231,6 +238,23 @@ class SessionClient:
             await ws.close()
             raise StoreClosedError(f"the store of {self.url} was closed")
         return self._established(ws, welcome)
+
+    async def _refusal(self, status: int) -> str:
+        """Why the server refused the upgrade (over its connection limit, stopping...).
+
+        aiohttp's handshake error carries no body, so the reason is asked once more with a plain
+        request, which the server answers with the same JSON error; nothing is written by it.
+        """
+        assert self._http is not None
+        try:
+            async with (
+                asyncio.timeout(self.connect_timeout),
+                self._http.get(self._ws_url, headers=self._headers, ssl=self._ssl) as response,
+            ):
+                body = await response.json(content_type=None)
+            return str(body.get("message", "")) if isinstance(body, dict) else str(status)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return "no reason given"
 
     async def _hello(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
         hello = {
@@ -265,6 +289,9 @@ class SessionClient:
         if welcome.get("resumed"):
             self.resumes += 1
         self._resume = str(welcome.get("resume", "")) or None
+        owned = welcome.get("leases")
+        if isinstance(owned, list):  # what the session owns now (ended leases are forgotten)
+            self.leases = {lease for lease in owned if isinstance(lease, int)}
         self.connects += 1
         conn = _Connection(ws, int(welcome.get("max_message", 4 << 20)))
         conn.reader = asyncio.ensure_future(self._read(conn))
@@ -321,7 +348,11 @@ class SessionClient:
         if watch is None:
             return
         if kind == EVENTS:
-            watch.on_events(frame[2])
+            blob = frame[2]
+            if blob != self._last_blob:  # watches at one position share the decoded events
+                self._last_events = decode_events(blob)
+                self._last_blob = blob
+            watch.on_events(self._last_events)
         elif kind == PROGRESS:
             watch.on_progress(frame[2])
         elif kind == WATCH_END:

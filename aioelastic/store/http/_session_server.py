@@ -276,6 +276,8 @@ class SessionHub:
     def shutdown(self) -> None:
         """The server stops: end every connection (leases stay, to their TTL)."""
         self.closing = True
+        with contextlib.suppress(ValueError):  # an engine may outlive this server
+            self.engine.on_lease.remove(self._on_lease)
         for connection in list(self._connections):
             connection.shutdown()
 
@@ -317,6 +319,7 @@ class Connection:
         self._watches: dict[int, _ServedWatch] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._dispatching = False
         self._close_code = 1000
         self._close_reason = b""
         self._ticker: asyncio.TimerHandle | None = None
@@ -329,7 +332,8 @@ class Connection:
         data = pack(frame)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
-        self._wake.set()
+        if not self._dispatching:  # the reader writes its own answers (see run)
+            self._wake.set()
         if self._outbox_bytes > MAX_OUTBOX_BYTES:
             self._outbox, self._outbox_bytes = [], 0
             self._finish(CLOSE_TOO_SLOW, b"the client does not read its answers")
@@ -357,7 +361,16 @@ class Connection:
         try:
             async for message in self.ws:
                 if message.type is WSMsgType.BINARY:
-                    self._received(message.data)
+                    self._dispatching = True
+                    try:
+                        self._received(message.data)
+                    finally:
+                        self._dispatching = False
+                    if self._outbox and not self._closing:
+                        # every frame of the message handled: its answers go out as one
+                        # message, from here (no hand-over to the writer task)
+                        batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                        await self.ws.send_bytes(b"".join(batch))
                 elif message.type is WSMsgType.TEXT:
                     self._bad_frame("session frames are binary messages (msgpack), not text")
         finally:

@@ -35,7 +35,6 @@ from .._types import (
     WatchEvent,
 )
 from ._frames import (
-    decode_events,
     kv_from_wire,
     lease_status_from_wire,
     range_from_wire,
@@ -315,8 +314,8 @@ class SessionWatch(Watch):
         elif exc is None:
             self.reconnects += 1  # alive only once it delivers (a hung server answers too)
 
-    def on_events(self, blob: bytes) -> None:
-        events = [e for e in decode_events(blob) if e.kv.mod_revision >= self._next_revision]
+    def on_events(self, decoded: list[WatchEvent]) -> None:
+        events = [e for e in decoded if e.kv.mod_revision >= self._next_revision]
         self._alive_at = asyncio.get_running_loop().time()
         if events:  # never deliver a revision twice
             self._pending.extend(events)

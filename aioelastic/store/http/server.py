@@ -36,6 +36,7 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnT
 from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
+from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
 from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy
 from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
@@ -56,6 +57,9 @@ DEFAULT_PORT = 29400
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_KEY_BYTES = 4096
 DEFAULT_MAX_WATCH_STREAMS = 10_000
+#: Largest JSON request body (``/v1/compact``, ``/v1/lease``: a few bytes each), whatever the
+#: value limit (which bounds ``PUT /v1/kv`` bodies).
+MAX_JSON_BODY_BYTES = 64 * 1024
 #: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
 DEFAULT_READ_TIMEOUT = 30.0
 #: Seconds an idle keep-alive connection is kept between requests (aiohttp's ``web.run_app``
@@ -84,12 +88,30 @@ def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamRespon
 class _ApiError(Exception):
     """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.extra = extra
+
+    def response(self) -> web.Response:
+        headers = self.headers
+        if self.status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'}
+        response = _error_response(self.status, self.code, self.message, headers, **self.extra)
+        if self.status in (415, 417):
+            response.force_close()  # the refused body is not read: end the connection
+        return response
 
 
 def _bad(message: str) -> _ApiError:
@@ -133,17 +155,33 @@ class _JsonErrorRequestHandler(RequestHandler):
     otherwise the connection is closed, after a 408 JSON error where one can still be written.
     It is kept by watching what the parser makes of each chunk received (:meth:`data_received`)
     and one timer per connection, armed only while a request is incomplete between two chunks:
-    a request that arrives in one chunk, like almost every request, costs no timer. An idle
-    connection (no byte of a next request) is left to aiohttp's ``keepalive_timeout``, and a
-    response being written (a watch stream) is not a read: neither has a read deadline.
+    a request that arrives in one chunk, like almost every request, costs no timer. A new
+    connection's first request is timed from the connection (a socket that never sends a byte
+    is closed too). An idle connection between requests is left to aiohttp's
+    ``keepalive_timeout``, and a response being written (a watch stream) is not a read: neither
+    has a read deadline. The connection budget (``max_connections``): see
+    :class:`~aioelastic.store.http._connections.ConnectionBudget`.
     """
 
-    __slots__ = ("_app_state", "_read_body", "_read_since", "_read_timeout", "_read_timer")
+    __slots__ = (
+        "_app_state",
+        "_budget",
+        "_read_body",
+        "_read_since",
+        "_read_timeout",
+        "_read_timer",
+        "_spoke",
+        "over_limit",
+    )
 
     def __init__(self, manager: _JsonErrorServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._read_timeout = manager.read_timeout
         self._app_state = manager.app_state
+        self._budget = manager.budget
+        #: Accepted over max_connections: answered /healthz only (ConnectionBudget).
+        self.over_limit = False
+        self._spoke = False
         #: When the incomplete request began (its first byte, or its head for a body), or None.
         self._read_since: float | None = None
         #: The body being received, when the incomplete part is a body.
@@ -172,9 +210,26 @@ class _JsonErrorRequestHandler(RequestHandler):
         resp.force_close()
         return resp
 
-    # -- the read deadline
+    # -- the connection budget and the read deadline
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._budget is not None:
+            self._budget.opened(self, asyncio.get_running_loop().time())
+        if self._read_timeout is not None:
+            # The first request's head must arrive within the deadline of the connection (a
+            # socket that never sends a byte was kept until the keep-alive timeout).
+            self._start_read_clock()
+
+    def close_silent(self) -> None:
+        """Close a connection that never sent a byte (the budget needs its slot)."""
+        self.force_close()
 
     def data_received(self, data: bytes) -> None:
+        if not self._spoke:
+            self._spoke = True
+            if self._budget is not None:
+                self._budget.spoke(self)
         requests = self._request_count
         super().data_received(data)
         if self._read_timeout is None or self._force_close or self._close or self._upgraded:
@@ -269,6 +324,9 @@ class _JsonErrorRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
+        if self._budget is not None:
+            self._budget.closed(self)
+            self._budget = None
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
@@ -280,6 +338,7 @@ class _JsonErrorServer(Server):
     #: Set by :class:`_Runner` once the server is built.
     read_timeout: float | None = None
     app_state: _App | None = None
+    budget: ConnectionBudget | None = None
 
     def __call__(self) -> RequestHandler:
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
@@ -288,20 +347,33 @@ class _JsonErrorServer(Server):
 class _Runner(web.AppRunner):
     """An AppRunner whose server answers unparsable requests in JSON and keeps the read
     deadline. aiohttp has no public hook for the connection handler class, so the server it
-    builds is given our subclass (which adds only two attributes, set here);
+    builds is given our subclass (which adds only three attributes, set here);
     tests/test_http_server.py checks the JSON answers and the deadline."""
 
-    def __init__(self, app: web.Application, *, read_timeout: float | None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        read_timeout: float | None,
+        max_connections: int | None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self._read_timeout = read_timeout
+        self._max_connections = max_connections
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer
         assert isinstance(server, _JsonErrorServer)
         server.read_timeout = self._read_timeout
-        server.app_state = self.app[_STATE]
-        server.request_handler = _fast_path(self.app[_STATE], server.request_handler)
+        server.app_state = state = self.app[_STATE]
+        if self._max_connections is not None:
+            # A connection silent for half the read timeout (at most 1 s) may go to make room.
+            grace = min(1.0, self._read_timeout / 2) if self._read_timeout is not None else 1.0
+            server.budget = ConnectionBudget(self._max_connections, grace, state.metrics.refused)
+            state.max_connections = self._max_connections
+        server.request_handler = _fast_path(state, server.request_handler)
         return server
 
 
@@ -313,7 +385,7 @@ def _fast_path(
     router and middleware).
 
     The fast path skips only the routing: the key is cut from the path as the router's
-    ``{key:.*}`` pattern would (``%2F`` and ``%25`` undone, no newline), and the request is
+    ``{key:...}`` pattern would (``%2F`` and ``%25`` undone), and the request is
     answered by :meth:`_App.answer` as the middleware would (authentication, JSON errors,
     metrics). A request with ``Expect`` (``100-continue``) or anything unusual takes the routed
     way. Fast-path requests have no ``match_info`` (and so no ``request.app``); handlers use
@@ -324,10 +396,13 @@ def _fast_path(
     put = state.put_raw_key
 
     async def handle(request: BaseRequest) -> web.StreamResponse:
+        if getattr(request.protocol, "over_limit", False):
+            assert isinstance(request, web.Request)
+            return await state.answer_over_limit(request, routed)
         method = request.method
         if method == "GET" or method == "PUT":
             path = request.rel_url.path_safe
-            if path.startswith("/v1/kv/") and "\n" not in path and "Expect" not in request.headers:
+            if path.startswith("/v1/kv/") and "Expect" not in request.headers:
                 key = path[7:]
                 if "%" in key:
                     key = key.replace("%2F", "/").replace("%25", "%")
@@ -467,6 +542,28 @@ def _etag_revision(raw: str, header: str) -> int:
     return _parse_int(raw, f"header {header}", 0)
 
 
+def _refuse_codings(request: web.Request) -> None:
+    """415 for a body in a content coding (gzip, deflate, ...) or a transfer coding besides
+    ``chunked``. The server does not decompress (``auto_decompress=False``): a decoded size is
+    unbounded by the body's, a part is never stored, and a compressed one never as the value."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding != "identity":
+        raise _ApiError(
+            415,
+            "unsupported_content_encoding",
+            f"request bodies are taken as they are (Content-Encoding: identity); "
+            f"{coding[:40]!r} is not accepted: send the body uncompressed",
+            headers={"Accept-Encoding": "identity"},
+        )
+    transfer = request.headers.get("Transfer-Encoding")
+    if transfer is not None and transfer.strip().lower() != "chunked":
+        raise _ApiError(
+            415,
+            "unsupported_transfer_encoding",
+            f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
+        )
+
+
 class _Limits:
     def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
         self.max_key_bytes = max_key_bytes
@@ -498,6 +595,8 @@ class _App:
         self.watch_streams = 0
         #: watches served over sessions (they share ``max_watch_streams``), set by make_app
         self.session_watches: Callable[[], int] = lambda: 0
+        #: Set by the runner: the connection limit (None: none).
+        self.max_connections: int | None = None
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers of the same prefix at
@@ -527,14 +626,15 @@ class _App:
         try:
             if self.token is not None and request.path != "/healthz":
                 self._authenticate(request)
+            if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
+                _refuse_codings(request)
             metered = op
             response = await call(request, arg)
             status = response.status
             return response
         except _ApiError as exc:
             status = exc.status
-            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'} if status == 401 else None
-            return _error_response(exc.status, exc.code, exc.message, headers, **exc.extra)
+            return exc.response()
         except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
             status = exc.status
             if status == 413:
@@ -542,7 +642,7 @@ class _App:
                     413,
                     "value_too_large",
                     f"request body too large (at most {self.limits.max_value_bytes} bytes of "
-                    "value)",
+                    f"value, {MAX_JSON_BODY_BYTES} of JSON)",
                 )
             message = exc.reason
             if status == 404:
@@ -591,6 +691,56 @@ class _App:
         finally:
             self.metrics.observe(metered, status, time.perf_counter() - start)
 
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` (before the handler and the middleware): the token, the
+        codings and the announced length are checked first, so that a client waiting for
+        ``100 Continue`` is refused at once rather than after sending a body for nothing."""
+        start = time.perf_counter()
+        try:
+            expect = request.headers.get("Expect", "")
+            if expect.strip().lower() != "100-continue":
+                message = f"unknown Expect: {expect[:40]!r} (only 100-continue)"
+                raise _ApiError(417, "expectation_failed", message)
+            if self.token is not None and request.path != "/healthz":
+                self._authenticate(request)
+            _refuse_codings(request)
+            length = request.content_length
+            limit = self.limits.max_value_bytes if request.method == "PUT" else MAX_JSON_BODY_BYTES
+            if length is not None and length > limit:
+                raise _ApiError(
+                    413,
+                    "value_too_large" if request.method == "PUT" else "body_too_large",
+                    f"the body ({length} bytes) is over this route's limit ({limit} bytes)",
+                )
+        except _ApiError as exc:
+            self.metrics.observe("other", exc.status, time.perf_counter() - start)
+            response = exc.response()
+            response.force_close()
+            return response
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer proper has not started
+        return None
+
+    async def answer_over_limit(
+        self, request: web.Request, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A request on a connection accepted over ``max_connections`` (then closed): ``/healthz``
+        is answered as usual, so a health check works under a flood; anything else gets 503."""
+        if request.method == "GET" and request.path == "/healthz":
+            response = await routed(request)
+        else:
+            self.metrics.observe("other", 503, 0.0)
+            response = _error_response(
+                503,
+                "too_many_connections",
+                f"this server holds at most {self.max_connections} connections "
+                "(--max-connections) and all are in use; try again shortly",
+                {"Retry-After": "1"},
+            )
+        response.force_close()
+        return response
+
     def _authenticate(self, request: web.Request) -> None:
         assert self.token is not None
         header = request.headers.get("Authorization", "")
@@ -605,6 +755,9 @@ class _App:
     def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
         return self._check_key(request.match_info["key"], allow_empty=allow_empty)
 
+    def _prefix(self, request: web.Request) -> str:
+        return self._check_key(request.match_info["prefix"], allow_empty=True)
+
     def _check_key(self, key: str, *, allow_empty: bool = False) -> str:
         if not key and not allow_empty:
             raise _bad("the key (the URL path after the route) must not be empty")
@@ -617,7 +770,15 @@ class _App:
         return key
 
     async def _body_json(self, request: web.Request) -> dict[str, Any]:
+        too_large = _ApiError(
+            413, "body_too_large", f"JSON body too large: at most {MAX_JSON_BODY_BYTES} bytes"
+        )
+        length = request.content_length
+        if length is not None and length > MAX_JSON_BODY_BYTES:
+            raise too_large
         raw = await request.read()
+        if len(raw) > MAX_JSON_BODY_BYTES:
+            raise too_large
         if not raw:
             return {}
         try:
@@ -743,6 +904,17 @@ class _App:
     async def delete_key(self, request: web.Request) -> web.Response:
         key = self._key(request)
         if_match = request.headers.get("If-Match")
+        if_none_match = request.headers.get("If-None-Match")
+        if if_none_match is not None:
+            if if_match is not None:
+                raise _bad("give If-Match or If-None-Match, not both")
+            if if_none_match.strip() != "*":
+                raise _bad("If-None-Match must be '*' (delete only if the key is absent)")
+            # RFC 9110: the condition holds only while no key exists, so nothing is deleted.
+            kv = self.engine.get(key)
+            if kv is not None:
+                return _precondition_failed(key, self.engine.revision, kv)
+            return _json({"deleted": 0, "revision": self.engine.revision})
         if if_match is None:
             deleted = self.engine.delete(key, False)
             if deleted:
@@ -815,7 +987,7 @@ class _App:
                 )
 
     async def range(self, request: web.Request) -> web.Response:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         limit: int | None = None
         if "limit" in request.query:
             limit = _int_param(request, "limit", minimum=1)
@@ -830,7 +1002,7 @@ class _App:
         )
 
     async def delete_range(self, request: web.Request) -> web.Response:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         deleted = self.engine.delete(prefix, True)
         if deleted:
             await self._durable()
@@ -885,7 +1057,7 @@ class _App:
     # -- watches
 
     async def watch(self, request: web.Request) -> web.StreamResponse:
-        prefix = self._key(request, allow_empty=True)
+        prefix = self._prefix(request)
         start: int | None = None
         if "start_revision" in request.query:
             start = _int_param(request, "start_revision", minimum=1)
@@ -1086,6 +1258,20 @@ class _Metrics:
         self.sessions = Gauge(
             "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
         )
+        self._refused = Counter(
+            "aioelastic_connections_refused",
+            "Connections over --max-connections, by what became of them: silent_closed (an "
+            "idle connection closed to make room), over_limit (answered /healthz or 503)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._log_events = Counter(
+            "aioelastic_log_events",
+            "Log lines suppressed by the one-line-a-second limit (suppressed), and errors for "
+            "lack of file descriptors, EMFILE/ENFILE (fd_exhausted)",
+            ["event"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def observe(self, op: str, status: int, seconds: float) -> None:
@@ -1097,6 +1283,12 @@ class _Metrics:
             )
         children[0].inc()
         children[1].observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
+
+    def log_event(self, event: str) -> None:
+        self._log_events.labels(event).inc()
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -1118,6 +1310,12 @@ class _NoMetrics:
     def observe(self, op: str, status: int, seconds: float) -> None:
         pass
 
+    def refused(self, reason: str) -> None:
+        pass
+
+    def log_event(self, event: str) -> None:
+        pass
+
     def render(self) -> tuple[bytes, str]:
         raise _ApiError(
             501,
@@ -1133,6 +1331,16 @@ def _metrics_for(engine: MemoryEngine) -> _Metrics | _NoMetrics:
     except ImportError:
         log.info("prometheus-client is not installed: /metrics is disabled")
         return _NoMetrics()
+
+
+def _open_file_limit() -> int:
+    """The soft limit of open files (a large number where there is none)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return 1 << 20
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
 
 
 def make_app(
@@ -1179,8 +1387,10 @@ def make_app(
     state.session_watches = lambda: sessions.watches
     metrics.watchers.set_function(lambda: state.watch_streams + sessions.watches)
     metrics.sessions.set_function(lambda: sessions.session_count)
+    # A body of client_max_size bytes is refused: +1 lets the largest allowed one through.
     app = web.Application(
-        middlewares=[state.middleware], client_max_size=max_value_bytes + 64 * 1024
+        middlewares=[state.middleware],
+        client_max_size=max(max_value_bytes, MAX_JSON_BODY_BYTES) + 1,
     )
     app[_STATE] = state
     app[_SESSIONS] = sessions
@@ -1189,20 +1399,21 @@ def make_app(
         # The handler is registered as is (no wrapper coroutine per request); the middleware
         # finds its metrics label in this table (bound methods hash by instance and function).
         state.ops[handler] = op
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path, handler, expect_handler=state.expect_continue)
 
     route("GET", "/healthz", state.healthz, "healthz")
     route("GET", "/metrics", state.metrics_route, "metrics")
     route("GET", "/openapi.json", state.openapi, "openapi")
     route("GET", "/v1/revision", state.revision, "revision")
-    route("GET", "/v1/kv/{key:.*}", state.get_key, "get")
-    route("PUT", "/v1/kv/{key:.*}", state.put_key, "put")
-    route("DELETE", "/v1/kv/{key:.*}", state.delete_key, "delete")
-    route("POST", "/v1/add/{key:.*}", state.add, "add")
+    # "(?s:.*)": any key, newlines included (a bare ".*" stops at one: 404 "no route").
+    route("GET", "/v1/kv/{key:(?s:.*)}", state.get_key, "get")
+    route("PUT", "/v1/kv/{key:(?s:.*)}", state.put_key, "put")
+    route("DELETE", "/v1/kv/{key:(?s:.*)}", state.delete_key, "delete")
+    route("POST", "/v1/add/{key:(?s:.*)}", state.add, "add")
     route("POST", "/v1/txn", state.txn, "txn")
-    route("GET", "/v1/range/{key:.*}", state.range, "range")
-    route("DELETE", "/v1/range/{key:.*}", state.delete_range, "delete_range")
-    route("GET", "/v1/watch/{key:.*}", state.watch, "watch")
+    route("GET", "/v1/range/{prefix:(?s:.*)}", state.range, "range")
+    route("DELETE", "/v1/range/{prefix:(?s:.*)}", state.delete_range, "delete_range")
+    route("GET", "/v1/watch/{prefix:(?s:.*)}", state.watch, "watch")
     route("POST", "/v1/compact", state.compact, "compact")
     route("POST", "/v1/lease", state.lease_grant, "lease_grant")
     route("GET", "/v1/leases", state.leases, "leases")
@@ -1235,8 +1446,12 @@ class HttpStoreServer:
     serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
-    head may take to arrive, and its body after its head, before the connection is closed (408);
-    None: no deadline. It does not bound idle keep-alive connections or responses (watches).
+    head may take to arrive (a new connection's first one: from the connection; a TLS handshake
+    too), and its body after its head, before the connection is closed (408); None: no
+    deadline. It does not bound idle keep-alive connections or responses (watches).
+    ``max_connections``: connections served at once (None: what the open-file limit allows); see
+    ``docs/http-api.md``, "Connection limits". ``backlog``: the listen backlog (None: 65,535
+    capped by ``net.core.somaxconn``).
     ``session_grace``: seconds a session's leases outlive its connection (see ``make_app``).
     """
 
@@ -1256,9 +1471,10 @@ class HttpStoreServer:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
         shutdown_timeout: float = 10.0,
-        backlog: int = 1024,
+        backlog: int | None = None,
         read_timeout: float | None = DEFAULT_READ_TIMEOUT,
         session_grace: float = DEFAULT_SESSION_GRACE,
+        max_connections: int | None = None,
     ) -> None:
         if engine is not None and data_dir is not None:
             raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
@@ -1290,6 +1506,16 @@ class HttpStoreServer:
         self._max_watch_streams = max_watch_streams
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
+        if max_connections is not None and (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        self._max_connections = max_connections
+        self._listener: asyncio.Server | None = None
+        #: One log line a second at most from the server's loggers (attach more: ``asyncio``).
+        self.log_limiter = LogLimiter()
         self._read_timeout = None if read_timeout is None else float(read_timeout)
         self._session_grace = session_grace
         self._runner: _Runner | None = None
@@ -1326,6 +1552,7 @@ class HttpStoreServer:
             raise RuntimeError("the server has already started")
         if self.data is not None:
             self.data.open(self.engine)
+        self._warn_of_limits()
         try:
             self._app = make_app(
                 self.engine,
@@ -1347,8 +1574,11 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
+                # Bodies are taken as sent; a content coding is refused (415, _refuse_codings).
+                auto_decompress=False,
                 keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
+                max_connections=self.max_connections,
             )
             await runner.setup()
             self._runner = runner
@@ -1356,14 +1586,19 @@ class HttpStoreServer:
             server = runner.server
             assert server is not None
             state.metrics.connections.set_function(lambda: len(server.connections))
-            site = web.TCPSite(
-                runner, self.host, self._port, ssl_context=self._ssl, backlog=self._backlog
+            self.log_limiter.on_event = state.metrics.log_event
+            self.log_limiter.attach("aiohttp.server", log.name)
+            # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
+            # keeps a socket that never handshakes for 60 s); here it is the read timeout.
+            self._listener = await asyncio.get_running_loop().create_server(
+                server,
+                self.host,
+                self._port,
+                ssl=self._ssl,
+                backlog=self.backlog,
+                ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
             )
-            await site.start()
-            for address in runner.addresses:
-                if isinstance(address, tuple):
-                    self._port = address[1]
-                    break
+            self._port = self._listener.sockets[0].getsockname()[1]
         except BaseException:
             await self._release()
             raise
@@ -1378,6 +1613,9 @@ class HttpStoreServer:
     aclose = stop
 
     async def _release(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()  # no new connections; the runner's shutdown finishes the others
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -1385,6 +1623,36 @@ class HttpStoreServer:
             await self.data.aclose()
         if self._owns_engine:
             self.engine.close()
+        self.log_limiter.detach("aiohttp.server", log.name)
+
+    @property
+    def max_connections(self) -> int:
+        """The connection limit: the one given, or what the open-file limit allows, less
+        descriptors kept for the rest (:data:`FD_RESERVE`) and the overflow answered 503."""
+        room = max(1, _open_file_limit() - FD_RESERVE - OVERFLOW)
+        if self._max_connections is None:
+            return room
+        return min(self._max_connections, room)
+
+    @property
+    def backlog(self) -> int:
+        """The listen backlog: the one given, or thousands as ``net.core.somaxconn`` allows."""
+        return self._backlog if self._backlog is not None else listen_backlog()[0]
+
+    def _warn_of_limits(self) -> None:
+        somaxconn = listen_backlog()[1]
+        if self._backlog is None and somaxconn is not None and somaxconn < 4096:
+            log.warning(
+                "net.core.somaxconn is %d: a burst of more clients connecting at once can be "
+                "refused (raise it: sysctl -w net.core.somaxconn=65535)",
+                somaxconn,
+            )
+        if self._max_connections is not None and self.max_connections < self._max_connections:
+            log.warning(
+                "max_connections %d is more than the open-file limit allows: %d",
+                self._max_connections,
+                self.max_connections,
+            )
 
     def statistics(self) -> dict[str, int]:
         """Keys, leases, open watch streams, sessions and the revision, for logs and tests."""
