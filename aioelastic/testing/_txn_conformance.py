@@ -29,6 +29,7 @@ from ..store import (
     Store,
 )
 from ._conformance_kit import collect, conformance_test
+from ._keys import UNUSUAL_KEYS
 
 __all__ = ["TxnConformance"]
 
@@ -298,3 +299,23 @@ class TxnConformance:
         assert (await store.get("n")).lease == lease.id  # type: ignore[union-attr]
         await store.lease_revoke(lease.id)
         assert await store.get("n") is None
+
+    @conformance_test()
+    async def test_txn_with_unusual_keys(self, store: Store) -> None:
+        """Every key the protocol allows works in compares and every operation of a txn."""
+        for key in UNUSUAL_KEYS:
+            put = await store.txn(
+                compare=[Compare.version(key) == 0],
+                success=[Put(key, b"1"), Get(key), Range(key)],
+            )
+            assert put.succeeded, key
+            kv = KeyValue(key, b"1", put.revision, put.revision, 1, 0)
+            assert put.results[1:] == (GetResult(kv), RangeResult((kv,), put.revision, 1)), key
+            gone = await store.txn(
+                compare=[Compare.value(key) == b"1", Compare.mod_revision(key) == put.revision],
+                success=[Delete(key), Get(key)],
+            )
+            assert gone.results == (DeleteResult(1), GetResult(None)), key
+            await store.put(key, b"2")
+            assert (await store.txn(success=[DeletePrefix(key)])).results == (DeleteResult(1),)
+        assert len(await store.range("")) == 0
