@@ -88,3 +88,29 @@ async def test_an_add_keeps_the_keys_lease() -> None:
         # as the memory backend's own add does
         assert await store.add("n", 1) == 3
         assert (await store.get("n")).lease == lease.id  # type: ignore[union-attr]
+
+
+def test_a_conformance_peer_of_another_store_is_reported() -> None:
+    """The two-client tests say so when ``open_peer`` gives a client of another store, rather
+    than failing on duplicate totals (or passing on two separate counters)."""
+    import contextlib
+    from collections.abc import AsyncIterator
+
+    from aioelastic.store import Store
+    from aioelastic.testing.conformance import StoreConformance
+
+    class Isolated(StoreConformance):
+        virtual_time = True
+
+        @contextlib.asynccontextmanager
+        async def open_store(self) -> AsyncIterator[Store]:
+            async with MemoryStore() as store:
+                yield store
+
+        @contextlib.asynccontextmanager
+        async def open_peer(self, client: Store) -> AsyncIterator[Store]:
+            async with MemoryStore() as store:  # a private engine: not the same store
+                yield store
+
+    with pytest.raises(pytest.fail.Exception, match="override open_peer"):
+        Isolated().test_two_clients_adding_to_one_key_at_once_are_exact()

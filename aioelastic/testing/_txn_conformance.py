@@ -47,7 +47,16 @@ class TxnConformance:
     async def peer(self, store: Store) -> AsyncIterator[Store]:
         """A second client seeing what ``store`` sees (same namespace)."""
         async with self.open_peer(self.client) as other:
-            yield other.namespace(store.prefix) if isinstance(store, PrefixedStore) else other
+            peer = other.namespace(store.prefix) if isinstance(store, PrefixedStore) else other
+            probe = await store.put("peer-probe", b"?")
+            if (await peer.get("peer-probe")) is None:
+                pytest.fail(
+                    "open_peer() returned a client of another store (it does not see this "
+                    "client's writes): override open_peer() to open a second client of the same "
+                    "store"
+                )
+            await store.compare_and_delete("peer-probe", probe)
+            yield peer
 
     @conformance_test()
     async def test_txn_each_compare_kind_picks_the_branch(self, store: Store) -> None:

@@ -39,7 +39,7 @@ from ..errors import (
     StoreClosedError,
     StoreTimeoutError,
 )
-from ..store import EventType, KeyValue, Store, open_store
+from ..store import EventType, KeyValue, MemoryStore, Store, open_store
 from ..store._base import ALL_FEATURES
 from ._conformance_kit import _Body, collect, conformance_test, next_event
 from ._keys import UNUSUAL_KEYS
@@ -68,12 +68,19 @@ class StoreConformance(TxnConformance, StmConformance):
         """An async context manager yielding a connected store client (closed on exit)."""
         raise NotImplementedError("subclasses of StoreConformance implement open_store()")
 
-    def open_peer(self, client: Store) -> contextlib.AbstractAsyncContextManager[Store]:
+    @contextlib.asynccontextmanager
+    async def open_peer(self, client: Store) -> AsyncIterator[Store]:
         """A second client of the same store as ``client`` (for tests of two clients at once).
 
-        The default opens another :meth:`open_store`; a backend whose clients do not share a
-        store that way (an in-process one) overrides it."""
-        return self.open_store()
+        The default is another client of the same engine for a :class:`MemoryStore`, else
+        another :meth:`open_store`; a backend whose clients do not share a store that way
+        overrides it (the tests check that the two see each other's writes)."""
+        if isinstance(client, MemoryStore):
+            async with MemoryStore(client.engine) as peer:
+                yield peer
+            return
+        async with self.open_store() as peer:
+            yield peer
 
     # -- running
 
