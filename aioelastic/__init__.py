@@ -27,6 +27,7 @@ from .rendezvous import (
 )
 from .store import (
     CasResult,
+    Compare,
     EventType,
     KeyValue,
     LeaseGrant,
@@ -35,6 +36,7 @@ from .store import (
     MemoryStore,
     RangeResult,
     Store,
+    TxnResult,
     Watch,
     WatchEvent,
     open_store,
@@ -46,6 +48,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     *_errors.__all__,
     "CasResult",
+    "Compare",
     "DynamicRendezvousHandler",
     "EventType",
     "KeyValue",
@@ -62,6 +65,7 @@ __all__ = [
     "Store",
     "TimerGuard",
     "TimerRequest",
+    "TxnResult",
     "Watch",
     "WatchEvent",
     "__version__",

@@ -16,6 +16,8 @@ argument, as Python users expect::
     │   ├── StoreAuthError                         authentication failed or permission denied
     │   ├── CompactedError                         a watch started below the compacted revision
     │   ├── ValueTooLargeError (also ValueError)   the backend refuses a key or value this big
+    │   │   └── TxnTooLargeError                   a transaction over a size limit (named)
+    │   ├── TxnConflictError                       an STM gave up: its keys kept changing
     │   └── LeaseError
     │       ├── LeaseNotFoundError                 the lease does not exist (never or no longer)
     │       └── LeaseExpiredError                  a lease someone relied on was lost
@@ -66,6 +68,8 @@ __all__ = [
     "TimeoutException",
     "TimerError",
     "TimerExpiredError",
+    "TxnConflictError",
+    "TxnTooLargeError",
     "ValueTooLargeError",
     "WriteOutcomeUnknownError",
     "WriteTimeoutError",
@@ -131,6 +135,38 @@ class StoreAuthError(StoreError):
 
 class ValueTooLargeError(StoreError, ValueError):
     """The backend refuses a key or value of this size."""
+
+
+class TxnTooLargeError(ValueTooLargeError):
+    """A transaction is over one of its size limits; nothing was sent or applied.
+
+    ``limit`` names it: ``"ops"`` (compares, or operations in one branch) or ``"bytes"`` (keys
+    and values in all); ``maximum`` is the limit and ``size`` what the transaction has.
+    """
+
+    def __init__(self, limit: str, maximum: int, size: int, what: str) -> None:
+        self.limit = limit
+        self.maximum = maximum
+        self.size = size
+        unit = "operations" if limit == "ops" else "bytes"
+        super().__init__(
+            f"transaction too large: {what} has {size} {unit}, the limit is {maximum} "
+            f"(max_txn_{limit}); split it into smaller transactions"
+        )
+
+
+class TxnConflictError(StoreError):
+    """A software transaction (``Store.stm``) found its keys changed at every attempt and gave
+    up after ``attempts``; nothing of it was applied. ``keys``: the keys it read last."""
+
+    def __init__(self, attempts: int, keys: tuple[str, ...]) -> None:
+        self.attempts = attempts
+        self.keys = keys
+        shown = ", ".join(repr(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+        super().__init__(
+            f"transaction gave up after {attempts} attempts: other writers kept changing the "
+            f"keys it read ({shown or 'none'}); raise max_attempts or reduce contention"
+        )
 
 
 class CompactedError(StoreError):

@@ -43,12 +43,13 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from . import errors
 from .rendezvous import RendezvousHandler, RendezvousParameters, create_handler
 from .rendezvous._hints import CLOSED_RUN
-from .store import Store
+from .store import Compare, Get, GetResult, Put, Store
 
 __all__ = [
     "BACKEND",
     "TorchRendezvousHandler",
     "TorchStore",
+    "compare_set",
     "create_torch_handler",
     "handler_creator",
     "register",
@@ -175,20 +176,7 @@ class TorchStore(dist.Store):  # type: ignore[misc]
         and ``expected`` is empty); return the value the key holds afterwards."""
         expected = _bytes(expected_value, "expected_value")
         desired = _bytes(desired_value, "desired_value")
-
-        async def cas() -> bytes:
-            while True:
-                kv = await self._store.get(key)
-                if kv is None and expected:
-                    return expected
-                if kv is not None and kv.value != expected:
-                    return kv.value
-                revision = 0 if kv is None else kv.mod_revision
-                result = await self._store.compare_and_swap(key, revision, desired)
-                if result.succeeded:
-                    return desired
-
-        return self._run(cas())
+        return self._run(compare_set(self._store, key, expected, desired))
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._wait_for(keys, timeout)
@@ -207,6 +195,29 @@ class TorchStore(dist.Store):  # type: ignore[misc]
 
     def num_keys(self) -> int:
         return self._run(self._store.range("")).count
+
+
+async def compare_set(store: Store, key: str, expected: bytes, desired: bytes) -> bytes:
+    """torch's ``compare_set`` on a store, in one transaction (one request) unless the key
+    holds an empty value and ``expected`` is empty (then two): set ``desired`` if the value is
+    ``expected`` (or the key is absent and ``expected`` is empty); return the value the key holds
+    afterwards (``expected`` when it is absent and ``expected`` is not empty)."""
+    # swap if the value is the expected one (for an empty expected: if the key is absent), else
+    # read it back at the same revision
+    compare = Compare.value(key) == expected if expected else Compare.version(key) == 0
+    while True:
+        result = await store.txn(compare=[compare], success=[Put(key, desired)], failure=[Get(key)])
+        if result.succeeded:
+            return desired
+        outcome = result[0]
+        assert isinstance(outcome, GetResult)
+        kv = outcome.kv
+        if kv is None:  # absent, and a non-empty value expected
+            return expected
+        if kv.value != expected:
+            return kv.value
+        # present with the expected empty value: swap against exactly that write
+        compare = Compare.mod_revision(key) == kv.mod_revision
 
 
 class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]

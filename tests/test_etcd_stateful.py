@@ -49,6 +49,8 @@ class EtcdMachine(StoreMachine):
                 model = getattr(self, "model", None)
                 for lease_id in list(model.leases) if model is not None else []:
                     self.run(store.lease_revoke(lease_id))
+                if model is not None:
+                    model.leases.clear()  # revoked: the base teardown must not revoke them again
                 if self.watch is not None:
                     self.run(self.watch.aclose())
                     self.watch = None

@@ -440,6 +440,7 @@ _PATHS = st.sampled_from(
         "/v1/lease",
         "/v1/leases",
         "/v1/compact",
+        "/v1/txn",
         "/v1/revision",
         "/healthz",
         "/metrics",

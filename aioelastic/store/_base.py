@@ -2,9 +2,9 @@
 
 A backend subclasses :class:`Store` and implements the underscore-prefixed core
 (``_get``, ``_range``, ``_put``, ``_delete``, ``_compare_and_swap``, ``_compare_and_delete``,
-``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``, ``_aclose``). The public
-methods validate arguments and the closed state once, here, and the conveniences (``add``,
-``wait_for``, ``lease``, ``namespace``) are built on the core.
+``_txn``, ``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``,
+``_aclose``). The public methods validate arguments and the closed state once, here, and the
+conveniences (``add``, ``stm``, ``wait_for``, ``lease``, ``namespace``) are built on the core.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import abc
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
 
@@ -30,9 +30,14 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
+    from ._add import CounterAdder
     from ._keeper import LeaseKeeper
+    from ._stm import StmTxn
+    from ._txn import Compare, Txn, TxnOp, TxnResult
 
 __all__ = ["Store", "Watch"]
+
+T = TypeVar("T")
 
 #: Features a backend can declare. The conformance suite skips (never silently passes) the tests
 #: of a feature a backend does not declare.
@@ -199,6 +204,7 @@ class Store(abc.ABC):
 
     def __init__(self) -> None:
         self._closed = False
+        self._adder: CounterAdder | None = None
 
     # -- lifecycle
 
@@ -302,6 +308,56 @@ class Store(abc.ABC):
         check_int(expected_mod_revision, "expected_mod_revision", minimum=1)
         self._check_open()
         return await self._compare_and_delete(key, expected_mod_revision)
+
+    async def txn(
+        self,
+        *,
+        compare: Iterable[Compare] = (),
+        success: Iterable[TxnOp] = (),
+        failure: Iterable[TxnOp] = (),
+    ) -> TxnResult:
+        """An atomic transaction, as etcd's ``Txn``: if every compare holds (none: true), apply
+        the ``success`` operations, else the ``failure`` ones, all at one revision.
+
+        Compares see the store before the transaction; each operation sees the ones before it
+        (a :class:`~aioelastic.store.Get` after a :class:`~aioelastic.store.Put` of its key
+        reads the new value). Watchers see the transaction's events at one revision, in order.
+        A branch may write a key at most once (no put twice, no put of a key it deletes); at
+        most 128 compares and 128 operations per branch, and 1 MiB of keys and values, else
+        :class:`~aioelastic.errors.TxnTooLargeError`. A put with a lease that does not exist
+        fails the whole transaction with ``LeaseNotFoundError`` (nothing is applied).
+        """
+        from ._txn import check_txn
+
+        checked = check_txn(compare, success, failure)
+        self._check_open()
+        return await self._txn(checked)
+
+    async def stm(
+        self,
+        fn: Callable[[StmTxn], Awaitable[T]],
+        *,
+        keys: Iterable[str] = (),
+        max_attempts: int = 32,
+    ) -> T:
+        """Run ``fn(tx)`` as a software transaction (etcd's ``concurrency.NewSTM``) and return
+        what it returns.
+
+        ``fn`` reads through ``await tx.get(key)`` (and ``tx.rev(key)``) and stages writes with
+        ``tx.put(key, value)`` / ``tx.delete(key)``; they are committed in one transaction if
+        no key it read has changed since, else ``fn`` runs again on the new values, at most
+        ``max_attempts`` times, then :class:`~aioelastic.errors.TxnConflictError`. ``keys``
+        are read together, at one revision, before the first attempt. Commits are
+        serializable over the keys read; ``fn`` must have no other effects (it may run more
+        than once). See docs/store.md, "Software transactions".
+        """
+        from ._stm import run_stm
+
+        check_int(max_attempts, "max_attempts", minimum=1)
+        if isinstance(keys, str):
+            raise TypeError("keys must be a list of keys, not a str")
+        self._check_open()
+        return await run_stm(self, fn, keys, max_attempts)
 
     async def add(self, key: str, delta: int = 1) -> int:
         """Atomically add ``delta`` to the decimal integer at ``key`` (absent = 0); return it."""
@@ -448,15 +504,14 @@ class Store(abc.ABC):
     # -- the required core
 
     async def _add(self, key: str, delta: int) -> int:
-        """``add`` on compare-and-swap; a backend with an atomic increment overrides this."""
-        current = await self._get(key)
-        while True:
-            base = 0 if current is None else _parse_counter(key, current.value)
-            expected = 0 if current is None else current.mod_revision
-            result = await self._compare_and_swap(key, expected, str(base + delta).encode(), 0)
-            if result.succeeded:
-                return base + delta
-            current = result.kv
+        """``add`` on transactions (see ``_add.py``); a backend with an atomic increment
+        overrides this."""
+        adder = getattr(self, "_adder", None)  # (a subclass may skip Store.__init__)
+        if adder is None:
+            from ._add import CounterAdder
+
+            adder = self._adder = CounterAdder(self)
+        return await adder.add(key, delta)
 
     @abc.abstractmethod
     async def _get(self, key: str) -> KeyValue | None: ...
@@ -480,6 +535,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult: ...
+
+    @abc.abstractmethod
+    async def _txn(self, txn: Txn) -> TxnResult: ...
 
     @abc.abstractmethod
     def _watch(self, prefix: str, start_revision: int | None) -> Watch: ...

@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from ._base import Store, Watch, check_prefix
+from ._txn import (
+    Compare,
+    Delete,
+    DeletePrefix,
+    Get,
+    GetResult,
+    OpResult,
+    Put,
+    PutResult,
+    Range,
+    Txn,
+    TxnOp,
+    TxnResult,
+)
 from ._types import CasResult, KeyValue, LeaseGrant, LeaseStatus, RangeResult, WatchEvent
 
 __all__ = ["PrefixedStore"]
@@ -77,6 +91,40 @@ class PrefixedStore(Store):
 
     async def _add(self, key: str, delta: int) -> int:
         return await self.parent.add(self.prefix + key, delta)
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        p = self.prefix
+        result = await self.parent.txn(
+            compare=[Compare(p + c.key, c.target, c.op, c.operand) for c in txn.compare],
+            success=[self._op(op) for op in txn.success],
+            failure=[self._op(op) for op in txn.failure],
+        )
+        results = tuple(self._strip_result(r) for r in result.results)
+        return TxnResult(result.succeeded, result.revision, results)
+
+    def _op(self, op: TxnOp) -> TxnOp:
+        p = self.prefix
+        if isinstance(op, Put):
+            return Put(p + op.key, op.value, op.lease)
+        if isinstance(op, Get):
+            return Get(p + op.key)
+        if isinstance(op, Delete):
+            return Delete(p + op.key)
+        if isinstance(op, Range):
+            return Range(p + op.prefix, op.limit)
+        return DeletePrefix(p + op.prefix)
+
+    def _strip_result(self, result: OpResult) -> OpResult:
+        if isinstance(result, PutResult):
+            kv = self._strip(result.kv)
+            assert kv is not None
+            return PutResult(kv, self._strip(result.prev_kv))
+        if isinstance(result, GetResult):
+            return GetResult(self._strip(result.kv))
+        if isinstance(result, RangeResult):
+            kvs = tuple(kv for kv in map(self._strip, result.kvs) if kv is not None)
+            return RangeResult(kvs, result.revision, result.count, result.more)
+        return result
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         inner = self.parent.watch(self.prefix + prefix, start_revision=start_revision)

@@ -37,6 +37,20 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ._base import Store, Watch
+from ._txn import (
+    Compare,
+    Delete,
+    DeleteResult,
+    Get,
+    GetResult,
+    OpResult,
+    Put,
+    PutResult,
+    Range,
+    Txn,
+    TxnOp,
+    TxnResult,
+)
 from ._types import (
     CasResult,
     EventType,
@@ -89,6 +103,68 @@ def _event(pb: Any) -> WatchEvent:
             EventType.DELETE, KeyValue(_dec(pb.kv.key), b"", 0, pb.kv.mod_revision, 0)
         )
     return WatchEvent(EventType.PUT, _kv(pb.kv))
+
+
+_COMPARE_OPS = {
+    "==": rpc_pb2.Compare.EQUAL,
+    "!=": rpc_pb2.Compare.NOT_EQUAL,
+    "<": rpc_pb2.Compare.LESS,
+    ">": rpc_pb2.Compare.GREATER,
+}
+_COMPARE_TARGETS = {
+    "value": rpc_pb2.Compare.VALUE,
+    "version": rpc_pb2.Compare.VERSION,
+    "create_revision": rpc_pb2.Compare.CREATE,
+    "mod_revision": rpc_pb2.Compare.MOD,
+    "lease": rpc_pb2.Compare.LEASE,
+}
+
+
+def _compare_pb(compare: Compare) -> Any:
+    fields: dict[str, Any] = {compare.target: compare.operand}  # the oneof field: our name
+    return rpc_pb2.Compare(
+        result=_COMPARE_OPS[compare.op],
+        target=_COMPARE_TARGETS[compare.target],
+        key=_enc(compare.key),
+        **fields,
+    )
+
+
+def _op_pb(op: TxnOp) -> Any:
+    if isinstance(op, Put):
+        put = rpc_pb2.PutRequest(key=_enc(op.key), value=op.value, lease=op.lease, prev_kv=True)
+        return rpc_pb2.RequestOp(request_put=put)
+    if isinstance(op, Get):
+        return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=_enc(op.key)))
+    if isinstance(op, Range):
+        key, end = _prefix_range(op.prefix)
+        ranged = rpc_pb2.RangeRequest(key=key, range_end=end, limit=op.limit or 0)
+        return rpc_pb2.RequestOp(request_range=ranged)
+    if isinstance(op, Delete):
+        delete = rpc_pb2.DeleteRangeRequest(key=_enc(op.key))
+    else:
+        start, end = _prefix_range(op.prefix)
+        delete = rpc_pb2.DeleteRangeRequest(key=start, range_end=end)
+    return rpc_pb2.RequestOp(request_delete_range=delete)
+
+
+def _op_result(op: TxnOp, pb: Any, revision: int) -> OpResult:
+    """One operation's result from its ``ResponseOp``; ``revision``: the transaction's."""
+    if isinstance(op, Put):
+        put = pb.response_put
+        if put.HasField("prev_kv"):
+            prev = _kv(put.prev_kv)
+            version = prev.version + 1
+            kv = KeyValue(op.key, op.value, prev.create_revision, revision, version, op.lease)
+            return PutResult(kv, prev)
+        return PutResult(KeyValue(op.key, op.value, revision, revision, 1, op.lease))
+    if isinstance(op, Get):
+        kvs = pb.response_range.kvs
+        return GetResult(_kv(kvs[0]) if kvs else None)
+    if isinstance(op, Range):
+        ranged = pb.response_range
+        return RangeResult(tuple(map(_kv, ranged.kvs)), revision, ranged.count, ranged.more)
+    return DeleteResult(pb.response_delete_range.deleted)
 
 
 class _KeepAliveStream:
@@ -152,7 +228,6 @@ class EtcdStore(Store):
         self.watch_reconnect_timeout = float(watch_reconnect_timeout)
         self._keepalives: dict[int, _KeepAliveStream] = {}
         self._watches: set[_EtcdWatch] = set()
-        self._add_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def __repr__(self) -> str:
         scheme = "etcds" if self.client.tls is not None else "etcd"
@@ -266,22 +341,27 @@ class EtcdStore(Store):
             return CasResult(False, revision, _kv(kvs[0]) if kvs else None)
         return CasResult(True, revision, None)
 
-    async def _add(self, key: str, delta: int) -> int:
-        # etcd has no atomic increment: add is a compare-and-swap loop. Adds to one key from this
-        # client queue here, so they do not race each other (contention between clients remains
-        # and is resolved by the loop).
-        entry = self._add_locks.get(key)
-        if entry is None:
-            entry = self._add_locks[key] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
+    async def _txn(self, txn: Txn) -> TxnResult:
+        request = rpc_pb2.TxnRequest(
+            compare=[_compare_pb(c) for c in txn.compare],
+            success=[_op_pb(op) for op in txn.success],
+            failure=[_op_pb(op) for op in txn.failure],
+        )
+        # only reads in both branches: a read (moved to another member on failure); else a write
+        write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
         try:
-            async with lock:
-                return await super()._add(key, delta)
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._add_locks[key]
+            response = await self.client.call("Txn", request, write=write)
+        except StoreError as exc:
+            leases = [op.lease for op in (*txn.success, *txn.failure) if isinstance(op, Put)]
+            if "lease not found" in str(exc):
+                raise LeaseNotFoundError(next((lease for lease in leases if lease), 0)) from None
+            raise
+        revision: int = response.header.revision
+        ops = txn.success if response.succeeded else txn.failure
+        results = tuple(
+            _op_result(op, pb, revision) for op, pb in zip(ops, response.responses, strict=True)
+        )
+        return TxnResult(bool(response.succeeded), revision, results)
 
     # -- history
 

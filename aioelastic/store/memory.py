@@ -24,6 +24,19 @@ from urllib.parse import SplitResult
 
 from ..errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from ._base import Store, Watch, check_int, prefix_end
+from ._txn import (
+    Delete,
+    DeletePrefix,
+    DeleteResult,
+    Get,
+    GetResult,
+    OpResult,
+    Put,
+    PutResult,
+    Range,
+    Txn,
+    TxnResult,
+)
 from ._types import (
     CasResult,
     EventType,
@@ -288,6 +301,48 @@ class MemoryEngine:
         self._revision += 1
         self._commit((self._remove(key),))
         return CasResult(True, self._revision, None)
+
+    def txn(self, txn: Txn) -> TxnResult:
+        """Apply a checked transaction atomically: one revision, one commit of its events."""
+        self._check_open()
+        data = self._data
+        succeeded = all(c.holds(data.get(c.key)) for c in txn.compare)
+        ops = txn.success if succeeded else txn.failure
+        for op in ops:  # refuse before applying anything, as etcd does
+            if isinstance(op, Put) and op.lease and op.lease not in self._leases:
+                raise LeaseNotFoundError(op.lease)
+        self._revision += 1  # the revision its writes get; taken back if it writes nothing
+        events: list[WatchEvent] = []
+        results: list[OpResult] = []
+        for op in ops:
+            if isinstance(op, Put):
+                prev = data.get(op.key)
+                kv = self._write(op.key, op.value, op.lease)
+                events.append(WatchEvent(EventType.PUT, kv))
+                results.append(PutResult(kv, prev))
+            elif isinstance(op, Get):
+                results.append(GetResult(data.get(op.key)))
+            elif isinstance(op, Range):
+                results.append(self.range(op.prefix, op.limit))
+            elif isinstance(op, Delete):
+                gone = [self._remove(op.key)] if op.key in data else []
+                events += gone
+                results.append(DeleteResult(len(gone)))
+            else:
+                assert isinstance(op, DeletePrefix)
+                gone = [self._remove(kv.key) for kv in self.range(op.prefix).kvs]
+                events += gone
+                results.append(DeleteResult(len(gone)))
+        if events:
+            self._commit(tuple(events))
+        else:
+            self._revision -= 1
+        revision = self._revision
+        results = [
+            RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
+            for r in results
+        ]
+        return TxnResult(succeeded, revision, tuple(results))
 
     def add(self, key: str, delta: int) -> int:
         self._check_open()
@@ -827,6 +882,9 @@ class MemoryStore(Store):
 
     async def _add(self, key: str, delta: int) -> int:
         return self.engine.add(key, delta)
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        return self.engine.txn(txn)
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return _MemoryWatch(self, prefix, start_revision)

@@ -39,47 +39,20 @@ from ..errors import (
     StoreClosedError,
     StoreTimeoutError,
 )
-from ..store import EventType, KeyValue, Store, Watch, WatchEvent, open_store
+from ..store import EventType, KeyValue, MemoryStore, Store, open_store
 from ..store._base import ALL_FEATURES
+from ._conformance_kit import _Body, collect, conformance_test, next_event
 from ._keys import UNUSUAL_KEYS
+from ._stm_conformance import StmConformance
+from ._txn_conformance import TxnConformance
 from ._virtual_time import virtual_time_loop
 
 __all__ = ["ALL_FEATURES", "StoreConformance"]
 
 T = TypeVar("T")
-_Body = Callable[[Any, Store], Awaitable[None]]
 
 
-def conformance_test(
-    *, requires: str | None = None, namespaced: bool = True
-) -> Callable[[_Body], Callable[[Any], None]]:
-    """Turn ``async def test_x(self, store)`` into a plain pytest test run by the suite."""
-
-    def decorate(body: _Body) -> Callable[[Any], None]:
-        def test(self: StoreConformance) -> None:
-            if requires is not None and requires not in self.features:
-                pytest.skip(f"the backend does not declare the {requires!r} feature")
-            self.run(body, namespaced=namespaced)
-
-        test.__name__ = body.__name__
-        test.__qualname__ = body.__qualname__
-        test.__doc__ = body.__doc__
-        return test
-
-    return decorate
-
-
-async def next_event(watch: Watch, timeout: float = 10.0) -> WatchEvent:
-    """The watch's next event, or fail after ``timeout`` seconds."""
-    with anyio.fail_after(timeout):
-        return await watch.__anext__()
-
-
-async def collect(watch: Watch, count: int, timeout: float = 10.0) -> list[WatchEvent]:
-    return [await next_event(watch, timeout) for _ in range(count)]
-
-
-class StoreConformance:
+class StoreConformance(TxnConformance, StmConformance):
     """The suite. Subclasses implement :meth:`open_store` and may set the class attributes."""
 
     #: Optional features of the backend (see ``aioelastic.store._base.ALL_FEATURES``).
@@ -95,6 +68,20 @@ class StoreConformance:
         """An async context manager yielding a connected store client (closed on exit)."""
         raise NotImplementedError("subclasses of StoreConformance implement open_store()")
 
+    @contextlib.asynccontextmanager
+    async def open_peer(self, client: Store) -> AsyncIterator[Store]:
+        """A second client of the same store as ``client`` (for tests of two clients at once).
+
+        The default is another client of the same engine for a :class:`MemoryStore`, else
+        another :meth:`open_store`; a backend whose clients do not share a store that way
+        overrides it (the tests check that the two see each other's writes)."""
+        if isinstance(client, MemoryStore):
+            async with MemoryStore(client.engine) as peer:
+                yield peer
+            return
+        async with self.open_store() as peer:
+            yield peer
+
     # -- running
 
     def run(self, body: _Body, *, namespaced: bool = True) -> None:
@@ -105,6 +92,7 @@ class StoreConformance:
     async def _run(self, body: _Body, namespaced: bool) -> None:
         with anyio.fail_after(self.test_timeout):
             async with self.open_store() as client:
+                self.client = client
                 store = (
                     client.namespace(f"conformance/{uuid.uuid4().hex}/") if namespaced else client
                 )

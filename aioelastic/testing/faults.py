@@ -47,6 +47,7 @@ from ..store import (
     Watch,
     WatchEvent,
 )
+from ..store._txn import Txn, TxnResult
 
 __all__ = ["OPERATIONS", "FaultInjectingStore", "FaultPlan", "InjectedFault"]
 
@@ -60,6 +61,7 @@ OPERATIONS: frozenset[str] = frozenset(
         "delete",
         "compare_and_swap",
         "compare_and_delete",
+        "txn",
         "add",
         "watch",
         "compact",
@@ -267,6 +269,10 @@ class FaultInjectingStore(Store):
     async def _add(self, key: str, delta: int) -> int:
         await self._enter("add")
         return await self.inner.add(key, delta)
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        await self._enter("txn")
+        return await self.inner.txn(compare=txn.compare, success=txn.success, failure=txn.failure)
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return _FaultyWatch(self, self.inner.watch(prefix, start_revision=start_revision))

@@ -29,7 +29,27 @@ from hypothesis.stateful import (
 )
 
 from ..errors import LeaseNotFoundError, StoreClosedError
-from ..store import CasResult, EventType, KeyValue, Store, Watch
+from ..store import (
+    CasResult,
+    Compare,
+    Delete,
+    DeleteResult,
+    EventType,
+    Get,
+    GetResult,
+    KeyValue,
+    OpResult,
+    Put,
+    PutResult,
+    Range,
+    RangeResult,
+    Store,
+    Txn,
+    TxnOp,
+    TxnResult,
+    Watch,
+)
+from ..store._txn import DeletePrefix, check_txn
 from . import strategies
 from ._virtual_time import VirtualTimeLoop
 from .strategies import KEYS, PREFIXES
@@ -87,6 +107,55 @@ class StoreModel:
                 self.events.append((EventType.DELETE, key, self.revision))
         return len(present)
 
+    def txn(self, txn: Txn) -> TxnResult:
+        """A checked transaction (its puts carry no lease): compares on the state before it,
+        then one branch's operations in order, every write at one new revision (none if
+        nothing changed)."""
+        succeeded = all(c.holds(self.data.get(c.key)) for c in txn.compare)
+        revision = self.revision + 1
+        changed = False
+        results: list[OpResult] = []
+        for op in txn.success if succeeded else txn.failure:
+            if isinstance(op, Put):
+                old = self.data.get(op.key)
+                kv = KeyValue(op.key, op.value, revision, revision, 1, 0)
+                if old is not None:
+                    kv = KeyValue(op.key, op.value, old.create_revision, revision, old.version + 1)
+                self._detach(old)
+                self.data[op.key] = kv
+                self.events.append((EventType.PUT, op.key, revision))
+                results.append(PutResult(kv, old))
+                changed = True
+            elif isinstance(op, Get):
+                results.append(GetResult(self.data.get(op.key)))
+            elif isinstance(op, Range):
+                found = sorted((k, kv) for k, kv in self.data.items() if k.startswith(op.prefix))
+                shown = found if op.limit is None else found[: op.limit]
+                kvs = tuple(kv for _, kv in shown)
+                results.append(RangeResult(kvs, 0, len(found), len(shown) < len(found)))
+            else:
+                if isinstance(op, Delete):
+                    gone = [op.key] if op.key in self.data else []
+                else:
+                    gone = sorted(k for k in self.data if k.startswith(op.prefix))
+                for key in gone:
+                    self._detach(self.data.pop(key))
+                    self.events.append((EventType.DELETE, key, revision))
+                results.append(DeleteResult(len(gone)))
+                changed = changed or bool(gone)
+        if changed:
+            self.revision = revision
+        final = [
+            RangeResult(r.kvs, self.revision, r.count, r.more) if isinstance(r, RangeResult) else r
+            for r in results
+        ]
+        return TxnResult(succeeded, self.revision, tuple(final))
+
+    def _detach(self, kv: KeyValue | None) -> None:
+        """``kv`` is overwritten or deleted: its lease no longer holds its key."""
+        if kv is not None and kv.lease and kv.lease in self.leases:
+            self.leases[kv.lease].keys.discard(kv.key)
+
     def end_lease(self, lease_id: int) -> None:
         lease = self.leases.pop(lease_id)
         self.delete(sorted(lease.keys))
@@ -101,6 +170,29 @@ class StoreModel:
             _, lease_id = min(due)
             self.end_lease(lease_id)
         self.now = target
+
+
+_COMPARE_SPECS = st.tuples(
+    keys,
+    st.sampled_from(["value", "version", "create_revision", "mod_revision", "lease"]),
+    st.sampled_from(["==", "!=", "<", ">"]),
+    st.sampled_from([-1, 0, 1]),
+)
+_TXN_OP_SPECS = st.one_of(
+    st.tuples(st.just("put"), keys, values),
+    st.tuples(st.just("get"), keys),
+    st.tuples(st.just("range"), strategies.prefixes(), strategies.range_limits()),
+    st.tuples(st.just("delete"), keys),
+    st.tuples(st.just("delete_prefix"), strategies.prefixes()),
+)
+
+
+def _txn_op(spec: tuple[Any, ...]) -> TxnOp:
+    kind, *args = spec
+    op: TxnOp = {"put": Put, "get": Get, "range": Range, "delete": Delete}.get(kind, DeletePrefix)(
+        *args
+    )
+    return op
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -251,6 +343,41 @@ class StoreMachine(RuleBasedStateMachine):
         total = (int(current.value) if current else 0) + delta
         assert self.run(self.s.add(key, delta)) == total
         self.model.put(key, str(total).encode(), current.lease if current else 0)
+
+    @rule(
+        compares=st.lists(_COMPARE_SPECS, max_size=3),
+        success=st.lists(_TXN_OP_SPECS, max_size=4),
+        failure=st.lists(_TXN_OP_SPECS, max_size=3),
+    )
+    def txn(
+        self,
+        compares: list[tuple[str, Any, Any, int]],
+        success: list[tuple[Any, ...]],
+        failure: list[tuple[Any, ...]],
+    ) -> None:
+        built = [self._compare(*spec) for spec in compares]
+        ops = ([_txn_op(spec) for spec in success], [_txn_op(spec) for spec in failure])
+        try:
+            checked = check_txn(built, *ops)
+        except ValueError:  # one write per key: the store refuses it too, and applies nothing
+            try:
+                self.run(self.s.txn(compare=built, success=ops[0], failure=ops[1]))
+            except ValueError:
+                return
+            raise AssertionError("the store applied a txn that writes a key twice") from None
+        got = self.run(self.s.txn(compare=built, success=ops[0], failure=ops[1]))
+        assert got == self.model.txn(checked), (got, checked)
+
+    def _compare(self, key: str, target: Any, op: Any, shift: int) -> Compare:
+        """A compare of ``key``'s ``target`` against its current value shifted by ``shift``
+        (so that every outcome is likely)."""
+        kv = self.model.data.get(key)
+        if target == "value":
+            current = kv.value if kv is not None else b"x"
+            operand: int | bytes = {0: current, 1: current + b"\0", -1: current[:-1]}[shift]
+        else:
+            operand = max(0, (getattr(kv, target) if kv is not None else 0) + shift)
+        return Compare(key, target, op, operand)
 
     @rule(target=leases, ttl=strategies.lease_ttls())
     def grant(self, ttl: int) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._openapi_txn import txn_path, txn_schemas
+
 __all__ = ["openapi_document"]
 
 
@@ -163,6 +165,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         },
                     },
                 },
+                **txn_schemas(),
                 "PreconditionFailed": {
                     "type": "object",
                     "properties": {
@@ -326,6 +329,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                     "responses": {"200": _ok("Added"), **_KEYED},
                 },
             },
+            "/v1/txn": txn_path(_COMMON, _error),
             "/v1/range/{prefix}": {
                 "parameters": [_PREFIX],
                 "get": {

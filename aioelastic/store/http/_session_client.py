@@ -26,6 +26,7 @@ from ...errors import (
     StoreClosedError,
     StoreConnectionError,
     StoreTimeoutError,
+    TxnTooLargeError,
     ValueTooLargeError,
     WriteOutcomeUnknownError,
     WriteTimeoutError,
@@ -63,6 +64,13 @@ def error_from_frame(code: Any, message: Any, extra: Any, what: str, *, write: b
     if code == "compacted":
         return CompactedError(
             int(extra.get("requested_revision", 0)), int(extra.get("compact_revision", 0))
+        )
+    if code == "txn_too_large":
+        return TxnTooLargeError(
+            str(extra.get("limit", "ops")),
+            int(extra.get("maximum", 0)),
+            int(extra.get("size", 0)),
+            "the transaction (as the server counts it)",
         )
     if code in ("value_too_large", "key_too_large"):
         return ValueTooLargeError(text)

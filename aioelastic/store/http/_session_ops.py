@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...errors import TxnTooLargeError
+from .._txn import DeletePrefix, Put, Range
 from ._frames import kv_to_wire, lease_status_to_wire, range_to_wire
+from ._txn_wire import result_to_frame, txn_from_frame
 
 if TYPE_CHECKING:
     from ._session_server import Connection
@@ -147,6 +150,25 @@ def _add(conn: Connection, rid: int, args: list[Any]) -> Any:
     return conn.hub.engine.add(key_arg(conn, args[0]), delta)
 
 
+def _txn(conn: Connection, rid: int, args: list[Any]) -> Any:
+    try:
+        txn = txn_from_frame(args)
+    except TxnTooLargeError as exc:
+        raise OpError(
+            "txn_too_large", str(exc), limit=exc.limit, maximum=exc.maximum, size=exc.size
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise bad(f"txn: {exc}") from None
+    for item in (*txn.compare, *txn.success, *txn.failure):
+        if isinstance(item, (Range, DeletePrefix)):
+            key_arg(conn, item.prefix, allow_empty=True)
+        else:
+            key_arg(conn, item.key)
+        if isinstance(item, Put):
+            value_arg(conn, item.value)
+    return result_to_frame(conn.hub.engine.txn(txn))  # LeaseNotFoundError -> its error frame
+
+
 def _compact(conn: Connection, rid: int, args: list[Any]) -> Any:
     arity(args, 1, "compact")
     conn.hub.engine.compact(int_arg(args[0], "revision", 1))
@@ -201,6 +223,7 @@ OPS: dict[str, Op] = {
     "cas": Op(_cas, write=True),
     "cad": Op(_cad, write=True),
     "add": Op(_add, write=True),
+    "txn": Op(_txn, write=True),
     "compact": Op(_compact, write=True),
     "lease_grant": Op(_lease_grant, write=True),
     "lease_keep_alive": Op(_lease_keep_alive),

@@ -25,6 +25,7 @@ from yarl import URL
 
 from ...errors import StoreClosedError, StoreConnectionError
 from .._base import Store, Watch
+from .._txn import Get, Range, Txn, TxnResult
 from .._types import (
     CasResult,
     KeyValue,
@@ -39,6 +40,7 @@ from ._frames import (
     range_from_wire,
 )
 from ._session_client import ConnectionLost, Refused, SessionClient, error_from_frame
+from ._txn_wire import result_from_frame, txn_to_frame
 
 __all__ = ["HttpStore", "open_http_store"]
 
@@ -180,6 +182,15 @@ class HttpStore(Store):
 
     async def _add(self, key: str, delta: int) -> int:
         return int(await self._call("add", [key, delta], write=True, what=f"add {key[:200]!r}"))
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        # only reads in both branches: a read (retried on a lost session); else a write
+        write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
+        answer = await self._call("txn", txn_to_frame(txn), write=write, what="txn")
+        try:
+            return result_from_frame(answer)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise StoreConnectionError(f"txn: malformed answer ({exc!r})") from None
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return SessionWatch(self, prefix, start_revision)

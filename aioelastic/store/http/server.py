@@ -32,13 +32,15 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
-from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
+from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnTooLargeError
+from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
 from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy, LogWriteError
 from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
+from ._txn_wire import result_to_json, txn_from_json
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -70,6 +72,8 @@ MAX_PROGRESS_INTERVAL = 300.0
 DEFAULT_PROGRESS_INTERVAL = 5.0
 NDJSON = "application/x-ndjson"
 
+#: The largest ``POST /v1/txn`` body: room for MAX_TXN_BYTES in base64 with JSON around it.
+_MAX_TXN_BODY = 4 * MAX_TXN_BYTES
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _T = TypeVar("_T")
 
@@ -944,6 +948,50 @@ class _App:
         await self._durable()
         return _json({"value": total, "revision": revision})
 
+    async def txn(self, request: web.Request) -> web.Response:
+        """POST /v1/txn: one transaction (the JSON forms are in ``_txn_wire``)."""
+        # a txn's base64 values may exceed the body limit of other routes: read to its own
+        raw = bytearray()
+        while chunk := await request.content.read(_MAX_TXN_BODY + 1 - len(raw)):
+            raw += chunk
+            if len(raw) > _MAX_TXN_BODY:
+                raise _ApiError(
+                    413, "txn_too_large", f"txn bodies are at most {_MAX_TXN_BODY} bytes"
+                )
+        try:
+            body = json.loads(raw) if raw else {}
+        except (ValueError, RecursionError):
+            raise _bad("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
+        try:
+            txn = txn_from_json(body)
+        except TxnTooLargeError as exc:
+            raise _ApiError(
+                413, "txn_too_large", str(exc), limit=exc.limit, maximum=exc.maximum, size=exc.size
+            ) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(f"txn: {exc}"[:300]) from None
+        self._check_txn_sizes(txn)
+        before = self.engine.revision
+        result = self.engine.txn(txn)  # LeaseNotFoundError -> 404
+        if result.revision != before:
+            await self._durable()
+        return _json(result_to_json(result))
+
+    def _check_txn_sizes(self, txn: Txn) -> None:
+        for item in (*txn.compare, *txn.success, *txn.failure):
+            if isinstance(item, (Range, DeletePrefix)):
+                self._check_key(item.prefix, allow_empty=True)
+            else:
+                self._check_key(item.key)
+            if isinstance(item, Put) and len(item.value) > self.limits.max_value_bytes:
+                raise _ApiError(
+                    413,
+                    "value_too_large",
+                    f"values are at most {self.limits.max_value_bytes} bytes",
+                )
+
     async def range(self, request: web.Request) -> web.Response:
         prefix = self._prefix(request)
         limit: int | None = None
@@ -1371,6 +1419,7 @@ def make_app(
     route("PUT", "/v1/kv/{key:(?s:.*)}", state.put_key, "put")
     route("DELETE", "/v1/kv/{key:(?s:.*)}", state.delete_key, "delete")
     route("POST", "/v1/add/{key:(?s:.*)}", state.add, "add")
+    route("POST", "/v1/txn", state.txn, "txn")
     route("GET", "/v1/range/{prefix:(?s:.*)}", state.range, "range")
     route("DELETE", "/v1/range/{prefix:(?s:.*)}", state.delete_range, "delete_range")
     route("GET", "/v1/watch/{prefix:(?s:.*)}", state.watch, "watch")
