@@ -521,6 +521,7 @@ class EtcdServer:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
+                proc.send_signal(signal.SIGCONT)  # a frozen member acts on SIGTERM only then
             try:
                 async with asyncio.timeout(10.0):
                     await _wait_process(proc)
@@ -553,6 +554,20 @@ class EtcdServer:
     async def kill_member(self, index: int) -> None:
         """SIGKILL member ``index`` (its data stays, for :meth:`restart_member`)."""
         await self._terminate(self._member(index), signal.SIGKILL)
+
+    def freeze_member(self, index: int) -> None:
+        """SIGSTOP member ``index``: it hangs with its connections open (a wedged process, a
+        stuck disk), answering nothing; :meth:`thaw_member` resumes it."""
+        m = self._member(index)
+        if not m.running or m.process is None:
+            raise RuntimeError(f"etcd member {index} is not running")
+        m.process.send_signal(signal.SIGSTOP)
+
+    def thaw_member(self, index: int) -> None:
+        """SIGCONT member ``index`` after :meth:`freeze_member`."""
+        m = self._member(index)
+        if m.running and m.process is not None:
+            m.process.send_signal(signal.SIGCONT)
 
     async def restart_member(self, index: int, timeout: float = 60.0) -> None:
         """Start member ``index`` again on its ports and data; wait until it serves."""

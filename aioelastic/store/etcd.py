@@ -25,6 +25,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote
 
 import anyio
 
+from .._etcd._liveness import MemberHungError
 from .._etcd._rpc import grpc, kv_pb2, rpc_pb2
 from .._etcd.client import EtcdClient, TLSConfig
 from ..errors import (
@@ -116,6 +117,10 @@ class EtcdStore(Store):
     etcd auth; the token is refreshed transparently when etcd invalidates it. ``timeout``: every
     call's deadline in seconds. ``watch_reconnect_timeout``: how long a watch keeps trying to
     re-establish itself after losing its stream before raising ``StoreConnectionError``.
+    ``ping_after``/``ping_timeout``: a member that stays silent for ``ping_after`` seconds while
+    a call, watch or keep-alive waits on it is pinged; no answer within ``ping_timeout`` and it
+    is taken as hung: reads and watches move to another member, a write waiting on it raises
+    ``WriteOutcomeUnknownError`` (docs/etcd.md, "A hung member").
     """
 
     features = frozenset({"compaction"})
@@ -130,6 +135,8 @@ class EtcdStore(Store):
         timeout: float = 10.0,
         connect_timeout: float = 3.0,
         watch_reconnect_timeout: float = 60.0,
+        ping_after: float = 0.75,
+        ping_timeout: float = 0.75,
     ) -> None:
         super().__init__()
         self.client = EtcdClient(
@@ -139,6 +146,8 @@ class EtcdStore(Store):
             password=password,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            ping_after=ping_after,
+            ping_timeout=ping_timeout,
         )
         if (
             isinstance(watch_reconnect_timeout, bool)
@@ -332,14 +341,25 @@ class EtcdStore(Store):
         request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
         async with stream.lock:
             for attempt in range(2):  # a keep-alive is idempotent: one retry on a fresh stream
+                read: asyncio.Future[Any] | None = None
                 try:
+                    if stream.call is not None and stream.call.done():
+                        stream.drop()  # ended while idle (its channel was replaced: hung)
                     if stream.call is None:
                         stream.call, stream.channel = await self.client.open_stream(
                             "LeaseKeepAlive"
                         )
                     with anyio.fail_after(self.client.timeout):
                         await stream.call.write(request)
-                        response = await stream.call.read()
+                        read = asyncio.ensure_future(stream.call.read())
+                        read.add_done_callback(_retrieve)
+                        await self.client.wait_answer(stream.channel, read)
+                        response = read.result()
+                except MemberHungError as exc:
+                    stream.drop()
+                    if attempt == 0:
+                        continue  # a fresh stream on another member
+                    raise StoreConnectionError(f"etcd LeaseKeepAlive: {exc}") from None
                 except grpc.aio.AioRpcError as exc:
                     stream.drop()
                     if self._closed:
@@ -356,6 +376,15 @@ class EtcdStore(Store):
                     raise StoreTimeoutError(
                         f"etcd LeaseKeepAlive: no answer within {self.client.timeout:g}s"
                     ) from None
+                except asyncio.CancelledError:
+                    stream.drop()  # an answer may still be on its way: never reuse the stream
+                    if read is not None and read.cancelled() and not self._closed:
+                        if attempt == 0:  # the stream was cancelled under us (channel replaced)
+                            continue
+                        raise StoreConnectionError(
+                            "etcd LeaseKeepAlive: the stream ended"
+                        ) from None
+                    raise
                 except BaseException:
                     stream.drop()  # an answer may still be on its way: never reuse the stream
                     raise
@@ -571,7 +600,12 @@ class _EtcdWatch(Watch):
                 read = self._read = asyncio.ensure_future(call.read())
                 read.add_done_callback(_retrieve)
             try:
-                response = await asyncio.shield(read)
+                # Events may be rare: a silent member is pinged, and left if it is hung.
+                await self._store.client.wait_answer(self._channel, read)
+                response = read.result()
+            except MemberHungError:
+                self._drop()  # resumed on another member from _next_revision: nothing skipped
+                continue
             except grpc.aio.AioRpcError as exc:
                 if self._error is not None:
                     raise self._error from None
