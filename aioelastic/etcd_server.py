@@ -190,7 +190,8 @@ class EtcdServer:
             or len(auth) != 2
             or not all(isinstance(a, str) and a for a in auth)
         ):
-            raise ValueError(f"auth must be a (user, password) pair of non-empty str, got {auth!r}")
+            shown = type(auth).__name__ if not isinstance(auth, tuple) else f"{len(auth)} items"
+            raise ValueError(f"auth must be a (user, password) pair of non-empty str, got {shown}")
         self.members = members
         self._binary = os.fspath(binary) if binary is not None else None
         self._given_data_dir = Path(data_dir) if data_dir is not None else None

@@ -78,6 +78,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "keep_alive_interval, keep_alive_max_attempt, lease_ttl, node_id, ...)",
     )
     parser.add_argument(
+        "--token-file",
+        "--token_file",
+        dest="token_file",
+        default=None,
+        metavar="FILE",
+        help="http(s)/c10d stores: the bearer token of the 'aioelastic serve', in FILE "
+        "(default: $AIOELASTIC_TOKEN); never give a secret on the command line",
+    )
+    parser.add_argument(
+        "--password-file",
+        "--password_file",
+        dest="password_file",
+        default=None,
+        metavar="FILE",
+        help="etcd stores: the password of the user named in the endpoint (etcd://USER@host) "
+        "or by --rdzv-conf username=USER, in FILE (default: $AIOELASTIC_ETCD_PASSWORD)",
+    )
+    parser.add_argument(
+        "--worker-store-secrets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give the workers the path of the file holding the store's token or password "
+        "(AIOELASTIC_TOKEN_FILE / AIOELASTIC_ETCD_PASSWORD_FILE), so that open_worker_store() "
+        "can authenticate; the secret itself never goes to them (default: on)",
+    )
+    parser.add_argument(
         "--max-restarts",
         "--max_restarts",
         dest="max_restarts",
@@ -249,6 +275,12 @@ def main(args: argparse.Namespace) -> int:
             from ._metrics import require_prometheus
 
             require_prometheus("--metrics-port")
+        from ..store._secrets import read_secret_file
+
+        if args.token_file is not None:
+            read_secret_file(args.token_file, "--token-file")
+        if args.password_file is not None:
+            read_secret_file(args.password_file, "--password-file")
     except (ValueError, ImportError) as exc:
         print(f"aioelastic run: error: {exc}", file=sys.stderr)
         return 2
@@ -270,8 +302,18 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         min_nodes = max_nodes = 1
+    from ..errors import StoreAuthError
+
     try:
         return asyncio.run(_run(args, entrypoint, nproc, min_nodes, max_nodes, standalone))
+    except StoreAuthError as exc:
+        print(
+            f"aioelastic run: error: the store refused our credentials: {exc} (http: "
+            "--token-file or $AIOELASTIC_TOKEN; etcd: --password-file or "
+            "$AIOELASTIC_ETCD_PASSWORD)",
+            file=sys.stderr,
+        )
+        return 1
     except Exception as exc:  # a clear one-line error, not a traceback
         print(f"aioelastic run: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -287,6 +329,7 @@ async def _run(
 ) -> int:
     from ..rendezvous import RendezvousParameters
     from . import ElasticAgent, WorkerSpec
+    from ._secrets import RunSecrets
 
     spec = WorkerSpec(
         entrypoint=entrypoint,
@@ -302,6 +345,7 @@ async def _run(
     )
     server: Any = None
     opened: Any = None  # the --events file, closed at the end
+    secrets = RunSecrets(args.token_file, args.password_file)
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     local_addr = args.local_addr
     if standalone:
@@ -330,6 +374,7 @@ async def _run(
             params.config.setdefault(key, value)
         if standalone:
             params.config.setdefault("last_call_timeout", 0)
+        _apply_secrets(params, secrets)
         from ..events import JsonLinesSink, default_sink, open_sink
 
         sink = open_sink(args.events) if args.events is not None else default_sink()
@@ -341,6 +386,7 @@ async def _run(
             event_sink=sink,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            worker_store_secrets=args.worker_store_secrets,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -362,7 +408,20 @@ async def _run(
         log.log(level, "%s", result.summary())
         return result.exit_code
     finally:
+        secrets.close()
         if server is not None:
             await server.stop()
         if opened is not None:
             opened.close()
+
+
+def _apply_secrets(params: Any, secrets: Any) -> None:
+    """Point the rendezvous at the store's secret files; no password left in its URL."""
+    from ..rendezvous import store_url_for
+
+    url = store_url_for(params)
+    clean, conf = secrets.resolve(url)
+    if clean != url:
+        params.config["store_url"] = clean
+    for key, value in conf.items():
+        params.config.setdefault(key, value)

@@ -9,9 +9,11 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
 product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``, ``rank``
-(static), ``store_url``. Keys torch accepts that mean nothing here (``timeout``,
-``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``, ``use_libuv``) are accepted
-and ignored; any other key is logged and ignored, as torch does.
+(static), ``store_url``, and the store's credentials: ``token_file`` (http/https: a file holding
+the bearer token), ``username`` and ``password_file`` (etcd: a file holding the password; never
+the password itself, which would show in ``ps``). Keys torch accepts that mean nothing here
+(``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``,
+``use_libuv``) are accepted and ignored; any other key is logged and ignored, as torch does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..store import open_store
+from ..store._secrets import redact_url
 from .api import RendezvousHandler, RendezvousParameters, handler_registry
 from .dynamic import DEFAULTS, DynamicRendezvousHandler
 from .static import StaticRendezvousHandler
@@ -43,6 +46,9 @@ _KNOWN_KEYS = {
     "reopen_closed",
     "rank",
     "store_url",
+    "token_file",
+    "username",
+    "password_file",
     "master_addr",
     "master_port",
     # accepted for torchrun compatibility, no effect here
@@ -89,7 +95,7 @@ def store_url_for(params: RendezvousParameters) -> str:
     url = params.get("store_url")
     if url is not None:
         if not isinstance(url, str) or "://" not in url:
-            raise ConfigError("store_url", url, "a store URL such as http://host:port")
+            raise ConfigError("store_url", redact_url(url), "a store URL such as http://host:port")
         return url
     backend, endpoint = params.backend, params.endpoint
     if backend == "memory" or (backend == "static" and not endpoint.strip()):
@@ -123,7 +129,27 @@ def _lease(params: RendezvousParameters) -> tuple[float, float]:
 
 
 async def _open(params: RendezvousParameters) -> Store:
-    return await open_store(store_url_for(params))
+    url = store_url_for(params)
+    scheme = url.partition("://")[0]
+    allowed = {"http": ("token_file",), "https": ("token_file",)}.get(
+        scheme, ("username", "password_file") if scheme in ("etcd", "etcds") else ()
+    )
+    options: dict[str, str] = {}
+    for key in ("token_file", "username", "password_file"):
+        value = params.get(key)
+        if value is None:
+            continue
+        if key not in allowed or not isinstance(value, str) or not value:
+            raise ConfigError(key, value, _CREDENTIAL_FORMS[key])
+        options[key] = value
+    return await open_store(url, **options)
+
+
+_CREDENTIAL_FORMS = {
+    "token_file": "a file holding the bearer token, for http(s) stores",
+    "username": "an etcd user name, for etcd stores",
+    "password_file": "a file holding the etcd password, for etcd stores",
+}
 
 
 async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ._base import Store, Watch
+from ._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV, read_secret_file, redact_url
 from ._types import (
     CasResult,
     EventType,
@@ -647,43 +649,36 @@ def _retrieve(read: asyncio.Future[Any]) -> None:
 
 
 async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdStore:
-    """Opener for ``etcd://[user:password@]host:port[,host:port...][?option=value...]``.
+    """Opener for ``etcd://[user@]host:port[,host:port...][?option=value...]``.
 
     ``etcds://`` uses TLS. Options (keyword arguments of ``open_store`` or query parameters):
-    ``timeout``, ``connect_timeout``, ``watch_reconnect_timeout``, ``username``, ``password``,
-    ``ca_file``, ``cert_file``, ``key_file``, ``server_name``, ``tls`` (force TLS on ``etcd://``).
+    ``timeout``, ``connect_timeout``, ``watch_reconnect_timeout``, ``ping_after``,
+    ``ping_timeout``, ``username``, ``password``, ``password_file``, ``ca_file``, ``cert_file``,
+    ``key_file``, ``server_name``, ``tls`` (force TLS on ``etcd://``). A user without a password
+    takes it from ``password_file``, else ``$AIOELASTIC_ETCD_PASSWORD``, else the file named by
+    ``$AIOELASTIC_ETCD_PASSWORD_FILE`` (a password in the URL works too, but shows in ``ps``
+    wherever the URL is an argument). Messages never show the password.
     """
-    url = parts.geturl()
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
+    shown = redact_url(parts.geturl())
+    userinfo, at, hosts = parts.netloc.rpartition("@")
     if parts.path not in ("", "/") or parts.fragment:
-        raise ValueError(f"etcd URL must be etcd://host:port[,host:port...], got {url!r}")
+        raise ValueError(f"etcd URL must be etcd://host:port[,host:port...], got {shown!r}")
     endpoints = [h for h in hosts.split(",") if h.strip()]
     if not endpoints:
-        raise ValueError(f"etcd URL must name at least one host:port, got {url!r}")
+        raise ValueError(f"etcd URL must name at least one host:port, got {shown!r}")
     opts: dict[str, Any] = dict(
         parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     )
     opts.update(options)
     if at:
-        user, _, password = userinfo.partition(":")
+        user, colon, password = userinfo.partition(":")
         opts.setdefault("username", unquote(user))
-        opts.setdefault("password", unquote(password))
-    known = {
-        "timeout",
-        "connect_timeout",
-        "watch_reconnect_timeout",
-        "username",
-        "password",
-        "ca_file",
-        "cert_file",
-        "key_file",
-        "server_name",
-        "tls",
-    }
-    unknown = set(opts) - known
+        if colon:
+            opts.setdefault("password", unquote(password))
+    unknown = set(opts) - _OPTIONS
     if unknown:
         raise TypeError(f"unknown option(s) for the etcd store: {sorted(unknown)}")
+    _resolve_password(opts)
     tls_flag = opts.pop("tls", parts.scheme == "etcds")
     if isinstance(tls_flag, str):
         tls_flag = tls_flag.lower() in ("1", "true", "yes", "on")
@@ -691,7 +686,7 @@ async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdSt
         k: opts.pop(k) for k in ("ca_file", "cert_file", "key_file", "server_name") if k in opts
     }
     tls = TLSConfig(**tls_fields) if (tls_flag or tls_fields) else None
-    for name in ("timeout", "connect_timeout", "watch_reconnect_timeout"):
+    for name in _SECONDS:
         if isinstance(opts.get(name), str):
             try:
                 opts[name] = float(opts[name])
@@ -707,3 +702,42 @@ async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdSt
             await store.aclose()
             raise
     return store
+
+
+_SECONDS = ("timeout", "connect_timeout", "watch_reconnect_timeout", "ping_after", "ping_timeout")
+_OPTIONS = frozenset(
+    {
+        *_SECONDS,
+        "username",
+        "password",
+        "password_file",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "server_name",
+        "tls",
+    }
+)
+
+
+def _resolve_password(opts: dict[str, Any]) -> None:
+    """Fill in ``password`` for a ``username`` from ``password_file`` or the environment."""
+    password_file = opts.pop("password_file", None)
+    if password_file is not None:
+        if opts.get("password") is not None:
+            raise ValueError("give the etcd password or password_file, not both")
+        opts["password"] = read_secret_file(password_file, "etcd password")
+    if opts.get("username") is None or opts.get("password") is not None:
+        return
+    env_password = os.environ.get(ETCD_PASSWORD_ENV)
+    env_file = os.environ.get(ETCD_PASSWORD_FILE_ENV)
+    if env_password:
+        opts["password"] = env_password
+    elif env_file:
+        opts["password"] = read_secret_file(env_file, f"etcd password (${ETCD_PASSWORD_FILE_ENV})")
+    else:
+        raise ValueError(
+            f"etcd user {opts['username']!r} needs a password: give password_file= (the "
+            f"command-line tools: --password-file), or set ${ETCD_PASSWORD_ENV} or "
+            f"${ETCD_PASSWORD_FILE_ENV}"
+        )
