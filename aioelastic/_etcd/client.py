@@ -28,7 +28,7 @@ from ..errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
-from ._liveness import Liveness, MemberHungError
+from ._liveness import CallAbandonedError, LeaderChangedError, Liveness, MemberHungError
 from ._rpc import EtcdStub, grpc, rpc_pb2
 
 __all__ = ["Endpoint", "EtcdClient", "TLSConfig", "parse_endpoint"]
@@ -291,13 +291,17 @@ class EtcdClient:
 
     # -- liveness (see _liveness)
 
-    async def wait_answer(self, ch: _Channel, answer: asyncio.Future[Any]) -> None:
+    async def wait_answer(
+        self, ch: _Channel, answer: asyncio.Future[Any], *, leader_bound: bool = False
+    ) -> None:
         """Wait until ``answer`` (a call or a read on ``ch``) is done, pinging the member when it
         has been silent for ``ping_after``; :class:`MemberHungError` if the ping goes unanswered
-        (the member is then marked hung and its channel replaced). ``answer`` is never
-        cancelled here: that is the caller's choice."""
+        (the member is then marked hung and its channel replaced). ``leader_bound`` (a call that
+        needs the leader): :class:`LeaderChangedError` when a ping shows a newer raft term than
+        the one it was sent in. ``answer`` is never cancelled here: that is the caller's."""
         loop = asyncio.get_running_loop()
         live, generation, start = ch.liveness, ch.generation, loop.time()
+        sent_term = live.term
         while not answer.done():
             wait = live.quiet_until(start, self.ping_after) - loop.time()
             if wait > 0:
@@ -315,15 +319,22 @@ class EtcdClient:
             if not ping.result():
                 self.mark_hung(ch, generation)
                 raise MemberHungError(self._hung_message(ch))
+            if leader_bound and sent_term and live.term > sent_term:
+                raise LeaderChangedError(
+                    f"etcd elected a new leader (raft term {sent_term} -> {live.term}) while the "
+                    f"call waited at {ch.endpoint}"
+                )
+            sent_term = sent_term or live.term  # nothing heard before: the first ping's term
         if not answer.cancelled() and answer.exception() is None:
-            live.heard()
+            live.heard(answer.result())
 
     async def _ping(self, ch: _Channel) -> bool:
         """Whether the member answers a serializable read within ``ping_timeout``."""
         request = rpc_pb2.RangeRequest(key=b"\0", serializable=True, count_only=True, limit=1)
         token = (("token", self._token),) if self._token is not None else ()
+        response = None
         try:
-            await grpc_call(
+            response = await grpc_call(
                 ch.stub.methods["Range"](
                     request, timeout=self.ping_timeout, metadata=token, wait_for_ready=False
                 )
@@ -335,7 +346,7 @@ class EtcdClient:
                 grpc.StatusCode.CANCELLED,
             ):
                 return False
-        ch.liveness.heard()  # any other answer, an error included, comes from a live member
+        ch.liveness.heard(response)  # any answer, an error included, comes from a live member
         return True
 
     def mark_hung(self, ch: _Channel, generation: int) -> None:
@@ -459,14 +470,14 @@ class EtcdClient:
             )
             rpc.add_done_callback(_retrieve)
             try:
-                await self.wait_answer(ch, rpc)
+                await self.wait_answer(ch, rpc, leader_bound=True)
                 if self._closed and _cancelled(rpc):
                     raise StoreClosedError("the etcd client is closed")
                 if ch.generation != generation and _cancelled(rpc):
                     # the channel was closed under us: another caller found its member hung
                     raise MemberHungError(self._hung_message(ch))
                 return rpc.result()
-            except MemberHungError as exc:
+            except CallAbandonedError as exc:
                 if self._closed:
                     raise StoreClosedError("the etcd client is closed") from None
                 if write:
@@ -475,7 +486,7 @@ class EtcdClient:
                     ) from None
                 tries -= 1
                 last = StoreConnectionError(f"etcd {method}: {exc}")
-                continue  # a read: safe on another member (wait_answer moved us on)
+                continue  # a read: safe to repeat (on the next member if this one hung)
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if (

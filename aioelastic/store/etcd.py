@@ -26,7 +26,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote
 
 import anyio
 
-from .._etcd._liveness import MemberHungError
+from .._etcd._liveness import CallAbandonedError, MemberHungError
 from .._etcd._rpc import grpc, kv_pb2, rpc_pb2
 from .._etcd.client import EtcdClient, TLSConfig
 from ..errors import (
@@ -355,9 +355,9 @@ class EtcdStore(Store):
                         await stream.call.write(request)
                         read = asyncio.ensure_future(stream.call.read())
                         read.add_done_callback(_retrieve)
-                        await self.client.wait_answer(stream.channel, read)
+                        await self.client.wait_answer(stream.channel, read, leader_bound=True)
                         response = read.result()
-                except MemberHungError as exc:
+                except CallAbandonedError as exc:
                     stream.drop()
                     if attempt == 0:
                         continue  # a fresh stream on another member
