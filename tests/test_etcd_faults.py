@@ -181,3 +181,23 @@ async def test_a_frozen_leader_costs_an_election_not_etcds_request_timeout(
     assert len(trial.unknown) <= 2, trial.unknown
     assert trial.write_stall < 5.5, trial.write_stall
     assert trial.watch_stall < 5.5, trial.watch_stall
+
+
+@pytest.mark.asyncio
+async def test_a_lease_kept_through_a_frozen_member_alone_survives(cluster: EtcdServer) -> None:
+    # Nothing but the keep-alive waits on the frozen member: it must notice on its own.
+    leader = await cluster.leader()
+    target = next(i for i in range(3) if i != leader)
+    order = [cluster.endpoints[target]] + [
+        e for i, e in enumerate(cluster.endpoints) if i != target
+    ]
+    async with EtcdStore(order) as store, store.lease(3, keep_alive_interval=1) as keeper:
+        await anyio.sleep(1.5)  # the keep-alive stream is open on the target
+        cluster.freeze_member(target)
+        try:
+            await anyio.sleep(5)  # beyond the TTL: only a renewal elsewhere keeps it
+        finally:
+            cluster.thaw_member(target)
+        assert not keeper.lost, keeper.error
+        status = await store.lease_time_to_live(keeper.id)
+        assert status.remaining > 0
