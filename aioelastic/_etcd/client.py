@@ -462,21 +462,9 @@ class EtcdClient:
                 self.rotate(ch)
                 continue
             metadata = self.metadata() if authenticate else (("hasleader", "true"),)
-            token, generation = self._token, ch.generation
-            rpc = asyncio.ensure_future(
-                ch.stub.methods[method](
-                    request, timeout=max(left, 0.001), metadata=metadata, wait_for_ready=False
-                )
-            )
-            rpc.add_done_callback(_retrieve)
+            token = self._token
             try:
-                await self.wait_answer(ch, rpc, leader_bound=True)
-                if self._closed and _cancelled(rpc):
-                    raise StoreClosedError("the etcd client is closed")
-                if ch.generation != generation and _cancelled(rpc):
-                    # the channel was closed under us: another caller found its member hung
-                    raise MemberHungError(self._hung_message(ch))
-                return rpc.result()
+                return await self._send(ch, method, request, max(left, 0.001), metadata)
             except CallAbandonedError as exc:
                 if self._closed:
                     raise StoreClosedError("the etcd client is closed") from None
@@ -507,14 +495,40 @@ class EtcdClient:
                 if code is grpc.StatusCode.DEADLINE_EXCEEDED:
                     self.rotate(ch)  # slow or stuck: the next call tries another member
                 raise self.map_error(exc, method, write=write, endpoint=ch.endpoint) from None
-            finally:
-                if not rpc.done():
-                    rpc.cancel()  # our caller was cancelled
         if last is None:
             # Nothing was in flight when time ran out (a sent write that gets no answer raises
             # WriteTimeoutError above, from gRPC's deadline), so nothing was applied.
             raise StoreTimeoutError(f"etcd {method}: not sent within the {timeout:g}s deadline")
         raise last
+
+    async def _send(
+        self,
+        ch: _Channel,
+        method: str,
+        request: Any,
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> Any:
+        """One attempt on ``ch``: the answer, or ``AioRpcError``, or :class:`CallAbandonedError`
+        when the member hung or the leader changed while it waited (see ``wait_answer``)."""
+        generation = ch.generation
+        rpc = asyncio.ensure_future(
+            ch.stub.methods[method](
+                request, timeout=timeout, metadata=metadata, wait_for_ready=False
+            )
+        )
+        rpc.add_done_callback(_retrieve)
+        try:
+            await self.wait_answer(ch, rpc, leader_bound=True)
+        finally:
+            if not rpc.done():
+                rpc.cancel()  # our caller was cancelled, or we gave up on the member
+        if self._closed and _cancelled(rpc):
+            raise StoreClosedError("the etcd client is closed")
+        if ch.generation != generation and _cancelled(rpc):
+            # the channel was closed under us: another caller found its member hung
+            raise MemberHungError(self._hung_message(ch))
+        return rpc.result()
 
     def map_error(
         self, exc: grpc.aio.AioRpcError, method: str, *, write: bool, endpoint: Endpoint
