@@ -563,6 +563,9 @@ class EtcdServer:
         if not m.running or m.process is None:
             raise RuntimeError(f"etcd member {index} is not running")
         m.process.send_signal(signal.SIGSTOP)
+        # Return once it has stopped (the signal is delivered asynchronously): a stop is reported
+        # to the parent without reaping the child.
+        os.waitpid(m.process.pid, os.WUNTRACED)
 
     def thaw_member(self, index: int) -> None:
         """SIGCONT member ``index`` after :meth:`freeze_member`."""

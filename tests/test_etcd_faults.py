@@ -201,3 +201,31 @@ async def test_a_lease_kept_through_a_frozen_member_alone_survives(cluster: Etcd
         assert not keeper.lost, keeper.error
         status = await store.lease_time_to_live(keeper.id)
         assert status.remaining > 0
+
+
+@pytest.mark.asyncio
+async def test_a_watch_opened_on_a_frozen_member_is_created_on_another(
+    cluster: EtcdServer,
+) -> None:
+    leader = await cluster.leader()
+    target = next(i for i in range(3) if i != leader)
+    order = [cluster.endpoints[target]] + [
+        e for i, e in enumerate(cluster.endpoints) if i != target
+    ]
+    prefix = f"faults/{uuid.uuid4().hex}/"
+    async with (
+        EtcdStore(order) as store,
+        EtcdStore([e for e in order if e != order[0]]) as writer,
+    ):
+        revision = await store.put(prefix + "a", b"1")  # connected to the target
+        cluster.freeze_member(target)
+        try:
+            with anyio.fail_after(6):  # ~1.5 s; the create used to wait for the 10 s deadline
+                async with store.watch(prefix, start_revision=revision) as events:
+                    first = await events.__anext__()
+                    second_revision = await writer.put(prefix + "b", b"2")
+                    second = await events.__anext__()
+        finally:
+            cluster.thaw_member(target)
+    assert (first.kv.key, first.revision) == (prefix + "a", revision)
+    assert (second.kv.key, second.revision) == (prefix + "b", second_revision)

@@ -494,7 +494,10 @@ class _EtcdWatch(Watch):
         self._start_revision = self._next_revision = start
         store._watches.add(self)
         try:
-            await self._connect()
+            try:
+                await self._connect()
+            except MemberHungError:
+                await self._connect()  # once more, on the member the client moved to
         except BaseException:
             store._watches.discard(self)
             raise
@@ -511,7 +514,12 @@ class _EtcdWatch(Watch):
             with anyio.fail_after(client.timeout):
                 await call.write(rpc_pb2.WatchRequest(create_request=create))
                 while True:
-                    response = await call.read()
+                    read = asyncio.ensure_future(call.read())
+                    read.add_done_callback(_retrieve)
+                    await client.wait_answer(channel, read)  # MemberHungError: try the next
+                    if read.cancelled():  # the channel was replaced: its member hung
+                        raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: hung")
+                    response = read.result()
                     if response is grpc.aio.EOF:
                         raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: EOF")
                     if response.created:
