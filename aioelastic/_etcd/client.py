@@ -296,12 +296,16 @@ class EtcdClient:
     ) -> None:
         """Wait until ``answer`` (a call or a read on ``ch``) is done, pinging the member when it
         has been silent for ``ping_after``; :class:`MemberHungError` if the ping goes unanswered
-        (the member is then marked hung and its channel replaced). ``leader_bound`` (a call that
+        (the member is then marked hung and its channel replaced; with one endpoint only, there
+        is nowhere else to go and this just waits). ``leader_bound`` (a call that
         needs the leader): :class:`LeaderChangedError` when a ping shows a newer raft term than
         the one it was sent in. ``answer`` is never cancelled here: that is the caller's."""
         loop = asyncio.get_running_loop()
         live, generation, start = ch.liveness, ch.generation, loop.time()
         sent_term = live.term
+        if len(self.endpoints) == 1:
+            # Nowhere else to go: giving up would only turn a slow write into an unknown one.
+            await asyncio.wait((answer,))
         while not answer.done():
             wait = live.quiet_until(start, self.ping_after) - loop.time()
             if wait > 0:
