@@ -291,3 +291,24 @@ def test_torchrun_plugin_takes_token_file_from_rdzv_conf(
     finally:
         handler.shutdown()
     assert sys.modules.get("aioelastic.torchrun") is not None
+
+
+@pytest.mark.parametrize("how", ["--token-file", "AIOELASTIC_TOKEN", "none"])
+def test_status_takes_the_http_token_from_a_file_or_the_environment(
+    tmp_path: Path, http_server: ServerThread, how: str
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    env = _env()
+    env.pop("AIOELASTIC_TOKEN", None)
+    argv = [PY, "-m", "aioelastic", "status", "--endpoint", http_server.url, "--run-id", "nobody"]
+    if how == "--token-file":
+        argv += ["--token-file", str(token_file)]
+    elif how == "AIOELASTIC_TOKEN":
+        env["AIOELASTIC_TOKEN"] = TOKEN
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    if how == "none":
+        assert "401" in done.stderr or "token" in done.stderr.lower(), done.stderr
+    else:  # authenticated, and found no such run
+        assert "no rendezvous state for run id 'nobody'" in done.stderr, done.stderr
