@@ -242,6 +242,58 @@ async def test_error_text_and_reprs_never_show_a_password() -> None:
         == "etcd://root:***@a:1,b:2?ca_file=/x"
     )
     assert redact_url("etcd://root@a:1") == "etcd://root@a:1"
+    assert redact_url(f"root:{secret}@h:2379 and more") == "root:***@h:2379 and more"
+
+
+def test_events_and_logs_redact_passwords(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from aioelastic.events import Event, emit
+    from aioelastic.store._secrets import RedactingFilter
+
+    secret = "hunter2-" + uuid.uuid4().hex
+    got: list[Event] = []
+
+    class Sink:
+        def emit(self, event: Event) -> None:
+            got.append(event)
+
+    emit(Sink(), "agent.rendezvous_retry", error=f"etcd://root:{secret}@h:1 refused", delay=1.0)
+    assert secret not in got[0].to_json()
+    assert "root:***@h:1" in got[0].to_json()
+    log = logging.getLogger("aioelastic.test-redaction")
+    log.addFilter(RedactingFilter())
+    with caplog.at_level(logging.INFO, logger="aioelastic.test-redaction"):
+        log.info("store at %s", f"etcd://root:{secret}@h:1")
+    assert secret not in caplog.text
+    assert "root:***@h:1" in caplog.text
+
+
+def test_run_error_lines_never_show_a_password() -> None:
+    secret = "hunter2-" + uuid.uuid4().hex
+    for endpoint in (f"root:{secret}@h:99999", f"etcd://root:{secret}@h:99999/x"):
+        done = subprocess.run(
+            [
+                PY,
+                "-m",
+                "aioelastic",
+                "run",
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                endpoint,
+                "--",
+                "true",
+            ],
+            env=_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0, done
+        assert "error" in done.stderr
+        assert secret not in done.stderr + done.stdout, done.stderr
 
 
 @pytest.mark.parametrize("given", [True, False])

@@ -260,11 +260,19 @@ def build_entrypoint(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Run the agent until the job succeeds, fails or is interrupted; return its exit code."""
+    # gRPC's fork handlers (an etcd store in this process) now and then crash a worker between
+    # fork and exec with SIGSEGV while other threads are in gRPC (1-2 runs in 10 over etcd);
+    # workers are exec'd programs and need none of them. Set before grpc is imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     logging.basicConfig(
         level=logging.INFO,
         format="[aioelastic run] %(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    from ..store._secrets import RedactingFilter, redact_url
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     try:
         entrypoint = build_entrypoint(args)
         nproc = parse_nproc(str(args.nproc_per_node))
@@ -282,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
         if args.password_file is not None:
             read_secret_file(args.password_file, "--password-file")
     except (ValueError, ImportError) as exc:
-        print(f"aioelastic run: error: {exc}", file=sys.stderr)
+        print(f"aioelastic run: error: {redact_url(exc)}", file=sys.stderr)
         return 2
     standalone = bool(args.standalone)
     if not standalone and not args.rdzv_endpoint and args.rdzv_backend not in ("memory",):
@@ -308,14 +316,14 @@ def main(args: argparse.Namespace) -> int:
         return asyncio.run(_run(args, entrypoint, nproc, min_nodes, max_nodes, standalone))
     except StoreAuthError as exc:
         print(
-            f"aioelastic run: error: the store refused our credentials: {exc} (http: "
+            f"aioelastic run: error: the store refused our credentials: {redact_url(exc)} (http: "
             "--token-file or $AIOELASTIC_TOKEN; etcd: --password-file or "
             "$AIOELASTIC_ETCD_PASSWORD)",
             file=sys.stderr,
         )
         return 1
     except Exception as exc:  # a clear one-line error, not a traceback
-        print(f"aioelastic run: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"aioelastic run: error: {type(exc).__name__}: {redact_url(exc)}", file=sys.stderr)
         return 1
 
 

@@ -72,7 +72,7 @@ def _host_port(endpoint: str, default_port: int) -> str:
     if endpoint.startswith("["):
         host, sep, rest = endpoint.partition("]")
         if not sep or (rest and not rest.startswith(":")):
-            raise ConfigError("endpoint", endpoint, "host[:port] or [ipv6]:port")
+            raise ConfigError("endpoint", redact_url(endpoint), "host[:port] or [ipv6]:port")
         host += "]"
         port_text = rest[1:]
     elif endpoint.count(":") == 1:
@@ -82,10 +82,10 @@ def _host_port(endpoint: str, default_port: int) -> str:
     else:
         host, port_text = endpoint, ""
     if not host:
-        raise ConfigError("endpoint", endpoint, "host[:port] or [ipv6]:port")
+        raise ConfigError("endpoint", redact_url(endpoint), "host[:port] or [ipv6]:port")
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ConfigError("endpoint", endpoint, "a port in 1..65535 after ':'")
+            raise ConfigError("endpoint", redact_url(endpoint), "a port in 1..65535 after ':'")
         return f"{host}:{int(port_text)}"
     return f"{host}:{default_port}"
 

@@ -72,7 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"aioelastic status: {message}", file=sys.stderr)
+    from ..store._secrets import redact_url
+
+    print(f"aioelastic status: {redact_url(message)}", file=sys.stderr)
     return 2
 
 

@@ -9,7 +9,9 @@ secret, never the secret (docs/agent.md, "Credentials").
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -19,6 +21,7 @@ __all__ = [
     "SECRET_ENVS",
     "TOKEN_ENV",
     "TOKEN_FILE_ENV",
+    "RedactingFilter",
     "read_secret_file",
     "redact_url",
     "split_password",
@@ -36,6 +39,8 @@ ETCD_PASSWORD_FILE_ENV = "AIOELASTIC_ETCD_PASSWORD_FILE"
 SECRET_ENVS = (TOKEN_ENV, ETCD_PASSWORD_ENV)
 
 _REDACTED = "***"
+#: ``user:password@`` (the user may be empty): the password is what follows the first colon.
+_USERINFO = re.compile(r"([^/@:\s]*):[^/@\s]*@")
 _SECRET_QUERY_KEYS = frozenset({"password", "token"})
 
 
@@ -53,29 +58,34 @@ def read_secret_file(path: str | os.PathLike[str], what: str = "secret") -> str:
 
 
 def redact_url(url: object) -> str:
-    """``url`` with any password (``user:pw@``) and secret query parameters replaced by ``***``,
-    for messages, logs and events. Something that is not a parsable URL is returned as is when
-    it has no ``@`` (nothing to hide), else redacted whole."""
-    text = str(url)
-    if "@" not in text and not any(f"{k}=" in text for k in _SECRET_QUERY_KEYS):
+    """``url`` with any password (``user:pw@``, also in a bare ``user:pw@host``) and secret query
+    parameters (``password=``, ``token=``) replaced by ``***``, for messages, logs and events."""
+    text = _USERINFO.sub(r"\1:***@", str(url))
+    if not any(f"{k}=" in text for k in _SECRET_QUERY_KEYS):
         return text
     try:
         parts = urlsplit(text)
     except ValueError:
         return _REDACTED
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at:
-        user, colon, _password = userinfo.partition(":")
-        netloc = f"{user}:{_REDACTED}@{hosts}" if colon else netloc
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(k in _SECRET_QUERY_KEYS for k, _ in pairs):
-            query = urlencode(
-                [(k, _REDACTED if k in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*/"
-            )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(k in _SECRET_QUERY_KEYS for k, _ in pairs):
+        return text
+    query = urlencode(
+        [(k, _REDACTED if k in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*/"
+    )
+    return urlunsplit(parts._replace(query=query))
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts passwords in URLs of every record it sees (the command-line
+    tools put it on their handlers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_url(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
 
 
 def split_password(url: str) -> tuple[str, str | None]:
