@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -39,8 +38,8 @@ ETCD_PASSWORD_FILE_ENV = "AIOELASTIC_ETCD_PASSWORD_FILE"
 SECRET_ENVS = (TOKEN_ENV, ETCD_PASSWORD_ENV)
 
 _REDACTED = "***"
-#: ``user:password@`` (the user may be empty): the password is what follows the first colon.
-_USERINFO = re.compile(r"([^/@:\s]*):[^/@\s]*@")
+#: What ends a URL's user info on the left (the user info lies between it and the ``@``).
+_USERINFO_START = ("/", "@", " ", "\t", "\n", "'", '"')
 _SECRET_QUERY_KEYS = frozenset({"password", "token"})
 
 
@@ -60,7 +59,7 @@ def read_secret_file(path: str | os.PathLike[str], what: str = "secret") -> str:
 def redact_url(url: object) -> str:
     """``url`` with any password (``user:pw@``, also in a bare ``user:pw@host``) and secret query
     parameters (``password=``, ``token=``) replaced by ``***``, for messages, logs and events."""
-    text = _USERINFO.sub(r"\1:***@", str(url))
+    text = _redact_userinfo(str(url))
     if not any(f"{k}=" in text for k in _SECRET_QUERY_KEYS):
         return text
     try:
@@ -86,6 +85,25 @@ class RedactingFilter(logging.Filter):
         if redacted != message:
             record.msg, record.args = redacted, ()
         return True
+
+
+def _redact_userinfo(text: str) -> str:
+    """``user:password@`` -> ``user:***@`` anywhere in ``text`` (the user may be empty). Linear
+    in ``len(text)``: every event's string fields go through it."""
+    if "@" not in text or ":" not in text:
+        return text
+    out: list[str] = []
+    last = 0
+    at = text.find("@")
+    while at != -1:
+        start = max([text.rfind(c, last, at) for c in _USERINFO_START] + [last - 1]) + 1
+        colon = text.find(":", start, at)
+        if colon != -1:
+            out += (text[last : colon + 1], _REDACTED, "@")
+            last = at + 1
+        at = text.find("@", at + 1)
+    out.append(text[last:])
+    return "".join(out)
 
 
 def split_password(url: str) -> tuple[str, str | None]:
