@@ -211,7 +211,8 @@ class EtcdServer:
             or len(auth) != 2
             or not all(isinstance(a, str) and a for a in auth)
         ):
-            raise ValueError(f"auth must be a (user, password) pair of non-empty str, got {auth!r}")
+            shown = type(auth).__name__ if not isinstance(auth, tuple) else f"{len(auth)} items"
+            raise ValueError(f"auth must be a (user, password) pair of non-empty str, got {shown}")
         self.members = members
         self._binary = os.fspath(binary) if binary is not None else None
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
@@ -544,6 +545,7 @@ class EtcdServer:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
+                proc.send_signal(signal.SIGCONT)  # a frozen member acts on SIGTERM only then
             try:
                 async with asyncio.timeout(10.0):
                     await _wait_process(proc)
@@ -576,6 +578,23 @@ class EtcdServer:
     async def kill_member(self, index: int) -> None:
         """SIGKILL member ``index`` (its data stays, for :meth:`restart_member`)."""
         await self._terminate(self._member(index), signal.SIGKILL)
+
+    def freeze_member(self, index: int) -> None:
+        """SIGSTOP member ``index``: it hangs with its connections open (a wedged process, a
+        stuck disk), answering nothing; :meth:`thaw_member` resumes it."""
+        m = self._member(index)
+        if not m.running or m.process is None:
+            raise RuntimeError(f"etcd member {index} is not running")
+        m.process.send_signal(signal.SIGSTOP)
+        # Return once it has stopped (the signal is delivered asynchronously): a stop is reported
+        # to the parent without reaping the child.
+        os.waitpid(m.process.pid, os.WUNTRACED)
+
+    def thaw_member(self, index: int) -> None:
+        """SIGCONT member ``index`` after :meth:`freeze_member`."""
+        m = self._member(index)
+        if m.running and m.process is not None:
+            m.process.send_signal(signal.SIGCONT)
 
     async def restart_member(self, index: int, timeout: float = 60.0) -> None:
         """Start member ``index`` again on its ports and data; wait until it serves."""

@@ -236,10 +236,14 @@ def emit(
     """Build an :class:`Event` and give it to ``sink``; never raises.
 
     A sink that raises is logged once (per sink) and the event dropped. ``None`` and a
-    :class:`NullSink` cost almost nothing.
+    :class:`NullSink` cost almost nothing. Passwords in URLs in string fields (an error's text)
+    are redacted (``user:***@``).
     """
     if sink is None or isinstance(sink, NullSink):
         return
+    from .store._secrets import redact_url  # light: the standard library only
+
+    fields = {k: redact_url(v) if isinstance(v, str) else v for k, v in fields.items()}
     try:
         sink.emit(Event(kind, run_id, node, fields))
     except Exception:

@@ -122,17 +122,41 @@ async def test_five_member_cluster_survives_losing_its_leader() -> None:
             assert (await store.get("k")).value == b"2"  # type: ignore[union-attr]
 
 
+def _cmdlines(root: int) -> dict[int, bytes]:
+    """/proc/PID/cmdline of ``root`` and its children (what ``ps`` shows every user)."""
+    found = {root: Path(f"/proc/{root}/cmdline").read_bytes()}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == root:
+                pid = int(stat.parent.name)
+                found[pid] = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+    return found
+
+
 @pytest.mark.asyncio
 async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    # The password comes from a file: it is in no command line (the CLI's, or its etcd members'),
+    # and in nothing the CLI prints.
     _binary_or_skip()
+    secret = "s3cret-" + os.urandom(4).hex()
+    password_file = tmp_path / "password"
+    password_file.write_text(secret + "\n")
     env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("AIOELASTIC_ETCD_PASSWORD", None)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "aioelastic",
         "etcd",
+        "--members",
+        "3",
         "--auth",
-        "alice:secret",
+        "alice",
+        "--password-file",
+        str(password_file),
         "--data-dir",
         str(tmp_path / "cli-data"),
         stdout=subprocess.PIPE,
@@ -147,8 +171,12 @@ async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
                 line = (await process.stdout.readline()).decode()
                 assert line, "".join(lines)
                 lines.append(line.strip())
+        cmdlines = _cmdlines(process.pid)
+        assert len(cmdlines) == 4, cmdlines  # the CLI and its three members
+        for pid, cmdline in cmdlines.items():
+            assert secret.encode() not in cmdline, (pid, cmdline)
         url = next(line.split(": ", 1)[1] for line in lines if line.startswith("store url:"))
-        async with open_store(url, username="alice", password="secret") as store:
+        async with open_store(url, username="alice", password_file=str(password_file)) as store:
             await store.put("from-cli", b"yes")
         process.send_signal(signal.SIGINT)
         with anyio.fail_after(30):
@@ -161,6 +189,35 @@ async def test_cli_starts_prints_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     assert code == 0, rest
     assert "etcd stopped" in rest
     assert "auth: on (user 'alice')" in lines
+    assert secret not in "\n".join(lines) + rest
+
+
+@pytest.mark.parametrize(
+    ("argv", "env_password", "expected"),
+    [
+        (["--auth", "alice:hunter2-pw"], None, "--auth takes the USER only"),
+        (["--auth", "alice"], None, "needs a password: --password-file FILE or"),
+        (["--auth", "alice", "--password-file", "/nonexistent/pw"], None, "cannot be read"),
+        (["--password-file", "/dev/null"], "x", "--password-file goes with --auth USER"),
+    ],
+)
+def test_cli_refuses_a_password_on_the_command_line_and_never_echoes_it(
+    argv: list[str], env_password: str | None, expected: str
+) -> None:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("AIOELASTIC_ETCD_PASSWORD", None)
+    if env_password is not None:
+        env["AIOELASTIC_ETCD_PASSWORD"] = env_password
+    done = subprocess.run(
+        [sys.executable, "-m", "aioelastic", "etcd", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert expected in done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
 
 
 @pytest.mark.asyncio

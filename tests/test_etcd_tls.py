@@ -129,9 +129,9 @@ def test_server_tls_with_password_auth_and_no_client_certificates(certs: Path) -
 async def test_cli_serves_tls_and_prints_a_url_with_the_ca(certs: Path) -> None:
     """``aioelastic etcd --tls-cert ... --tls-ca ... --auth``: the printed store URL carries the
     CA file, so it can be pasted as it is (credentials apart)."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, "AIOELASTIC_ETCD_PASSWORD": "pw"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aioelastic", "etcd", "--auth", "root:pw",
+        sys.executable, "-m", "aioelastic", "etcd", "--auth", "root",
         "--tls-cert", str(certs / "server.crt"), "--tls-key", str(certs / "server.key"),
         "--tls-ca", str(certs / "ca.crt"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -14,17 +14,38 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
+from ..store._secrets import ETCD_PASSWORD_ENV
+
 if TYPE_CHECKING:
     from ..etcd_server import EtcdServer
 
 HELP = "start a local etcd (one member or a cluster) and print its endpoints"
 
 
-def _auth(text: str) -> tuple[str, str]:
-    user, sep, password = text.partition(":")
-    if not sep or not user or not password:
-        raise argparse.ArgumentTypeError(f"--auth must look like user:password, got {text!r}")
-    return user, password
+def _auth(text: str) -> str:
+    if ":" in text:
+        # Never echo it: the rest is a password, and it is in argv already (seen by ps).
+        raise argparse.ArgumentTypeError(
+            "--auth takes the USER only: give the password with --password-file FILE or "
+            f"${ETCD_PASSWORD_ENV} (a password on the command line shows in ps)"
+        )
+    if not text:
+        raise argparse.ArgumentTypeError("--auth needs a user name")
+    return text
+
+
+def _password(args: argparse.Namespace) -> str:
+    """The password for ``--auth``: ``--password-file``, else ``$AIOELASTIC_ETCD_PASSWORD``."""
+    from ..store._secrets import read_secret_file
+
+    if args.password_file is not None:
+        return read_secret_file(args.password_file, "--password-file")
+    password = os.environ.get(ETCD_PASSWORD_ENV)
+    if not password:
+        raise ValueError(
+            f"--auth {args.auth} needs a password: --password-file FILE or ${ETCD_PASSWORD_ENV}"
+        )
+    return password
 
 
 def _members(text: str) -> int:
@@ -57,7 +78,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--members", type=_members, default=1, help="cluster size (default 1; 3 or 5 for HA)"
     )
     parser.add_argument(
-        "--auth", type=_auth, metavar="USER:PASSWORD", help="create this user and turn auth on"
+        "--auth",
+        type=_auth,
+        metavar="USER",
+        help="create this user (root role) and turn auth on; its password comes from "
+        f"--password-file or ${ETCD_PASSWORD_ENV}, never the command line",
+    )
+    parser.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="the --auth user's password, in FILE (surrounding whitespace removed)",
     )
     parser.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
     parser.add_argument("--metrics", action="store_true", help="serve Prometheus metrics")
@@ -107,11 +137,14 @@ async def _serve(args: argparse.Namespace) -> int:
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
 
+    if args.password_file is not None and args.auth is None:
+        raise ValueError("--password-file goes with --auth USER")
+    auth = (args.auth, _password(args)) if args.auth is not None else None
     server = EtcdServer(
         args.members,
         binary=args.binary,
         data_dir=args.data_dir,
-        auth=args.auth,
+        auth=auth,
         metrics=args.metrics,
         log_file=args.log_file,
         log_level=args.log_level,
@@ -140,7 +173,7 @@ async def _serve(args: argparse.Namespace) -> int:
         if server.tls:
             print("tls: on" + (" (client certificates required)" if args.client_cert_auth else ""))
         if args.auth:
-            print(f"auth: on (user {args.auth[0]!r})")
+            print(f"auth: on (user {args.auth!r})")
         if args.metrics:
             print(f"metrics: {','.join(server.metrics_urls)}")
         print("press Ctrl-C to stop", flush=True)

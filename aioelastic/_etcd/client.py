@@ -28,6 +28,7 @@ from ..errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
+from ._liveness import CallAbandonedError, LeaderChangedError, Liveness, MemberHungError
 from ._rpc import EtcdStub, grpc, rpc_pb2
 
 __all__ = ["Endpoint", "EtcdClient", "TLSConfig", "parse_endpoint"]
@@ -37,8 +38,10 @@ log = logging.getLogger("aioelastic.store.etcd")
 DEFAULT_PORT = 2379
 
 #: gRPC channel options: quick reconnects after an outage (gRPC's default backoff grows to 120 s),
-#: keep-alive pings that etcd's default enforcement policy (5 s minimum) accepts, and room for
-#: big catch-up watch responses.
+#: keep-alive pings that etcd's default enforcement policy (5 s minimum; more often and it sends
+#: GOAWAY too_many_pings) accepts, also on an idle watch (gRPC sends only 2 pings without data by
+#: default), and room for big catch-up watch responses. The pings are a backstop (a dead
+#: connection in ~15 s); a hung member is found in ~1.5 s by our own pings (``_liveness``).
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -46,6 +49,7 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 )
@@ -170,26 +174,45 @@ async def grpc_call(awaitable: Any) -> Any:
 
 
 class _Channel:
-    __slots__ = ("channel", "endpoint", "stub")
+    """The channel to one member; :meth:`reset` replaces a hung one (``generation`` counts)."""
+
+    __slots__ = ("channel", "endpoint", "generation", "liveness", "stub", "tls")
 
     def __init__(self, endpoint: Endpoint, tls: TLSConfig | None) -> None:
         self.endpoint = endpoint
+        self.tls = tls
+        self.generation = 0
+        self.liveness = Liveness()
+        self.channel, self.stub = self._open()
+
+    def _open(self) -> tuple[grpc.aio.Channel, EtcdStub]:
         options = list(CHANNEL_OPTIONS)
+        tls, target = self.tls, self.endpoint.target
         if tls is not None:
             if tls.server_name:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))  # type: ignore[arg-type]
-            self.channel = grpc.aio.secure_channel(endpoint.target, tls.credentials(), options)
+            channel = grpc.aio.secure_channel(target, tls.credentials(), options)
         else:
-            self.channel = grpc.aio.insecure_channel(endpoint.target, options)
-        self.stub = EtcdStub(self.channel)
+            channel = grpc.aio.insecure_channel(target, options)
+        return channel, EtcdStub(channel)
+
+    def reset(self) -> grpc.aio.Channel:
+        """Open a fresh channel in place of this one; return the old one (to be closed, which
+        cancels every call and stream still on it)."""
+        old = self.channel
+        self.channel, self.stub = self._open()
+        self.generation += 1
+        return old
 
 
 class EtcdClient:
     """Channels to the endpoints of one etcd cluster and the one helper every call goes through.
 
     ``timeout`` is each call's deadline (seconds); ``connect_timeout`` bounds the wait for a
-    connection to one endpoint before the next is tried. Channels are created on first use, in
-    the running event loop.
+    connection to one endpoint before the next is tried. ``ping_after``/``ping_timeout``: a
+    member silent for ``ping_after`` seconds while a call or stream waits on it is pinged, and
+    taken as hung when the ping gets no answer within ``ping_timeout`` (see ``_liveness``).
+    Channels are created on first use, in the running event loop.
     """
 
     def __init__(
@@ -201,13 +224,20 @@ class EtcdClient:
         password: str | None = None,
         timeout: float = 10.0,
         connect_timeout: float = 3.0,
+        ping_after: float = 0.75,
+        ping_timeout: float = 0.75,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         parsed = [e if isinstance(e, Endpoint) else parse_endpoint(e) for e in endpoints]
         if not parsed:
             raise ValueError("endpoints must name at least one etcd member (host:port)")
-        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+        for name, value in (
+            ("timeout", timeout),
+            ("connect_timeout", connect_timeout),
+            ("ping_after", ping_after),
+            ("ping_timeout", ping_timeout),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
             if not math.isfinite(value) or value <= 0:
@@ -220,6 +250,9 @@ class EtcdClient:
         self._password = password
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
+        self.ping_after = float(ping_after)
+        self.ping_timeout = float(ping_timeout)
+        self._closing: set[asyncio.Task[None]] = set()  # hung channels being closed
         self._channels: list[_Channel] | None = None
         self._current = 0
         self._token: str | None = None
@@ -246,10 +279,97 @@ class EtcdClient:
         return self._all()[self._current]
 
     def rotate(self, failed: _Channel) -> None:
-        """Move on to the next endpoint (if ``failed`` is still the current one)."""
+        """Move on to the next endpoint (if ``failed`` is still the current one), skipping
+        members taken as hung while another one is not."""
         channels = self._all()
-        if channels[self._current] is failed:
-            self._current = (self._current + 1) % len(channels)
+        if channels[self._current] is not failed:
+            return
+        n = len(channels)
+        following = [(self._current + i) % n for i in range(1, n + 1)]
+        healthy = [i for i in following if channels[i].liveness.hung is None]
+        self._current = (healthy or following)[0]
+
+    # -- liveness (see _liveness)
+
+    async def wait_answer(
+        self, ch: _Channel, answer: asyncio.Future[Any], *, leader_bound: bool = False
+    ) -> None:
+        """Wait until ``answer`` (a call or a read on ``ch``) is done, pinging the member when it
+        has been silent for ``ping_after``; :class:`MemberHungError` if the ping goes unanswered
+        (the member is then marked hung and its channel replaced; with one endpoint only, there
+        is nowhere else to go and this just waits). ``leader_bound`` (a call that
+        needs the leader): :class:`LeaderChangedError` when a ping shows a newer raft term than
+        the one it was sent in. ``answer`` is never cancelled here: that is the caller's."""
+        loop = asyncio.get_running_loop()
+        live, generation, start = ch.liveness, ch.generation, loop.time()
+        sent_term = live.term
+        if len(self.endpoints) == 1:
+            # Nowhere else to go: giving up would only turn a slow write into an unknown one.
+            await asyncio.wait((answer,))
+        while not answer.done():
+            wait = live.quiet_until(start, self.ping_after) - loop.time()
+            if wait > 0:
+                await asyncio.wait((answer,), timeout=wait)
+                continue
+            if ch.generation != generation:  # taken as hung by another caller meanwhile
+                raise MemberHungError(self._hung_message(ch))
+            ping = live.ping
+            if ping is None:
+                ping = live.ping = asyncio.ensure_future(self._ping(ch))
+                ping.add_done_callback(lambda _: setattr(live, "ping", None))
+            await asyncio.wait((answer, ping), return_when=asyncio.FIRST_COMPLETED)
+            if answer.done():
+                break
+            if not ping.result():
+                self.mark_hung(ch, generation)
+                raise MemberHungError(self._hung_message(ch))
+            if leader_bound and sent_term and live.term > sent_term:
+                raise LeaderChangedError(
+                    f"etcd elected a new leader (raft term {sent_term} -> {live.term}) while the "
+                    f"call waited at {ch.endpoint}"
+                )
+            sent_term = sent_term or live.term  # nothing heard before: the first ping's term
+        if not answer.cancelled() and answer.exception() is None:
+            live.heard(answer.result())
+
+    async def _ping(self, ch: _Channel) -> bool:
+        """Whether the member answers a serializable read within ``ping_timeout``."""
+        request = rpc_pb2.RangeRequest(key=b"\0", serializable=True, count_only=True, limit=1)
+        token = (("token", self._token),) if self._token is not None else ()
+        response = None
+        try:
+            response = await grpc_call(
+                ch.stub.methods["Range"](
+                    request, timeout=self.ping_timeout, metadata=token, wait_for_ready=False
+                )
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+            ):
+                return False
+        ch.liveness.heard(response)  # any answer, an error included, comes from a live member
+        return True
+
+    def mark_hung(self, ch: _Channel, generation: int) -> None:
+        """Take ``ch``'s member as hung (once per channel generation): move to another member and
+        replace the channel, closing the old one (which ends every call still waiting on it)."""
+        if ch.generation != generation or self._closed:
+            return
+        ch.liveness.hung = (
+            f"etcd member {ch.endpoint} stopped answering (no answer to a ping within "
+            f"{self.ping_timeout:g}s after {self.ping_after:g}s of silence)"
+        )
+        log.warning("%s; moving to another member", ch.liveness.hung)
+        self.rotate(ch)
+        task = asyncio.ensure_future(ch.reset().close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _hung_message(self, ch: _Channel) -> str:
+        return ch.liveness.hung or f"etcd member {ch.endpoint} stopped answering"
 
     async def ensure_ready(self, ch: _Channel, timeout: float | None = None) -> bool:
         """Wait until ``ch`` is connected; False if a connection attempt failed or time ran out.
@@ -348,11 +468,17 @@ class EtcdClient:
             metadata = self.metadata() if authenticate else (("hasleader", "true"),)
             token = self._token
             try:
-                return await grpc_call(
-                    ch.stub.methods[method](
-                        request, timeout=max(left, 0.001), metadata=metadata, wait_for_ready=False
-                    )
-                )
+                return await self._send(ch, method, request, max(left, 0.001), metadata)
+            except CallAbandonedError as exc:
+                if self._closed:
+                    raise StoreClosedError("the etcd client is closed") from None
+                if write:
+                    raise WriteOutcomeUnknownError(
+                        f"etcd {method} at {ch.endpoint}: {exc}; {_UNKNOWN}"
+                    ) from None
+                tries -= 1
+                last = StoreConnectionError(f"etcd {method}: {exc}")
+                continue  # a read: safe to repeat (on the next member if this one hung)
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if (
@@ -370,12 +496,43 @@ class EtcdClient:
                     last = StoreConnectionError(f"etcd {method} at {ch.endpoint}: {details}")
                     self.rotate(ch)
                     continue
+                if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self.rotate(ch)  # slow or stuck: the next call tries another member
                 raise self.map_error(exc, method, write=write, endpoint=ch.endpoint) from None
         if last is None:
             # Nothing was in flight when time ran out (a sent write that gets no answer raises
             # WriteTimeoutError above, from gRPC's deadline), so nothing was applied.
             raise StoreTimeoutError(f"etcd {method}: not sent within the {timeout:g}s deadline")
         raise last
+
+    async def _send(
+        self,
+        ch: _Channel,
+        method: str,
+        request: Any,
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> Any:
+        """One attempt on ``ch``: the answer, or ``AioRpcError``, or :class:`CallAbandonedError`
+        when the member hung or the leader changed while it waited (see ``wait_answer``)."""
+        generation = ch.generation
+        rpc = asyncio.ensure_future(
+            ch.stub.methods[method](
+                request, timeout=timeout, metadata=metadata, wait_for_ready=False
+            )
+        )
+        rpc.add_done_callback(_retrieve)
+        try:
+            await self.wait_answer(ch, rpc, leader_bound=True)
+        finally:
+            if not rpc.done():
+                rpc.cancel()  # our caller was cancelled, or we gave up on the member
+        if self._closed and _cancelled(rpc):
+            raise StoreClosedError("the etcd client is closed")
+        if ch.generation != generation and _cancelled(rpc):
+            # the channel was closed under us: another caller found its member hung
+            raise MemberHungError(self._hung_message(ch))
+        return rpc.result()
 
     def map_error(
         self, exc: grpc.aio.AioRpcError, method: str, *, write: bool, endpoint: Endpoint
@@ -427,9 +584,24 @@ class EtcdClient:
         channels, self._channels = self._channels, None
         if channels:
             await asyncio.gather(*(ch.channel.close() for ch in channels))
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 _UNKNOWN = "the write may or may not have been applied (read the key back)"
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Retrieve a finished call's outcome (an abandoned one is never reported unretrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _cancelled(future: asyncio.Future[Any]) -> bool:
+    if future.cancelled():
+        return True
+    exc = future.exception()
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.CANCELLED
 
 
 def _not_sent(details: str) -> bool:

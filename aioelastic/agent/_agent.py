@@ -47,8 +47,10 @@ from ..rendezvous import (
     _hints,
     create_handler,
 )
+from ..store._secrets import split_password
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
 from . import _tmpdirs
+from ._secrets import auth_failure, worker_secret_env
 from ._workers import Std, WorkerProcess, kill_groups, parse_std, spawn_worker, stop_workers
 from .worker import ROUND_ENV, STORE_PREFIX_ENV, STORE_URL_ENV, TIMER_SOCKET_ENV
 
@@ -242,8 +244,12 @@ class ElasticAgent:
 
     ``rendezvous`` is a :class:`~aioelastic.rendezvous.RendezvousParameters` (the agent creates
     the handler and leaves the rendezvous when done) or a ready handler (left open).
-    ``store_url`` is passed to the workers (``AIOELASTIC_STORE_URL``); by default it is the
-    rendezvous store's URL when that store is reachable from other processes.
+    ``store_url`` is passed to the workers (``AIOELASTIC_STORE_URL``, without any password); by
+    default it is the rendezvous store's URL when that store is reachable from other processes.
+    The workers get no secret in their environment (``AIOELASTIC_TOKEN`` and
+    ``AIOELASTIC_ETCD_PASSWORD`` are removed); with ``worker_store_secrets`` (the default) they
+    get the paths of the rendezvous config's ``token_file``/``password_file`` as
+    ``AIOELASTIC_TOKEN_FILE``/``AIOELASTIC_ETCD_PASSWORD_FILE`` (see ``agent/_secrets.py``).
 
     ``event_sink`` receives the agent's structured events (``agent.*``), those of the rendezvous
     handler it creates (a handler passed in keeps its own sink) and of its timer server (see
@@ -265,6 +271,7 @@ class ElasticAgent:
         event_sink: EventSink | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        worker_store_secrets: bool = True,
     ) -> None:
         if not isinstance(spec, WorkerSpec):
             raise TypeError(f"spec must be a WorkerSpec, got {type(spec).__name__}")
@@ -282,7 +289,8 @@ class ElasticAgent:
 
             url = store_url_for(self._params)
             store_url = None if url.startswith("memory:") else url
-        self._store_url = store_url
+        self._store_url = split_password(store_url)[0] if store_url is not None else None
+        self._worker_store_secrets = bool(worker_store_secrets)
         self.event_sink: EventSink = _events.resolve_sink(event_sink)
         if metrics_port is not None:
             if isinstance(metrics_port, bool) or not isinstance(metrics_port, int):
@@ -535,6 +543,16 @@ class ElasticAgent:
                 hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
                 return result(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
             except RendezvousConnectionError as exc:
+                denied = auth_failure(exc)
+                if denied is not None:  # no retry makes credentials right: fail now, say so
+                    return result(
+                        AgentState.FAILED,
+                        1,
+                        f"rendezvous failed: the store refused our credentials: {denied} "
+                        "(http: give the token with --token-file or $AIOELASTIC_TOKEN; etcd: "
+                        "the user in the URL, the password with --password-file or "
+                        "$AIOELASTIC_ETCD_PASSWORD)",
+                    )
                 # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
                 now = loop.time()
                 if unreachable_since is None:
@@ -748,7 +766,9 @@ class ElasticAgent:
         rank = rdzv.rank * nproc + local_rank
         world = rdzv.world_size * nproc
         env = dict(os.environ)
-        env.update(spec.env)
+        config = self._params.config if self._params is not None else {}
+        worker_secret_env(env, config, give_files=self._worker_store_secrets)
+        env.update(spec.env)  # what the caller asks for explicitly wins
         if nproc > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun
         env.update(

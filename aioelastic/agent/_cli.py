@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import uuid
 from typing import Any
@@ -87,6 +88,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="K=V,...",
         help="rendezvous config: k=v,k2=v2 (join_timeout, last_call_timeout, close_timeout, "
         "keep_alive_interval, keep_alive_max_attempt, lease_ttl, node_id, ...)",
+    )
+    parser.add_argument(
+        "--token-file",
+        "--token_file",
+        dest="token_file",
+        default=None,
+        metavar="FILE",
+        help="http(s)/c10d stores: the bearer token of the 'aioelastic serve', in FILE "
+        "(default: $AIOELASTIC_TOKEN); never give a secret on the command line",
+    )
+    parser.add_argument(
+        "--password-file",
+        "--password_file",
+        dest="password_file",
+        default=None,
+        metavar="FILE",
+        help="etcd stores: the password of the user named in the endpoint (etcd://USER@host) "
+        "or by --rdzv-conf username=USER, in FILE (default: $AIOELASTIC_ETCD_PASSWORD)",
+    )
+    parser.add_argument(
+        "--worker-store-secrets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give the workers the path of the file holding the store's token or password "
+        "(AIOELASTIC_TOKEN_FILE / AIOELASTIC_ETCD_PASSWORD_FILE), so that open_worker_store() "
+        "can authenticate; the secret itself never goes to them (default: on)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -225,19 +252,46 @@ def _usage_error(args: argparse.Namespace, error: UsageError) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Run the agent until the job succeeds, fails or is interrupted; return its exit code."""
+    # gRPC's fork handlers (an etcd store in this process) now and then crash a worker between
+    # fork and exec with SIGSEGV while other threads are in gRPC (1-2 runs in 10 over etcd);
+    # workers are exec'd programs and need none of them. Set before grpc is imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     logging.basicConfig(
         level=logging.INFO,
         format="[aioelastic run] %(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    from ..store._secrets import RedactingFilter, redact_url
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     try:
         plan = make_plan(args)
     except UsageError as exc:
         return _usage_error(args, exc)
+    from ..errors import StoreAuthError
+    from ..store._secrets import read_secret_file
+
+    try:
+        if args.token_file is not None:
+            read_secret_file(args.token_file, "--token-file")
+        if args.password_file is not None:
+            read_secret_file(args.password_file, "--password-file")
+    except ValueError as exc:
+        print(f"aioelastic run: error: {redact_url(exc)}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_run(args, plan))
+    except StoreAuthError as exc:
+        print(
+            f"aioelastic run: error: the store refused our credentials: {redact_url(exc)} (http: "
+            "--token-file or $AIOELASTIC_TOKEN; etcd: --password-file or "
+            "$AIOELASTIC_ETCD_PASSWORD)",
+            file=sys.stderr,
+        )
+        return 1
     except Exception as exc:  # a clear one-line error, not a traceback
-        print(f"aioelastic run: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"aioelastic run: error: {type(exc).__name__}: {redact_url(exc)}", file=sys.stderr)
         return 1
 
 
@@ -261,6 +315,7 @@ async def _serve(plan: LaunchPlan) -> Any:
 
 async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
     from . import ElasticAgent, WorkerSpec
+    from ._secrets import RunSecrets
 
     spec = WorkerSpec(
         entrypoint=plan.entrypoint,
@@ -278,6 +333,7 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
     )
     server: Any = None
     opened: Any = None  # the --events file, closed at the end
+    secrets = RunSecrets(args.token_file, args.password_file)
     endpoint, run_id, local_addr = plan.endpoint, plan.run_id, args.local_addr
     if plan.standalone or plan.serve_store is not None:
         server = await _serve(plan)
@@ -289,6 +345,7 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
         log.info("static backend, node rank 0: serving the rendezvous store at %s", server.url)
     try:
         params = rendezvous_parameters(args, plan, endpoint, run_id, local_addr)
+        _apply_secrets(params, secrets)
         from ..events import JsonLinesSink, default_sink, open_sink
 
         sink = open_sink(plan.events) if plan.events is not None else default_sink()
@@ -300,6 +357,7 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
             event_sink=sink,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            worker_store_secrets=args.worker_store_secrets,
         )
         loop = asyncio.get_running_loop()
         for sig in plan.signals:
@@ -321,7 +379,20 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
         log.log(level, "%s", result.summary())
         return result.exit_code
     finally:
+        secrets.close()
         if server is not None:
             await server.stop()
         if opened is not None:
             opened.close()
+
+
+def _apply_secrets(params: Any, secrets: Any) -> None:
+    """Point the rendezvous at the store's secret files; no password left in its URL."""
+    from ..rendezvous import store_url_for
+
+    url = store_url_for(params)
+    clean, conf = secrets.resolve(url)
+    if clean != url:
+        params.config["store_url"] = clean
+    for key, value in conf.items():
+        params.config.setdefault(key, value)

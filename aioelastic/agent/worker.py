@@ -6,7 +6,10 @@ The agent sets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, 
   worker is reaped;
 - ``AIOELASTIC_STORE_URL`` and ``AIOELASTIC_STORE_PREFIX``: a namespace of the rendezvous store
   that the workers of one round share (when the store is reachable from other processes);
-- ``AIOELASTIC_ROUND``: the rendezvous round the workers were started for.
+- ``AIOELASTIC_ROUND``: the rendezvous round the workers were started for;
+- ``AIOELASTIC_TOKEN_FILE`` / ``AIOELASTIC_ETCD_PASSWORD_FILE``: when the store needs a secret,
+  the path of a file holding it (never the secret itself; ``open_store`` reads them), unless the
+  agent was told not to (``--no-worker-store-secrets``).
 
 This module is light to import (no aiohttp).
 

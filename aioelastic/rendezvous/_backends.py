@@ -9,9 +9,12 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
 product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``,
-``fast_reform``, ``rank`` (static), ``store_url``. Keys torch accepts that mean nothing here
-(``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``, ``store_type``,
-``use_libuv``) are accepted and ignored; any other key is logged and ignored, as torch does.
+``fast_reform``, ``rank`` (static), ``store_url``, and the store's credentials: ``token_file``
+(http/https: a file holding the bearer token), ``username`` and ``password_file`` (etcd: a file
+holding the password; never the password itself, which would show in ``ps``). Keys torch accepts
+that mean nothing here (``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``,
+``store_type``, ``use_libuv``) are accepted and ignored; any other key is logged and ignored,
+as torch does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..store import open_store
+from ..store._secrets import redact_url
 from .api import RendezvousHandler, RendezvousParameters, handler_registry
 from .dynamic import DEFAULTS, DynamicRendezvousHandler
 from .static import StaticRendezvousHandler
@@ -44,6 +48,9 @@ _KNOWN_KEYS = {
     "fast_reform",
     "rank",
     "store_url",
+    "token_file",
+    "username",
+    "password_file",
     "master_addr",
     "master_port",
     # accepted for torchrun compatibility, no effect here
@@ -67,7 +74,7 @@ def _host_port(endpoint: str, default_port: int) -> str:
     if endpoint.startswith("["):
         host, sep, rest = endpoint.partition("]")
         if not sep or (rest and not rest.startswith(":")):
-            raise ConfigError("endpoint", endpoint, "host[:port] or [ipv6]:port")
+            raise ConfigError("endpoint", redact_url(endpoint), "host[:port] or [ipv6]:port")
         host += "]"
         port_text = rest[1:]
     elif endpoint.count(":") == 1:
@@ -77,10 +84,10 @@ def _host_port(endpoint: str, default_port: int) -> str:
     else:
         host, port_text = endpoint, ""
     if not host:
-        raise ConfigError("endpoint", endpoint, "host[:port] or [ipv6]:port")
+        raise ConfigError("endpoint", redact_url(endpoint), "host[:port] or [ipv6]:port")
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ConfigError("endpoint", endpoint, "a port in 1..65535 after ':'")
+            raise ConfigError("endpoint", redact_url(endpoint), "a port in 1..65535 after ':'")
         return f"{host}:{int(port_text)}"
     return f"{host}:{default_port}"
 
@@ -90,7 +97,7 @@ def store_url_for(params: RendezvousParameters) -> str:
     url = params.get("store_url")
     if url is not None:
         if not isinstance(url, str) or "://" not in url:
-            raise ConfigError("store_url", url, "a store URL such as http://host:port")
+            raise ConfigError("store_url", redact_url(url), "a store URL such as http://host:port")
         return url
     backend, endpoint = params.backend, params.endpoint
     if backend == "memory" or (backend == "static" and not endpoint.strip()):
@@ -124,7 +131,27 @@ def _lease(params: RendezvousParameters) -> tuple[float, float]:
 
 
 async def _open(params: RendezvousParameters) -> Store:
-    return await open_store(store_url_for(params))
+    url = store_url_for(params)
+    scheme = url.partition("://")[0]
+    allowed = {"http": ("token_file",), "https": ("token_file",)}.get(
+        scheme, ("username", "password_file") if scheme in ("etcd", "etcds") else ()
+    )
+    options: dict[str, str] = {}
+    for key in ("token_file", "username", "password_file"):
+        value = params.get(key)
+        if value is None:
+            continue
+        if key not in allowed or not isinstance(value, str) or not value:
+            raise ConfigError(key, value, _CREDENTIAL_FORMS[key])
+        options[key] = value
+    return await open_store(url, **options)
+
+
+_CREDENTIAL_FORMS = {
+    "token_file": "a file holding the bearer token, for http(s) stores",
+    "username": "an etcd user name, for etcd stores",
+    "password_file": "a file holding the etcd password, for etcd stores",
+}
 
 
 def _dynamic_options(params: RendezvousParameters) -> dict[str, Any]:

@@ -37,7 +37,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how to read a host[:port] endpoint (default: c10d, an aioelastic serve)",
     )
     parser.add_argument(
-        "--token-file", metavar="F", help="http(s) stores: the bearer token of the server, in F"
+        "--token-file",
+        metavar="F",
+        help="http(s) stores: the bearer token of the server, in F (default: $AIOELASTIC_TOKEN)",
+    )
+    parser.add_argument(
+        "--password-file",
+        metavar="F",
+        help="etcd stores: the password of the user in the endpoint (etcd://USER@host), in F "
+        "(default: $AIOELASTIC_ETCD_PASSWORD)",
     )
     parser.add_argument(
         "--timeout",
@@ -64,7 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"aioelastic status: {message}", file=sys.stderr)
+    from ..store._secrets import redact_url
+
+    print(f"aioelastic status: {redact_url(message)}", file=sys.stderr)
     return 2
 
 
@@ -98,6 +108,7 @@ async def _main(args: argparse.Namespace) -> int:
     import asyncio
 
     from ..store import open_store
+    from ..store._secrets import redact_url
     from ._state import check_run_id
     from ._status import format_run_status, watch_run_status
 
@@ -110,16 +121,20 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         url = store_url(args.endpoint, args.backend, run_id)
     except ValueError as exc:
-        return _fail(f"--endpoint {args.endpoint!r} is malformed: {exc}")
+        return _fail(f"--endpoint {redact_url(args.endpoint)!r} is malformed: {exc}")
     options: dict[str, Any] = {}
     if args.token_file is not None:
         if not url.startswith(("http://", "https://")):
             return _fail("--token-file applies to http(s) stores only")
         options["token_file"] = args.token_file
+    if args.password_file is not None:
+        if not url.startswith(("etcd://", "etcds://")):
+            return _fail("--password-file applies to etcd stores only")
+        options["password_file"] = args.password_file
     try:
         opener = open_store(url, **options)
     except ValueError as exc:
-        return _fail(f"--endpoint {args.endpoint!r} is malformed: {exc}")
+        return _fail(f"--endpoint {redact_url(args.endpoint)!r} is malformed: {exc}")
     interactive = sys.stdout.isatty() and not args.json
     async with opener as store:
         snapshots = watch_run_status(store, run_id, timers_prefix=args.timers_prefix)
@@ -128,7 +143,9 @@ async def _main(args: argparse.Namespace) -> int:
                 async with asyncio.timeout(args.timeout):
                     first = await anext(snapshots)
             except TimeoutError:
-                return _fail(f"no answer from the store at {url} within {args.timeout:g}s")
+                return _fail(
+                    f"no answer from the store at {redact_url(url)} within {args.timeout:g}s"
+                )
             status = first
             while True:
                 text = format_run_status(status, as_json=args.json)

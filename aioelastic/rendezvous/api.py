@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import ConfigError, RendezvousClosedError, RendezvousError
+from ..store._secrets import redact_url
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -307,9 +308,10 @@ class RendezvousParameters:
 
     def __repr__(self) -> str:
         return (
-            f"RendezvousParameters(backend={self.backend!r}, endpoint={self.endpoint!r}, "
-            f"run_id={self.run_id!r}, min_nodes={self.min_nodes}, max_nodes={self.max_nodes}, "
-            f"config={self.config!r})"
+            f"RendezvousParameters(backend={self.backend!r}, "
+            f"endpoint={redact_url(self.endpoint)!r}, run_id={self.run_id!r}, "
+            f"min_nodes={self.min_nodes}, max_nodes={self.max_nodes}, "
+            f"config={ {k: _redacted(v) for k, v in self.config.items()}!r})"
         )
 
     @classmethod
@@ -478,3 +480,7 @@ async def create_handler(params: RendezvousParameters) -> RendezvousHandler:
 
     _backends.register_builtin_backends()
     return await handler_registry.create_handler(params)
+
+
+def _redacted(value: Any) -> Any:
+    return redact_url(value) if isinstance(value, str) else value

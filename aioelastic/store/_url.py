@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from ._base import Store
+from ._secrets import redact_url
 
 __all__ = ["StoreOpener", "open_store", "register_backend", "supported_schemes"]
 
@@ -52,21 +53,23 @@ def _resolve(scheme: str) -> BackendOpener:
 
 
 def parse_store_url(url: str) -> SplitResult:
-    """Split ``url`` and check it names a known backend; ``ValueError`` naming ``url`` if not."""
+    """Split ``url`` and check it names a known backend; ``ValueError`` naming ``url`` (its
+    password redacted) if not."""
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ValueError(f"url is malformed: {url!r} ({exc})") from None
+        raise ValueError(f"url is malformed: {shown!r} ({exc})") from None
     if "://" not in url or not parts.scheme:
         raise ValueError(
-            f"url must look like scheme://..., got {url!r} "
+            f"url must look like scheme://..., got {shown!r} "
             f"(supported schemes: {', '.join(supported_schemes())})"
         )
     if parts.scheme not in _BACKENDS:
         raise ValueError(
-            f"url {url!r} has an unsupported scheme {parts.scheme!r} "
+            f"url {shown!r} has an unsupported scheme {parts.scheme!r} "
             f"(supported: {', '.join(supported_schemes())})"
         )
     return parts

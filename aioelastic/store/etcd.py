@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote
 
 import anyio
 
+from .._etcd._liveness import CallAbandonedError, MemberHungError
 from .._etcd._rpc import grpc, kv_pb2, rpc_pb2
 from .._etcd.client import EtcdClient, TLSConfig
 from ..errors import (
@@ -37,6 +39,7 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ._base import Store, Watch
+from ._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV, read_secret_file, redact_url
 from ._txn import (
     Compare,
     Delete,
@@ -192,6 +195,10 @@ class EtcdStore(Store):
     etcd auth; the token is refreshed transparently when etcd invalidates it. ``timeout``: every
     call's deadline in seconds. ``watch_reconnect_timeout``: how long a watch keeps trying to
     re-establish itself after losing its stream before raising ``StoreConnectionError``.
+    ``ping_after``/``ping_timeout``: a member that stays silent for ``ping_after`` seconds while
+    a call, watch or keep-alive waits on it is pinged; no answer within ``ping_timeout`` and it
+    is taken as hung: reads and watches move to another member, a write waiting on it raises
+    ``WriteOutcomeUnknownError`` (docs/etcd.md, "A hung member").
     """
 
     features = frozenset({"compaction"})
@@ -206,6 +213,8 @@ class EtcdStore(Store):
         timeout: float = 10.0,
         connect_timeout: float = 3.0,
         watch_reconnect_timeout: float = 60.0,
+        ping_after: float = 0.75,
+        ping_timeout: float = 0.75,
     ) -> None:
         super().__init__()
         self.client = EtcdClient(
@@ -215,6 +224,8 @@ class EtcdStore(Store):
             password=password,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            ping_after=ping_after,
+            ping_timeout=ping_timeout,
         )
         if (
             isinstance(watch_reconnect_timeout, bool)
@@ -412,14 +423,25 @@ class EtcdStore(Store):
         request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
         async with stream.lock:
             for attempt in range(2):  # a keep-alive is idempotent: one retry on a fresh stream
+                read: asyncio.Future[Any] | None = None
                 try:
+                    if stream.call is not None and stream.call.done():
+                        stream.drop()  # ended while idle (its channel was replaced: hung)
                     if stream.call is None:
                         stream.call, stream.channel = await self.client.open_stream(
                             "LeaseKeepAlive"
                         )
                     with anyio.fail_after(self.client.timeout):
                         await stream.call.write(request)
-                        response = await stream.call.read()
+                        read = asyncio.ensure_future(stream.call.read())
+                        read.add_done_callback(_retrieve)
+                        await self.client.wait_answer(stream.channel, read, leader_bound=True)
+                        response = read.result()
+                except CallAbandonedError as exc:
+                    stream.drop()
+                    if attempt == 0:
+                        continue  # a fresh stream on another member
+                    raise StoreConnectionError(f"etcd LeaseKeepAlive: {exc}") from None
                 except grpc.aio.AioRpcError as exc:
                     stream.drop()
                     if self._closed:
@@ -436,6 +458,15 @@ class EtcdStore(Store):
                     raise StoreTimeoutError(
                         f"etcd LeaseKeepAlive: no answer within {self.client.timeout:g}s"
                     ) from None
+                except asyncio.CancelledError:
+                    stream.drop()  # an answer may still be on its way: never reuse the stream
+                    if read is not None and read.cancelled() and not self._closed:
+                        if attempt == 0:  # the stream was cancelled under us (channel replaced)
+                            continue
+                        raise StoreConnectionError(
+                            "etcd LeaseKeepAlive: the stream ended"
+                        ) from None
+                    raise
                 except BaseException:
                     stream.drop()  # an answer may still be on its way: never reuse the stream
                     raise
@@ -543,7 +574,10 @@ class _EtcdWatch(Watch):
         self._start_revision = self._next_revision = start
         store._watches.add(self)
         try:
-            await self._connect()
+            try:
+                await self._connect()
+            except MemberHungError:
+                await self._connect()  # once more, on the member the client moved to
         except BaseException:
             store._watches.discard(self)
             raise
@@ -560,7 +594,12 @@ class _EtcdWatch(Watch):
             with anyio.fail_after(client.timeout):
                 await call.write(rpc_pb2.WatchRequest(create_request=create))
                 while True:
-                    response = await call.read()
+                    read = asyncio.ensure_future(call.read())
+                    read.add_done_callback(_retrieve)
+                    await client.wait_answer(channel, read)  # MemberHungError: try the next
+                    if read.cancelled():  # the channel was replaced: its member hung
+                        raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: hung")
+                    response = read.result()
                     if response is grpc.aio.EOF:
                         raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: EOF")
                     if response.created:
@@ -651,7 +690,12 @@ class _EtcdWatch(Watch):
                 read = self._read = asyncio.ensure_future(call.read())
                 read.add_done_callback(_retrieve)
             try:
-                response = await asyncio.shield(read)
+                # Events may be rare: a silent member is pinged, and left if it is hung.
+                await self._store.client.wait_answer(self._channel, read)
+                response = read.result()
+            except MemberHungError:
+                self._drop()  # resumed on another member from _next_revision: nothing skipped
+                continue
             except grpc.aio.AioRpcError as exc:
                 if self._error is not None:
                     raise self._error from None
@@ -693,43 +737,36 @@ def _retrieve(read: asyncio.Future[Any]) -> None:
 
 
 async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdStore:
-    """Opener for ``etcd://[user:password@]host:port[,host:port...][?option=value...]``.
+    """Opener for ``etcd://[user@]host:port[,host:port...][?option=value...]``.
 
     ``etcds://`` uses TLS. Options (keyword arguments of ``open_store`` or query parameters):
-    ``timeout``, ``connect_timeout``, ``watch_reconnect_timeout``, ``username``, ``password``,
-    ``ca_file``, ``cert_file``, ``key_file``, ``server_name``, ``tls`` (force TLS on ``etcd://``).
+    ``timeout``, ``connect_timeout``, ``watch_reconnect_timeout``, ``ping_after``,
+    ``ping_timeout``, ``username``, ``password``, ``password_file``, ``ca_file``, ``cert_file``,
+    ``key_file``, ``server_name``, ``tls`` (force TLS on ``etcd://``). A user without a password
+    takes it from ``password_file``, else ``$AIOELASTIC_ETCD_PASSWORD``, else the file named by
+    ``$AIOELASTIC_ETCD_PASSWORD_FILE`` (a password in the URL works too, but shows in ``ps``
+    wherever the URL is an argument). Messages never show the password.
     """
-    url = parts.geturl()
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
+    shown = redact_url(parts.geturl())
+    userinfo, at, hosts = parts.netloc.rpartition("@")
     if parts.path not in ("", "/") or parts.fragment:
-        raise ValueError(f"etcd URL must be etcd://host:port[,host:port...], got {url!r}")
+        raise ValueError(f"etcd URL must be etcd://host:port[,host:port...], got {shown!r}")
     endpoints = [h for h in hosts.split(",") if h.strip()]
     if not endpoints:
-        raise ValueError(f"etcd URL must name at least one host:port, got {url!r}")
+        raise ValueError(f"etcd URL must name at least one host:port, got {shown!r}")
     opts: dict[str, Any] = dict(
         parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     )
     opts.update(options)
     if at:
-        user, _, password = userinfo.partition(":")
+        user, colon, password = userinfo.partition(":")
         opts.setdefault("username", unquote(user))
-        opts.setdefault("password", unquote(password))
-    known = {
-        "timeout",
-        "connect_timeout",
-        "watch_reconnect_timeout",
-        "username",
-        "password",
-        "ca_file",
-        "cert_file",
-        "key_file",
-        "server_name",
-        "tls",
-    }
-    unknown = set(opts) - known
+        if colon:
+            opts.setdefault("password", unquote(password))
+    unknown = set(opts) - _OPTIONS
     if unknown:
         raise TypeError(f"unknown option(s) for the etcd store: {sorted(unknown)}")
+    _resolve_password(opts)
     tls_flag = opts.pop("tls", parts.scheme == "etcds")
     if isinstance(tls_flag, str):
         tls_flag = tls_flag.lower() in ("1", "true", "yes", "on")
@@ -737,7 +774,7 @@ async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdSt
         k: opts.pop(k) for k in ("ca_file", "cert_file", "key_file", "server_name") if k in opts
     }
     tls = TLSConfig(**tls_fields) if (tls_flag or tls_fields) else None
-    for name in ("timeout", "connect_timeout", "watch_reconnect_timeout"):
+    for name in _SECONDS:
         if isinstance(opts.get(name), str):
             try:
                 opts[name] = float(opts[name])
@@ -753,3 +790,42 @@ async def open_etcd_store(parts: SplitResult, options: dict[str, Any]) -> EtcdSt
             await store.aclose()
             raise
     return store
+
+
+_SECONDS = ("timeout", "connect_timeout", "watch_reconnect_timeout", "ping_after", "ping_timeout")
+_OPTIONS = frozenset(
+    {
+        *_SECONDS,
+        "username",
+        "password",
+        "password_file",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "server_name",
+        "tls",
+    }
+)
+
+
+def _resolve_password(opts: dict[str, Any]) -> None:
+    """Fill in ``password`` for a ``username`` from ``password_file`` or the environment."""
+    password_file = opts.pop("password_file", None)
+    if password_file is not None:
+        if opts.get("password") is not None:
+            raise ValueError("give the etcd password or password_file, not both")
+        opts["password"] = read_secret_file(password_file, "etcd password")
+    if opts.get("username") is None or opts.get("password") is not None:
+        return
+    env_password = os.environ.get(ETCD_PASSWORD_ENV)
+    env_file = os.environ.get(ETCD_PASSWORD_FILE_ENV)
+    if env_password:
+        opts["password"] = env_password
+    elif env_file:
+        opts["password"] = read_secret_file(env_file, f"etcd password (${ETCD_PASSWORD_FILE_ENV})")
+    else:
+        raise ValueError(
+            f"etcd user {opts['username']!r} needs a password: give password_file= (the "
+            f"command-line tools: --password-file), or set ${ETCD_PASSWORD_ENV} or "
+            f"${ETCD_PASSWORD_FILE_ENV}"
+        )

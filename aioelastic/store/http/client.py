@@ -46,6 +46,8 @@ __all__ = ["HttpStore", "open_http_store"]
 
 #: Environment variable read for the bearer token when no ``token``/``token_file`` is given.
 TOKEN_ENV = "AIOELASTIC_TOKEN"
+#: ... else a file holding the token (what an agent gives its workers).
+TOKEN_FILE_ENV = "AIOELASTIC_TOKEN_FILE"
 
 
 def _ssl_context(ssl: _ssl.SSLContext | bool) -> _ssl.SSLContext:
@@ -393,6 +395,10 @@ async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpSt
         if options.get("token") is not None:
             raise ValueError("give token or token_file, not both")
         options["token"] = read_token_file(token_file)
+    elif options.get("token") is None and not os.environ.get(TOKEN_ENV):
+        env_file = os.environ.get(TOKEN_FILE_ENV)  # how an agent hands its workers the token
+        if env_file:
+            options["token"] = read_token_file(env_file)
     cafile = options.pop("cafile", None)
     verify = options.pop("verify", True)
     if "ssl" not in options and (cafile is not None or verify is False):
