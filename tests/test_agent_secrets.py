@@ -361,6 +361,6 @@ def test_status_takes_the_http_token_from_a_file_or_the_environment(
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     if how == "none":
-        assert "(HTTP 401)" in done.stderr, done.stderr
+        assert "refused the token" in done.stderr, done.stderr
     else:  # authenticated, and found no such run
         assert "no rendezvous state for run id 'nobody'" in done.stderr, done.stderr
