@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..store import open_store
+from ._addr import looked_up_default_addr
 from .api import RendezvousHandler, RendezvousParameters, handler_registry
 from .dynamic import DEFAULTS, DynamicRendezvousHandler
 from .static import StaticRendezvousHandler
@@ -160,7 +161,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
     options = _dynamic_options(params)
     store = await _open(params)
     try:
-        return DynamicRendezvousHandler(
+        handler = DynamicRendezvousHandler(
             store,
             params.run_id,
             params.min_nodes,
@@ -169,6 +170,9 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
             backend=params.backend,
             owns_store=True,
         )
+        if params.local_addr is None:
+            await looked_up_default_addr()  # the lookup the handler started, off the loop
+        return handler
     except BaseException:
         await store.aclose()
         raise
@@ -208,9 +212,12 @@ async def _create_static(params: RendezvousParameters) -> RendezvousHandler:
     rank = options.pop("rank")
     store = await _open(params)
     try:
-        return StaticRendezvousHandler(
+        handler = StaticRendezvousHandler(
             store, params.run_id, rank, params.max_nodes, **options, owns_store=True
         )
+        if options["local_addr"] is None and options["master_addr"] is None:
+            await looked_up_default_addr()  # the lookup the handler started, off the loop
+        return handler
     except BaseException:
         await store.aclose()
         raise
