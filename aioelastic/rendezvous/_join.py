@@ -169,7 +169,7 @@ class JoinCoordinator:
                 return self._completed(latest, ctl.round_kv.mod_revision)
             target = 0 if latest is None else latest.round + 1
             if not blocked and self.record_round != target:
-                self.standby = await self._is_standby(latest)
+                self.standby = await _arrives_as_standby(self._h, latest)
                 await self._register(target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
             if not tasks.event_ready():
@@ -183,7 +183,7 @@ class JoinCoordinator:
                 not blocked
                 and tasks.driver is None
                 and self._driven != target
-                and await self._claim_driver(ctl, target, keeper)
+                and await _claim_driver(self._h, ctl, target, keeper)
             ):
                 self._driven = target
                 self._driver = RoundDriver(self._h, target, ctl.round_kv)
@@ -210,7 +210,7 @@ class JoinCoordinator:
         blocked = ctl.closed is not None and self.closed_by(ctl.closed)
         if blocked and ctl.closed_kv is not None:
             if h._reopen_closed and self.is_new() and not h._closed_seen:
-                await self._reopen(ctl.closed_kv)  # its write arrives as an event
+                await _reopen(self._h, ctl.closed_kv)  # its write arrives as an event
             else:
                 h._closed_seen = True
                 if self.standby:
@@ -266,30 +266,6 @@ class JoinCoordinator:
 
     # -- the writes of a join
 
-    async def _is_standby(self, latest: RoundRecord | None) -> bool:
-        """Whether this node arrives as a standby: the latest round is full and all alive."""
-        h = self._h
-        if latest is None or len(latest.members) < h._max or latest.rank_of(h.node_id) is not None:
-            return False
-        live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
-        return live.count >= h._max
-
-    async def _reopen(self, closed: KeyValue) -> None:
-        """Clear a close (``reopen_closed``): drop the closed generation's records, then the
-        close record itself, both only if written before the close we saw."""
-        store, keys = self._h._store, self._h._keys
-        for kv in await store.range(keys.nodes):
-            if kv.mod_revision < closed.mod_revision:
-                await store.compare_and_delete(kv.key, kv.mod_revision)
-        driver = await store.get(keys.driver)
-        if driver is not None and driver.mod_revision < closed.mod_revision:
-            await store.compare_and_delete(keys.driver, driver.mod_revision)
-        record = ClosedRecord.decode(closed.key, closed.value)
-        reopened = ClosedRecord(record.round, reopened=True).encode()
-        result = await store.compare_and_swap(keys.closed, closed.mod_revision, reopened)
-        if result.succeeded:
-            log.info("run %r was closed; reopened by %s", self._h.run_id, self._h.node_id)
-
     async def _register(self, target: int, keeper: LeaseKeeper) -> None:
         h = self._h
         store, keys, node_id = h._store, h._keys, h.node_id
@@ -309,23 +285,6 @@ class JoinCoordinator:
         old, self.record_round = self.record_round, target
         if old is not None and old != target:  # leave the round we were in
             await store.delete(keys.node(old, node_id))
-
-    async def _claim_driver(self, ctl: ControlView, target: int, keeper: LeaseKeeper) -> bool:
-        current = ctl.driver
-        if current is not None and current.round >= target:
-            # ours from an interrupted join with this lease: drive again
-            return (
-                current.round == target
-                and current.node_id == self._h.node_id
-                and ctl.driver_kv is not None
-                and ctl.driver_kv.lease == keeper.id
-            )
-        expected = 0 if ctl.driver_kv is None else ctl.driver_kv.mod_revision
-        record = DriverRecord(target, self._h.node_id).encode()
-        result = await self._h._store.compare_and_swap(
-            self._h._keys.driver, expected, record, lease=keeper.id
-        )
-        return result.succeeded
 
     async def _withdraw(self, keeper: LeaseKeeper) -> None:
         """Undo a join that did not complete: drop our registration and driver claim."""
@@ -362,7 +321,21 @@ class JoinCoordinator:
             store=h._store.namespace(h._keys.data(record.round)),
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
-        h._round_completed(record, revision, result)
+        h._round, h._round_record, h._result = record.round, record, result
+        h._members.reset(revision)
+        h._stats.completed_at = now = asyncio.get_running_loop().time()
+        started = h._stats.join_started
+        h._emit(
+            "rendezvous.round_completed",
+            round=record.round,
+            rank=rank,
+            world_size=len(record.members),
+            # N members each listing N participants is O(N^2): only for a sink that takes them
+            participants=list(record.members) if h._sink_takes_all() else [],
+            master_addr=record.master_addr,
+            master_port=record.master_port,
+            duration=None if started is None else round(now - started, 6),
+        )
         return result
 
 
@@ -376,3 +349,47 @@ async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
             await asyncio.wait([task])
     if not task.cancelled():
         task.exception()  # retrieved: a failure was raised by the join, or is moot
+
+
+async def _arrives_as_standby(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> bool:
+    """Whether a node arrives as a standby: the latest round is full and all alive."""
+    if latest is None or len(latest.members) < h._max or latest.rank_of(h.node_id) is not None:
+        return False
+    live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
+    return live.count >= h._max
+
+
+async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
+    """Clear a close (``reopen_closed``): drop the closed generation's records, then the close
+    record itself, both only if written before the close we saw."""
+    store, keys = h._store, h._keys
+    for kv in await store.range(keys.nodes):
+        if kv.mod_revision < closed.mod_revision:
+            await store.compare_and_delete(kv.key, kv.mod_revision)
+    driver = await store.get(keys.driver)
+    if driver is not None and driver.mod_revision < closed.mod_revision:
+        await store.compare_and_delete(keys.driver, driver.mod_revision)
+    record = ClosedRecord.decode(closed.key, closed.value)
+    reopened = ClosedRecord(record.round, reopened=True).encode()
+    result = await store.compare_and_swap(keys.closed, closed.mod_revision, reopened)
+    if result.succeeded:
+        log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
+
+
+async def _claim_driver(
+    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
+) -> bool:
+    """Claim ``c/driver`` for ``target`` (bound to the lease); whether this node drives it."""
+    current = ctl.driver
+    if current is not None and current.round >= target:
+        # ours from an interrupted join with this lease: drive again
+        return (
+            current.round == target
+            and current.node_id == h.node_id
+            and ctl.driver_kv is not None
+            and ctl.driver_kv.lease == keeper.id
+        )
+    expected = 0 if ctl.driver_kv is None else ctl.driver_kv.mod_revision
+    record = DriverRecord(target, h.node_id).encode()
+    result = await h._store.compare_and_swap(h._keys.driver, expected, record, lease=keeper.id)
+    return result.succeeded

@@ -53,6 +53,16 @@ def nodes_waiting(live: int, waiting: int, world_size: int, max_nodes: int) -> i
     return waiting
 
 
+async def count_waiting(
+    store: Store, keys: RunKeys, latest: RoundRecord | None, max_nodes: int
+) -> int:
+    """``num_nodes_waiting`` after the ``latest`` round (two counts, nothing decoded)."""
+    if latest is None:
+        return (await store.range(keys.nodes_of(0), limit=1)).count
+    live, waiting = await registrations(store, keys, latest.round)
+    return nodes_waiting(live.count, waiting.count, len(latest.members), max_nodes)
+
+
 class Counts:
     """How many nodes are registered for a member's round (``live``) and for the next
     (``waiting``): counted once, then kept by the member watch's events after each count."""

@@ -60,7 +60,7 @@ from ..errors import (
 from ._addr import prefetch_default_addr
 from ._driver import assign_ranks, log
 from ._join import JoinCoordinator
-from ._membership import MemberWatch, nodes_waiting, registrations
+from ._membership import MemberWatch, count_waiting
 from ._state import ClosedRecord, RoundRecord, RunKeys, check_node_id
 from .api import (
     RendezvousEvent,
@@ -277,26 +277,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 error=None if error is None else f"{type(error).__name__}: {error}",
             )
 
-    def _round_completed(
-        self, record: RoundRecord, revision: int, result: RendezvousResult
-    ) -> None:
-        """A join returns ``result``, of ``record`` (completed at ``revision``)."""
-        self._round, self._round_record, self._result = record.round, record, result
-        self._members.reset(revision)
-        self._stats.completed_at = now = asyncio.get_running_loop().time()
-        started = self._stats.join_started
-        sink_active = not isinstance(self.event_sink, _events.NullSink)
-        self._emit(
-            "rendezvous.round_completed",
-            round=record.round,
-            rank=result.rank,
-            world_size=result.world_size,
-            # N members each listing N participants is O(N^2): only for a sink that takes them
-            participants=list(record.members) if sink_active else [],
-            master_addr=record.master_addr,
-            master_port=record.master_port,
-            duration=None if started is None else round(now - started, 6),
-        )
+    def _sink_takes_all(self) -> bool:
+        return not isinstance(self.event_sink, _events.NullSink)
 
     # -- the public operations
 
@@ -377,10 +359,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._check_usable()
         with self._translate("num_nodes_waiting"):
             latest = await self._latest_round()
-            if latest is None:
-                return (await self._store.range(self._keys.nodes_of(0), limit=1)).count
-            live, waiting = await registrations(self._store, self._keys, latest.round)
-            return nodes_waiting(live.count, waiting.count, len(latest.members), self._max)
+            return await count_waiting(self._store, self._keys, latest, self._max)
 
     async def is_closed(self) -> bool:
         """Whether the run is closed (this handler's own close state is sticky)."""
