@@ -159,3 +159,21 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
         ]
     assert newcomer.statistics().rounds_driven == 1
     await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
+
+
+@virtual_test
+async def test_a_prepared_handler_first_join_is_its_lease_and_registration() -> None:
+    """A registry creator prepares the handler: the view of c/ is read then, not in the join."""
+    engine = MemoryEngine()
+    handler = _handler(engine, 1, 1)
+    log = _log_of(handler)
+    await handler._prepare()
+    assert log.take() == [("range_and_watch", KEYS.ctl)]
+    await handler.next_rendezvous()
+    assert log.take() == [
+        ("lease_grant", ""),
+        ("cas", KEYS.node(0, handler.node_id)),
+        *_driving(handler.node_id, 0),
+    ]
+    await handler.aclose()
+    assert not engine.watcher_count  # the prepared view closed with the handler

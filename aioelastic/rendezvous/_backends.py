@@ -170,8 +170,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
             backend=params.backend,
             owns_store=True,
         )
-        if params.local_addr is None:
-            await looked_up_default_addr()  # the lookup the handler started, off the loop
+        await handler._prepare()  # a first join's one-time work, now
         return handler
     except BaseException:
         await store.aclose()

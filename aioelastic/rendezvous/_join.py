@@ -78,6 +78,14 @@ class JoinCoordinator:
         if self._closing is not None:
             resolve(self._closing)
 
+    async def prepare(self) -> None:
+        """Open the view of ``c/`` now (the store's first connection), for the first join."""
+        if self._kept is None:
+            try:
+                self._kept = await ControlView.open(self._h._store, self._h._keys)
+            except (StoreError, RendezvousError) as exc:  # the join opens it, and reports it
+                log.debug("run %r: the control view did not open early: %s", self._h.run_id, exc)
+
     async def aclose(self) -> None:
         kept, self._kept = self._kept, None
         if kept is not None:
