@@ -23,7 +23,9 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    registers for the next round is ``NODES_WAITING`` for them. ``wait_for_change`` counts the
    registrations once and keeps the counts from its watch's events (no reads per event).
 5. The watch of ``c/`` and the view it keeps outlive a completed join: the next join of the
-   handler starts from them (no watch to open, nothing to read before registering).
+   handler starts from them (no watch to open, nothing to read before registering), and applies
+   what the watch holds before it claims the driver (no claim the watch shows was taken). A
+   handler made by a registry creator opens them when it is created.
 
 Ranks are deterministic: members of the previous round keep their rank when it still fits; the
 others fill the free ranks in order of registration. Nodes beyond ``max_nodes`` stay registered
