@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..store import open_store
 from ..store._secrets import redact_url
+from ._addr import looked_up_default_addr
 from .api import RendezvousHandler, RendezvousParameters, handler_registry
 from .dynamic import DEFAULTS, DynamicRendezvousHandler
 from .static import StaticRendezvousHandler
@@ -187,7 +188,7 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
     options = _dynamic_options(params)
     store = await _open(params)
     try:
-        return DynamicRendezvousHandler(
+        handler = DynamicRendezvousHandler(
             store,
             params.run_id,
             params.min_nodes,
@@ -196,6 +197,8 @@ async def _create_dynamic(params: RendezvousParameters) -> RendezvousHandler:
             backend=params.backend,
             owns_store=True,
         )
+        await handler._prepare()  # a first join's one-time work, now
+        return handler
     except BaseException:
         await store.aclose()
         raise
@@ -235,9 +238,12 @@ async def _create_static(params: RendezvousParameters) -> RendezvousHandler:
     rank = options.pop("rank")
     store = await _open(params)
     try:
-        return StaticRendezvousHandler(
+        handler = StaticRendezvousHandler(
             store, params.run_id, rank, params.max_nodes, **options, owns_store=True
         )
+        if options["local_addr"] is None and options["master_addr"] is None:
+            await looked_up_default_addr()  # the lookup the handler started, off the loop
+        return handler
     except BaseException:
         await store.aclose()
         raise

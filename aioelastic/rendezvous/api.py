@@ -8,14 +8,24 @@ membership events an orchestrator can ``async for`` over instead of polling.
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from ..errors import ConfigError, RendezvousClosedError, RendezvousError
+from ..errors import (
+    ConfigError,
+    LeaseExpiredError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+    StoreError,
+)
 from ..store._secrets import redact_url
 
 if TYPE_CHECKING:
@@ -421,6 +431,21 @@ class _BuiltinHandler(RendezvousHandler):
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    @contextlib.contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        """Store errors become RendezvousConnectionError; errors put the handler in ERROR."""
+        try:
+            yield
+        except (RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError):
+            raise
+        except RendezvousError as exc:
+            self._error = exc
+            raise
+        except (StoreError, LeaseExpiredError) as exc:
+            error = RendezvousConnectionError(f"{what} failed for run {self.run_id!r}: {exc}")
+            self._error = error
+            raise error from exc
 
     def _check_usable(self) -> None:
         if self._handler_closed:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -27,6 +26,7 @@ from ..errors import (
     StoreError,
 )
 from ..store import EventType, LeaseKeeper, Watch
+from ._addr import default_addr, free_port, prefetch_default_addr
 from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys
 from .api import (
     RendezvousEvent,
@@ -35,7 +35,6 @@ from .api import (
     RendezvousStoreInfo,
     _BuiltinHandler,
 )
-from .dynamic import _default_addr, _free_port
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -85,6 +84,8 @@ class StaticRendezvousHandler(_BuiltinHandler):
         self._lease_ttl = float(lease_ttl)
         self._keep_alive_interval = keep_alive_interval
         self._local_addr = local_addr
+        if local_addr is None and master_addr is None:
+            prefetch_default_addr()  # a DNS lookup: in a thread, now, not inside the join
         self._master_addr = master_addr
         self._master_port = master_port
         self._backend = backend
@@ -110,20 +111,6 @@ class StaticRendezvousHandler(_BuiltinHandler):
     def run_id(self) -> str:
         return self._keys.run_id
 
-    @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (RendezvousClosedError, RendezvousTimeoutError):
-            raise
-        except RendezvousError as exc:
-            self._error = exc
-            raise
-        except (StoreError, LeaseExpiredError) as exc:
-            error = RendezvousConnectionError(f"{what} failed for run {self.run_id!r}: {exc}")
-            self._error = error
-            raise error from exc
-
     async def next_rendezvous(self) -> RendezvousResult:
         """Register this rank and wait until every rank has; the one round is round 0."""
         self._check_usable()
@@ -144,9 +131,9 @@ class StaticRendezvousHandler(_BuiltinHandler):
             await keeper.start()
             self._keeper = keeper
         name = self.node_name(self._rank)
-        addr = self._local_addr or _default_addr()
-        port = self._master_port if self._master_port is not None else _free_port()
-        mine = NodeRecord(name, self._master_addr or addr, port)
+        addr = self._master_addr or self._local_addr or default_addr()
+        port = self._master_port if self._master_port is not None else free_port()
+        mine = NodeRecord(name, addr, port)
         key = keys.node(0, name)
         result = await store.compare_and_swap(key, 0, mine.encode(), lease=keeper.id)
         if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):

@@ -1,0 +1,183 @@
+"""The driver of a forming round: it counts the registrations and writes the round record.
+
+One node per round (the one whose claim of ``c/driver`` landed) watches the node records ``n/``,
+keeps a local count, and completes the round at ``max_nodes``, at the last-call deadline after
+``min_nodes``, or at once for a re-form of survivors (``fast_reform``), never while a member of
+the previous round is still in it. It finalises by compare-and-swap of ``c/round`` with the
+members in rank order (:func:`assign_ranks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..store import EventType, KeyValue, Watch, WatchEvent
+from ._state import NodeRecord, RoundRecord
+
+if TYPE_CHECKING:
+    from .dynamic import DynamicRendezvousHandler
+
+log = logging.getLogger("aioelastic.rendezvous")
+
+
+def assign_ranks(
+    candidates: Iterable[tuple[str, int]], previous: tuple[str, ...], max_nodes: int
+) -> tuple[str, ...]:
+    """The members of a round in rank order, from ``(node_id, registration revision)`` pairs.
+
+    Members of the ``previous`` round come first (they are chosen before newcomers when there are
+    more than ``max_nodes`` candidates) and keep their previous rank when it is below the new world
+    size; the other chosen nodes fill the free ranks in order of registration, then node id.
+    """
+    prev_rank = {node: rank for rank, node in enumerate(previous)}
+
+    def priority(item: tuple[str, int]) -> tuple[int, int, str]:
+        node, revision = item
+        rank = prev_rank.get(node)
+        return (0, rank, "") if rank is not None else (1, revision, node)
+
+    chosen = sorted(candidates, key=priority)[:max_nodes]
+    size = len(chosen)
+    slots: list[str | None] = [None] * size
+    rest: list[str] = []
+    for node, _ in chosen:
+        rank = prev_rank.get(node)
+        if rank is not None and rank < size:
+            slots[rank] = node
+        else:
+            rest.append(node)
+    fill = iter(rest)
+    return tuple(slot if slot is not None else next(fill) for slot in slots)
+
+
+class RoundDriver:
+    """Drives round ``target`` for ``handler``: :meth:`run` counts, then finalises.
+
+    ``prev_kv`` is the round record as the joiner last saw it (the finalising compare-and-swap
+    fails harmlessly if it has changed since). ``finalizing`` is True while the driver writes
+    the round (or cleans up after it): the joiner lets it finish then instead of cancelling it.
+    """
+
+    def __init__(
+        self, handler: DynamicRendezvousHandler, target: int, prev_kv: KeyValue | None
+    ) -> None:
+        self._handler = handler
+        self.target = target
+        self._prev_kv = prev_kv
+        self._prev = None if prev_kv is None else RoundRecord.decode(prev_kv.key, prev_kv.value)
+        self._current: dict[str, KeyValue] = {}  # registered for target
+        self._previous: set[str] = set()  # still registered for target - 1 (it must drain)
+        self._newcomers: set[str] = set()  # registered for target, not members of target - 1
+        self.finalizing = False
+
+    def apply(self, type_: EventType, kv: KeyValue) -> None:
+        """Count a node record (from the range, or a watch event newer than it)."""
+        parsed = self._handler._keys.parse_node_key(kv.key)
+        if parsed is None:
+            return
+        round_, node = parsed
+        if round_ == self.target:
+            if type_ is EventType.PUT:
+                NodeRecord.decode(kv.key, kv.value)  # validate on read
+                self._current[node] = kv
+                if self._prev is None or self._prev.rank_of(node) is None:
+                    self._newcomers.add(node)
+            else:
+                self._current.pop(node, None)
+                self._newcomers.discard(node)
+        elif round_ == self.target - 1:
+            if type_ is EventType.PUT:
+                self._previous.add(node)
+            else:
+                self._previous.discard(node)
+
+    async def run(self) -> None:
+        """Count registrations for the round; complete it at max, or at the last-call deadline."""
+        if (-1 if self._prev is None else self._prev.round) != self.target - 1:
+            return  # a newer round completed meanwhile: the joiner sees it on its watch
+        loop = asyncio.get_running_loop()
+        snapshot, events = await self._handler._store.range_and_watch(self._handler._keys.nodes)
+        async with events:
+            for kv in snapshot:
+                self.apply(EventType.PUT, kv)
+            last_call_at: float | None = None
+            while True:
+                now = loop.time()
+                last_call_at = self._window(now, last_call_at)
+                if last_call_at is not None and self._complete_now(now, last_call_at):
+                    await self.finalize()
+                    return
+                event = await self._next_event(events, last_call_at)
+                if event is not None and event.revision > snapshot.revision:
+                    self.apply(event.type, event.kv)
+
+    def _window(self, now: float, last_call_at: float | None) -> float | None:
+        """The last call's deadline once the previous round has drained and ``min_nodes`` have
+        registered; None below that (the window restarts, as torch's)."""
+        handler = self._handler
+        if self._previous or len(self._current) < handler._min:
+            return None
+        if last_call_at is None:
+            last_call_at = now + handler._last_call
+            handler._stats.last_call_deadline = last_call_at
+        return last_call_at
+
+    def _complete_now(self, now: float, last_call_at: float) -> bool:
+        # Once the last round has drained (each member registered again or died), a round of its
+        # survivors only (no newcomer) forms at once when fast_reform is on: the last call would
+        # wait for nodes that are not coming (torchft's fast quorum).
+        return (
+            len(self._current) >= self._handler._max
+            or now >= last_call_at
+            or (self._handler._fast_reform and self._prev is not None and not self._newcomers)
+        )
+
+    @staticmethod
+    async def _next_event(events: Watch, last_call_at: float | None) -> WatchEvent | None:
+        """The next registration change; None when the last call ends first."""
+        if last_call_at is None:
+            return await events.__anext__()
+        delay = max(0.0, last_call_at - asyncio.get_running_loop().time())
+        with anyio.move_on_after(delay):
+            return await events.__anext__()
+        return None
+
+    async def finalize(self) -> bool:
+        """Write the round record (members in rank order, rank 0's address) by compare-and-swap."""
+        handler, prev, current = self._handler, self._prev, self._current
+        store, keys = handler._store, handler._keys
+        members = assign_ranks(
+            ((node, kv.create_revision) for node, kv in current.items()),
+            prev.members if prev is not None else (),
+            handler._max,
+        )
+        rank0 = current[members[0]]
+        master = NodeRecord.decode(rank0.key, rank0.value)
+        record = RoundRecord(self.target, members, master.addr, master.port)
+        expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
+        self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
+        try:
+            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
+                result = await store.compare_and_swap(keys.round, expected, record.encode())
+                if result.succeeded:
+                    handler._stats.rounds_driven += 1
+            if result.succeeded:
+                log.info(
+                    "run %r round %d complete: %d members",
+                    handler.run_id,
+                    self.target,
+                    len(members),
+                )
+                handler._emit(
+                    "rendezvous.round_finalized", round=self.target, world_size=len(members)
+                )
+                if self.target > 0:  # the previous round has drained: its data store is garbage
+                    await store.delete_prefix(keys.data(self.target - 1))
+        finally:
+            self.finalizing = False
+        return result.succeeded

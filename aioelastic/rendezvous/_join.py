@@ -1,0 +1,403 @@
+"""The join coordinator of the dynamic rendezvous: ``next_rendezvous`` after its checks.
+
+A join follows the control view (:class:`~._control.ControlView`) until a round completes with
+this node in it: it registers for the round after the latest completed one, claims the driver
+when nobody holds it (and then runs :class:`~._driver.RoundDriver`), becomes a standby when the
+latest round is full, reopens a closed run when asked to, and withdraws its registration when
+the join does not complete (an error, a timeout, a cancellation, the handler's close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..errors import (
+    CompactedError,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+    StoreError,
+    WriteOutcomeUnknownError,
+)
+from ._addr import default_addr, free_port
+from ._control import ControlView
+from ._driver import RoundDriver
+from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
+from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
+from .api import RendezvousResult, RendezvousStoreInfo
+
+if TYPE_CHECKING:
+    from ..store import KeyValue, LeaseKeeper
+    from .dynamic import DynamicRendezvousHandler
+
+log = logging.getLogger("aioelastic.rendezvous")
+
+
+class JoinCoordinator:
+    """The joins of ``handler``: its registration, standby state and kept control view.
+
+    ``record_round`` is the round this node's record is registered for (None: none).
+    """
+
+    def __init__(self, handler: DynamicRendezvousHandler) -> None:
+        self._h = handler
+        self.record_round: int | None = None
+        self.standby = False
+        self._kept: ControlView | None = None  # the view of c/, kept from a completed join
+        self._closing: asyncio.Future[None] | None = None  # resolved by interrupt()
+        self._driver: RoundDriver | None = None  # this join's driver, if it drives
+        self._driven: int | None = None  # the round this join's driver ran for
+
+    # -- run and close state
+
+    def is_new(self) -> bool:
+        """Whether this handler has not taken part in the run yet (no round, no registration)."""
+        return self._h._round < 0 and self.record_round is None
+
+    def closed_by(self, record: ClosedRecord) -> bool:
+        """Whether a close record closes the run for this handler.
+
+        A plain close closes it for everyone. After a reopen, it still closes it for the nodes of
+        the closed generation (those that took part in a round up to ``record.round``).
+        """
+        if not record.reopened:
+            return True
+        if self.is_new():
+            return False
+        round_ = self._h._round
+        mine = round_ if self.record_round is None else max(round_, self.record_round)
+        return mine <= record.round
+
+    def interrupt(self) -> None:
+        """The handler is closing: a pending join withdraws and raises."""
+        if self._closing is not None:
+            resolve(self._closing)
+
+    async def prepare(self) -> None:
+        """Open the view of ``c/`` now (the store's first connection), for the first join."""
+        if self._kept is None:
+            try:
+                self._kept = await ControlView.open(self._h._store, self._h._keys)
+            except (StoreError, RendezvousError) as exc:  # the join opens it, and reports it
+                log.debug("run %r: the control view did not open early: %s", self._h.run_id, exc)
+
+    async def aclose(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            await kept.aclose()
+        self.record_round = None
+
+    # -- a join
+
+    async def join(self) -> RendezvousResult:
+        """Take part in rounds under this node's lease until one completes with it.
+
+        The view of ``c/`` and its watch outlive a completed join: the next join goes on from
+        them, without opening a watch or reading ``c/`` again. A first join opens the watch and
+        reads ``c/`` while the lease is granted (one round trip less).
+        """
+        h = self._h
+        loop = asyncio.get_running_loop()
+        h._stats.joins += 1
+        h._stats.join_started = loop.time()
+        deadline = loop.time() + h._join_timeout
+        ctl, self._kept = self._kept, None
+        completed = False
+        granting = None
+        if h._keeper is None or h._keeper.lost:
+            granting = loop.create_task(self._grant_lease(), name="aioelastic-rdzv-lease")
+        try:
+            try:
+                if ctl is None:
+                    ctl = await ControlView.open(h._store, h._keys)
+                keeper = await granting if granting is not None else h._keeper
+            finally:
+                await _settle(granting)
+            assert keeper is not None
+            with keeper.guard():  # our records vanish with the lease: stop waiting then
+                result = await self._take_part(keeper, ctl, deadline)
+            completed = True
+            return result
+        finally:
+            if ctl is not None:
+                if completed and ctl.usable and not h._handler_closed:
+                    self._kept = ctl
+                else:
+                    await ctl.aclose()
+
+    async def _grant_lease(self) -> LeaseKeeper:
+        h = self._h
+        keeper = h._keeper
+        if keeper is not None:  # lost: our records went with it
+            self.record_round = None
+            await keeper.aclose(revoke=False)
+        keeper = h._store.lease(h._lease_ttl, keep_alive_interval=h._keep_alive_interval)
+        await keeper.start()
+        keeper.on_lost(h._on_lease_lost)
+        h._keeper = keeper
+        return keeper
+
+    async def _take_part(
+        self, keeper: LeaseKeeper, ctl: ControlView, deadline: float
+    ) -> RendezvousResult:
+        loop = asyncio.get_running_loop()
+        if self._closing is None:
+            self._closing = loop.create_future()
+        closing = self._closing
+        if self._h._handler_closed:
+            resolve(closing)  # aclose() came before the future existed (lease grant)
+        self._driver = self._driven = None
+        result: RendezvousResult | None = None
+        tasks = JoinTasks(ctl.watch)  # control events are read from now on, also while we write
+        timed_out: asyncio.Future[None] = loop.create_future()  # one timer, not one per wait
+        timer = loop.call_at(deadline, resolve, timed_out, context=WAKE_CONTEXT)
+        try:
+            while (result := await self._step(keeper, ctl, tasks)) is None:
+                await self._wait(tasks, closing, timed_out)
+            return result
+        finally:
+            timer.cancel()
+            await self._end(tasks, ctl, keeper, completed=result is not None)
+
+    async def _step(
+        self, keeper: LeaseKeeper, ctl: ControlView, tasks: JoinTasks
+    ) -> RendezvousResult | None:
+        """Act on the view: the completed round with this node in it, or register and claim."""
+        while True:
+            await self._apply_read(ctl, tasks)
+            blocked = await self._check_closed(ctl)
+            latest = ctl.round
+            if self._is_mine(latest) and ctl.round_kv is not None:
+                assert latest is not None
+                return self._completed(latest, ctl.round_kv.mod_revision)
+            target = 0 if latest is None else latest.round + 1
+            if not blocked and self.record_round != target:
+                self.standby = await _arrives_as_standby(self._h, latest)
+                await self._register(target, keeper)
+            tasks.driver_failed()  # a driver that failed fails the join
+            if not tasks.event_ready():
+                await anyio.lowlevel.checkpoint()  # let the watch hand over what it holds
+            if tasks.event_ready():
+                # An event arrived (or was buffered in a kept watch) while we registered: apply
+                # it before deciding to claim the driver, so that nodes joining together do not
+                # all send a claim doomed to fail once the first one has landed.
+                continue
+            if (
+                not blocked
+                and tasks.driver is None
+                and self._driven != target
+                and await _claim_driver(self._h, ctl, target, keeper)
+            ):
+                self._driven = target
+                self._driver = RoundDriver(self._h, target, ctl.round_kv)
+                tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
+            return None
+
+    async def _apply_read(self, ctl: ControlView, tasks: JoinTasks) -> None:
+        """Apply the control event read, if one is, and read the next."""
+        if not tasks.event_ready():
+            return
+        try:
+            event = tasks.event()
+        except CompactedError:
+            await ctl.resync(self._h._store)
+            tasks.retarget(ctl.watch)
+            return
+        assert event is not None
+        ctl.apply_event(event)
+        tasks.read()
+
+    async def _check_closed(self, ctl: ControlView) -> bool:
+        """Whether the view shows a close of the run: raise, or reopen it (``reopen_closed``)."""
+        h = self._h
+        blocked = ctl.closed is not None and self.closed_by(ctl.closed)
+        if blocked and ctl.closed_kv is not None:
+            if h._reopen_closed and self.is_new() and not h._closed_seen:
+                await _reopen(self._h, ctl.closed_kv)  # its write arrives as an event
+            else:
+                h._closed_seen = True
+                if self.standby:
+                    raise RendezvousGracefulExitError(
+                        f"the rendezvous {h.run_id!r} closed while this node was a standby"
+                    )
+                raise RendezvousClosedError(f"the rendezvous {h.run_id!r} is closed")
+        return blocked
+
+    def _is_mine(self, latest: RoundRecord | None) -> bool:
+        """Whether ``latest`` is the round this node registered for and was chosen in."""
+        return (
+            latest is not None
+            and latest.round > self._h._round
+            and latest.round == self.record_round
+            and latest.rank_of(self._h.node_id) is not None
+        )
+
+    async def _wait(
+        self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
+    ) -> None:
+        """Wait for a control event, the driver's end, the handler's close or the deadline."""
+        h = self._h
+        timing = not self.standby  # a standby waits without a join timeout
+        await first_done([*tasks.futures(), closing, *([timed_out] if timing else [])])
+        if closing.done():
+            raise RendezvousClosedError(
+                f"the rendezvous handler for {h.run_id!r} was closed while joining"
+            )
+        if timing and timed_out.done():
+            raise RendezvousTimeoutError(
+                f"the rendezvous {h.run_id!r} did not complete within "
+                f"join_timeout={h._join_timeout}s"
+            )
+
+    async def _end(
+        self, tasks: JoinTasks, ctl: ControlView, keeper: LeaseKeeper, *, completed: bool
+    ) -> None:
+        # Our driver wrote the round record we read, and the store's answer to that write can
+        # arrive after the watch event (etcd, http): let it finish (count the round, drop the
+        # previous round's data) instead of cancelling it mid-write. (A driver still counting
+        # lost the round to an earlier driver: it is cancelled.)
+        finishing = completed and self._driver is not None and self._driver.finalizing
+        unread = await tasks.aclose(let_driver_finish=self._h._close_timeout if finishing else None)
+        self._driver = None
+        # an event read but not applied: the view must not miss it (the watch is kept)
+        if isinstance(unread, BaseException):
+            ctl.usable = False
+        elif unread is not None:
+            ctl.apply_event(unread)
+        if not completed:
+            await self._withdraw(keeper)
+
+    # -- the writes of a join
+
+    async def _register(self, target: int, keeper: LeaseKeeper) -> None:
+        h = self._h
+        store, keys, node_id = h._store, h._keys, h.node_id
+        addr = h._local_addr or default_addr()
+        record = NodeRecord(node_id, addr, free_port()).encode()
+        try:
+            key = keys.node(target, node_id)
+            result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+        except WriteOutcomeUnknownError:
+            self.record_round = target  # it may have applied: a withdrawal deletes it
+            raise
+        if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
+            raise RendezvousError(
+                f"node id {node_id!r} is already registered for round {target} of "
+                f"{h.run_id!r} by another live handler"
+            )
+        old, self.record_round = self.record_round, target
+        if old is not None and old != target:  # leave the round we were in
+            await store.delete(keys.node(old, node_id))
+
+    async def _withdraw(self, keeper: LeaseKeeper) -> None:
+        """Undo a join that did not complete: drop our registration and driver claim."""
+        h = self._h
+        if keeper.lost or h._store.closed:
+            self.record_round = None
+            return
+        store, keys = h._store, h._keys
+        with anyio.move_on_after(h._close_timeout, shield=True):
+            try:
+                # our registration, and our record as a member of the round we were leaving
+                for round_ in {self.record_round, h._round} - {None, -1}:
+                    assert round_ is not None
+                    await store.delete(keys.node(round_, h.node_id))
+                self.record_round = None
+                kv = await store.get(keys.driver)
+                if kv is not None and kv.lease == keeper.id:
+                    await store.compare_and_delete(keys.driver, kv.mod_revision)
+            except (StoreError, RendezvousError) as exc:
+                log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
+
+    def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
+        h = self._h
+        rank = record.rank_of(h.node_id)
+        assert rank is not None
+        self.standby = False
+        result = RendezvousResult(
+            run_id=h.run_id,
+            round=record.round,
+            rank=rank,
+            world_size=len(record.members),
+            participants=record.members,
+            node_id=h.node_id,
+            store=h._store.namespace(h._keys.data(record.round)),
+            bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
+        )
+        h._round, h._round_record, h._result = record.round, record, result
+        h._members.reset(revision)
+        h._stats.completed_at = now = asyncio.get_running_loop().time()
+        started = h._stats.join_started
+        h._emit(
+            "rendezvous.round_completed",
+            round=record.round,
+            rank=rank,
+            world_size=len(record.members),
+            # N members each listing N participants is O(N^2): only for a sink that takes them
+            participants=list(record.members) if h._sink_takes_all() else [],
+            master_addr=record.master_addr,
+            master_port=record.master_port,
+            duration=None if started is None else round(now - started, 6),
+        )
+        return result
+
+
+async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
+    """End a lease grant the join no longer waits for, and retrieve its outcome."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure was raised by the join, or is moot
+
+
+async def _arrives_as_standby(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> bool:
+    """Whether a node arrives as a standby: the latest round is full and all alive."""
+    if latest is None or len(latest.members) < h._max or latest.rank_of(h.node_id) is not None:
+        return False
+    live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
+    return live.count >= h._max
+
+
+async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
+    """Clear a close (``reopen_closed``): drop the closed generation's records, then the close
+    record itself, both only if written before the close we saw."""
+    store, keys = h._store, h._keys
+    for kv in await store.range(keys.nodes):
+        if kv.mod_revision < closed.mod_revision:
+            await store.compare_and_delete(kv.key, kv.mod_revision)
+    driver = await store.get(keys.driver)
+    if driver is not None and driver.mod_revision < closed.mod_revision:
+        await store.compare_and_delete(keys.driver, driver.mod_revision)
+    record = ClosedRecord.decode(closed.key, closed.value)
+    reopened = ClosedRecord(record.round, reopened=True).encode()
+    result = await store.compare_and_swap(keys.closed, closed.mod_revision, reopened)
+    if result.succeeded:
+        log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
+
+
+async def _claim_driver(
+    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
+) -> bool:
+    """Claim ``c/driver`` for ``target`` (bound to the lease); whether this node drives it."""
+    current = ctl.driver
+    if current is not None and current.round >= target:
+        # ours from an interrupted join with this lease: drive again
+        return (
+            current.round == target
+            and current.node_id == h.node_id
+            and ctl.driver_kv is not None
+            and ctl.driver_kv.lease == keeper.id
+        )
+    expected = 0 if ctl.driver_kv is None else ctl.driver_kv.mod_revision
+    record = DriverRecord(target, h.node_id).encode()
+    result = await h._store.compare_and_swap(h._keys.driver, expected, record, lease=keeper.id)
+    return result.succeeded

@@ -1,0 +1,179 @@
+"""White-box tests of the requests a dynamic join sends to its store, counted one by one.
+
+A join is one round trip where it can be: no request on the join path is there to find out
+something a watch already says. These tests pin the exact requests of a first join, of a rejoin
+that goes on from the kept control watch, and of a rejoin into a round another node drives, on
+the memory store (the backend does not change what the handler asks for). A regression (a read
+added to the join, a doomed driver claim, a second watch of ``c/``) fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
+from aioelastic.rendezvous._state import RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.testing import virtual_test
+
+KEYS = RunKeys("job")
+
+
+class _RequestLog(MemoryStore):
+    """A memory store that logs each request a client would send: ``(operation, key)``.
+
+    ``range_and_watch`` is one request (it is on the http store), not the range and the watch
+    it is made of here.
+    """
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.requests: list[tuple[str, str]] = []
+        self._inside = False
+
+    def _log(self, op: str, key: str) -> None:
+        if not self._inside:
+            self.requests.append((op, key))
+
+    async def _get(self, key: str) -> Any:
+        self._log("get", key)
+        return await super()._get(key)
+
+    async def _range(self, prefix: str, limit: int | None) -> Any:
+        self._log("range", prefix)
+        return await super()._range(prefix, limit)
+
+    async def _put(self, key: str, value: bytes, lease: int) -> Any:
+        self._log("put", key)
+        return await super()._put(key, value, lease)
+
+    async def _delete(self, key: str, prefix: bool) -> Any:
+        self._log("delete_prefix" if prefix else "delete", key)
+        return await super()._delete(key, prefix)
+
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> Any:
+        self._log("cas", key)
+        return await super()._compare_and_swap(key, expected_mod_revision, value, lease)
+
+    async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> Any:
+        self._log("cad", key)
+        return await super()._compare_and_delete(key, expected_mod_revision)
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Any:
+        self._log("watch", prefix)
+        return super()._watch(prefix, start_revision)
+
+    async def _range_and_watch(self, prefix: str) -> Any:
+        self._log("range_and_watch", prefix)
+        self._inside = True
+        try:
+            return await super()._range_and_watch(prefix)
+        finally:
+            self._inside = False
+
+    async def _lease_grant(self, ttl: float) -> Any:
+        self._log("lease_grant", "")
+        return await super()._lease_grant(ttl)
+
+    def take(self) -> list[tuple[str, str]]:
+        requests, self.requests = self.requests, []
+        return requests
+
+
+def _handler(engine: MemoryEngine, min_nodes: int, max_nodes: int) -> DynamicRendezvousHandler:
+    return DynamicRendezvousHandler(
+        _RequestLog(engine), "job", min_nodes, max_nodes, lease_ttl=6.0, last_call_timeout=0
+    )
+
+
+def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
+    store = handler.store
+    assert isinstance(store, _RequestLog)
+    return store
+
+
+def _driving(node: str, round_: int) -> list[tuple[str, str]]:
+    """What driving ``round_`` adds to a join: the claim, the count, the round record."""
+    return [
+        ("cas", KEYS.driver),
+        ("range_and_watch", KEYS.nodes),
+        ("cas", KEYS.round),
+        *([("delete_prefix", KEYS.data(round_ - 1))] if round_ > 0 else []),
+    ]
+
+
+@virtual_test
+async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
+    engine = MemoryEngine()
+    handler = _handler(engine, 1, 1)
+    log = _log_of(handler)
+    me = handler.node_id
+    await handler.next_rendezvous()
+    # the view of c/ and the lease at once; the registration; then the round it drives
+    assert log.take() == [
+        ("range_and_watch", KEYS.ctl),
+        ("lease_grant", ""),
+        ("cas", KEYS.node(0, me)),
+        *_driving(me, 0),
+    ]
+    await handler.next_rendezvous()
+    # the kept watch: no watch to open, nothing read; the registration, leaving the old round
+    assert log.take() == [
+        ("cas", KEYS.node(1, me)),
+        ("delete", KEYS.node(0, me)),
+        *_driving(me, 1),
+    ]
+    await handler.aclose()
+
+
+@virtual_test
+async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -> None:
+    engine = MemoryEngine()
+    members = [_handler(engine, 2, 3) for _ in range(2)]
+    newcomer = _handler(engine, 2, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in members))
+    # a first join beside another: its claim of the driver is not sent once the watch has it
+    drivers = [h for h in members if h.statistics().rounds_driven]
+    (other,) = [h for h in members if h not in drivers]
+    assert _log_of(other).take() == [
+        ("range_and_watch", KEYS.ctl),
+        ("lease_grant", ""),
+        ("cas", KEYS.node(0, other.node_id)),
+    ]
+    for h in members:
+        _log_of(h).take()
+    late = asyncio.ensure_future(newcomer.next_rendezvous())  # it claims the driver of round 1
+    for h in members:
+        assert (await h.wait_for_change()).kind is RendezvousEventKind.NODES_WAITING
+        _log_of(h).take()  # (the member watch's counts: not the join's)
+    await asyncio.gather(*(h.next_rendezvous() for h in members), late)
+    for h in members:
+        # the kept watch already holds the newcomer's claim: no read, no claim, one registration
+        # and the removal of the old one (how a member leaves its round)
+        assert _log_of(h).take() == [
+            ("cas", KEYS.node(1, h.node_id)),
+            ("delete", KEYS.node(0, h.node_id)),
+        ]
+    assert newcomer.statistics().rounds_driven == 1
+    await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
+
+
+@virtual_test
+async def test_a_prepared_handler_first_join_is_its_lease_and_registration() -> None:
+    """A registry creator prepares the handler: the view of c/ is read then, not in the join."""
+    engine = MemoryEngine()
+    handler = _handler(engine, 1, 1)
+    log = _log_of(handler)
+    await handler._prepare()
+    assert log.take() == [("range_and_watch", KEYS.ctl)]
+    await handler.next_rendezvous()
+    assert log.take() == [
+        ("lease_grant", ""),
+        ("cas", KEYS.node(0, handler.node_id)),
+        *_driving(handler.node_id, 0),
+    ]
+    await handler.aclose()
+    assert not engine.watcher_count  # the prepared view closed with the handler
