@@ -28,8 +28,9 @@ import tempfile
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, assert_never
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
+
+from anyio.abc import AsyncResource
 
 from .. import events as _events
 from ..errors import (
@@ -303,7 +304,7 @@ class _Run:
         return _State.EXIT
 
 
-class ElasticAgent:
+class ElasticAgent(AsyncResource):
     """Runs one node's workers of an elastic job: ``result = await agent.run()``.
 
     ``rendezvous`` is a :class:`~aioelastic.rendezvous.RendezvousParameters` (the agent creates
@@ -389,17 +390,6 @@ class ElasticAgent:
         )
 
     # -- resource
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Kill any worker left, stop the timer server, leave the rendezvous (idempotent)."""

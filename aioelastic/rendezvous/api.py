@@ -12,8 +12,9 @@ import enum
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
+
+from anyio.abc import AsyncResource
 
 from ..errors import ConfigError, RendezvousClosedError, RendezvousError
 
@@ -130,7 +131,7 @@ class RendezvousEvent:
     error: BaseException | None = None
 
 
-class RendezvousHandler(abc.ABC):
+class RendezvousHandler(AsyncResource):
     """The async rendezvous: ``async with handler: result = await handler.next_rendezvous()``.
 
     Status is observable (``status``, ``is_active``, ``has_error``, ``error``). Using a closed
@@ -185,17 +186,6 @@ class RendezvousHandler(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Leave without closing the run: this node's records vanish, the others see it go."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- status
 

@@ -13,10 +13,10 @@ import abc
 import math
 import os
 from collections.abc import Iterable
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import CompactedError, StoreClosedError, StoreTimeoutError
 from ._types import (
@@ -112,7 +112,7 @@ def prefix_end(prefix: str) -> str | None:
 # -- the watch handle ---------------------------------------------------------------------------
 
 
-class Watch(abc.ABC):
+class Watch(AsyncResource):
     """An ordered stream of :class:`WatchEvent` for every key under a prefix.
 
     Use it as ``async with store.watch(prefix) as events: async for event in events: ...``.
@@ -133,14 +133,6 @@ class Watch(abc.ABC):
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self
@@ -186,7 +178,7 @@ class Watch(abc.ABC):
 # -- the store ---------------------------------------------------------------------------------
 
 
-class Store(abc.ABC):
+class Store(AsyncResource):
     """The async key-value store protocol, modelled on etcd v3.
 
     Every key-value carries ``create_revision``, ``mod_revision``, ``version`` and ``lease``; the
@@ -205,17 +197,6 @@ class Store(abc.ABC):
     @property
     def closed(self) -> bool:
         return self._closed
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the client: pending watches end with ``StoreClosedError``; later calls raise it.

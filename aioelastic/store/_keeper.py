@@ -7,10 +7,10 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import (
     LeaseExpiredError,
@@ -45,7 +45,7 @@ class LeaseKeeperStatistics:
     lost: bool
 
 
-class LeaseKeeper:
+class LeaseKeeper(AsyncResource):
     """Grant a lease and keep it alive every ``keep_alive_interval`` (default: TTL / 3).
 
     ``async with store.lease(ttl=5) as lease:`` grants it (``lease.id``) and renews it in a
@@ -112,14 +112,6 @@ class LeaseKeeper:
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Grant the lease and start renewing it."""

@@ -11,10 +11,10 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import (
     CompactedError,
@@ -125,7 +125,7 @@ class HeldLease:
         self.keeper = keeper
         return keeper
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Revoke a private lease (deleting its keys); a shared one is left alone.
 
         Callers shield this from cancellation."""
@@ -140,7 +140,7 @@ class HeldLease:
 Resync = Callable[[], Awaitable[int]]
 
 
-class ResumingWatch:
+class ResumingWatch(AsyncResource):
     """A watch of ``prefix`` that connection errors do not end: what every wait and observer of
     the primitives waits on.
 
@@ -171,17 +171,6 @@ class ResumingWatch:
         self._closed = False
         #: The ``CompactedError`` behind the current :meth:`resync`, if one caused it.
         self.compacted: CompactedError | None = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         self._closed = True
