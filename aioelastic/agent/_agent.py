@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 from anyio.abc import AsyncResource
 
+from .. import _hints
 from .. import events as _events
 from ..errors import (
     RendezvousClosedError,
@@ -45,8 +46,9 @@ from ..rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
     RendezvousResult,
-    _hints,
     create_handler,
+    read_standby_round,
+    store_url_for,
 )
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
 from . import _tmpdirs
@@ -345,8 +347,6 @@ class ElasticAgent(AsyncResource):
         self._handler = rendezvous if isinstance(rendezvous, RendezvousHandler) else None
         self._owns_handler = self._handler is None
         if store_url is None and self._params is not None:
-            from ..rendezvous._backends import store_url_for
-
             url = store_url_for(self._params)
             store_url = None if url.startswith("memory:") else url
         self._store_url = store_url
@@ -830,17 +830,13 @@ class ElasticAgent(AsyncResource):
         max_nodes = getattr(handler, "max_nodes", None)
         if store is None or node is None or not isinstance(max_nodes, int):
             return  # a handler of someone else's: nothing to read
-        from ..rendezvous._state import RoundRecord, RunKeys
-
         try:
-            key = RunKeys(handler.run_id).round
-            kv = await store.get(key)
-            latest = None if kv is None else RoundRecord.decode(key, kv.value)
+            standby = await read_standby_round(store, handler.run_id, node, max_nodes)
         except Exception:  # only an explanation: the join itself reports real errors
             return
-        if latest is not None and len(latest.members) >= max_nodes and node not in latest.members:
+        if standby is not None:
             log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
-            self._emit("agent.standby", round=latest.round, members=len(latest.members))
+            self._emit("agent.standby", round=standby[0], members=standby[1])
 
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from anyio.abc import AsyncResource
 
+from .._checks import check_run_id
 from ..errors import ConfigError, RendezvousClosedError, RendezvousError
 
 if TYPE_CHECKING:
@@ -278,8 +279,7 @@ class RendezvousParameters:
             raise ValueError("backend must be a non-empty string")
         if not isinstance(endpoint, str):
             raise TypeError(f"endpoint must be a str, got {type(endpoint).__name__}")
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError("run_id must be a non-empty string")
+        check_run_id(run_id)  # here, at the edge: a bad id fails before any handler is made
         for name, value in (("min_nodes", min_nodes), ("max_nodes", max_nodes)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")

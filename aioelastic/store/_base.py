@@ -10,7 +10,6 @@ methods validate arguments and the closed state once, here, and the conveniences
 from __future__ import annotations
 
 import abc
-import math
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Self
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Self
 import anyio
 from anyio.abc import AsyncResource
 
+from .._checks import check_timeout, check_ttl
 from ..errors import CompactedError, StoreClosedError, StoreTimeoutError
 from ._types import (
     CasResult,
@@ -71,24 +71,6 @@ def check_int(value: object, name: str, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
-
-
-def check_ttl(ttl: object, name: str = "ttl") -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(ttl).__name__}")
-    if not math.isfinite(ttl) or ttl <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
-    return float(ttl)
-
-
-def check_timeout(timeout: object, name: str = "timeout") -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be >= 0 seconds or None, got {timeout!r}")
-    return float(timeout)
 
 
 def prefix_end(prefix: str) -> str | None:

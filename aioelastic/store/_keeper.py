@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Self
 import anyio
 from anyio.abc import AsyncResource
 
+from .._checks import check_ttl
 from ..errors import (
     LeaseExpiredError,
     LeaseNotFoundError,
@@ -20,7 +21,6 @@ from ..errors import (
     StoreError,
     StoreTimeoutError,
 )
-from ._base import check_ttl
 
 if TYPE_CHECKING:
     from ._base import Store

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from typing import Any
 import anyio
 from anyio.abc import AsyncResource
 
+from .._checks import check_timeout as check_timeout  # the primitives' one validator
 from ..errors import (
     CompactedError,
     LeaseExpiredError,
@@ -51,16 +51,6 @@ def check_name(name: object, what: str = "name") -> str:
     if not name or name.endswith("/"):
         raise ValueError(f"{what} must be a non-empty str not ending in '/', got {name!r}")
     return name
-
-
-def check_timeout(timeout: object, name: str = "timeout") -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be >= 0 seconds or None, got {timeout!r}")
-    return float(timeout)
 
 
 def check_config(config: object) -> LeaseConfig:
