@@ -10,6 +10,10 @@ than a monitor that polls every ``monitor_interval``::
         the run was closed           -> stop the group, CLOSED
         stop requested (SIGTERM)     -> stop the group, leave, INTERRUPTED
 
+The loop is a small state machine (:class:`_State`: JOIN, START, MONITOR, FAILURE, CHANGE,
+EXIT), one method per state, each naming the next; the monitor's verdict is an
+:class:`_Outcome` (an enum mypy checks every branch of, not a string).
+
 A restart always goes through a new rendezvous round, as in torch: the failing node registers for
 the next round, which the other members see as ``NODES_WAITING`` and follow, so the whole job
 restarts together with a fresh ``MASTER_PORT``.
