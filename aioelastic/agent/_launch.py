@@ -27,7 +27,12 @@ log = logging.getLogger("aioelastic.agent")
 
 STATIC_PORT = 29500  # torchrun's --master-port default
 # ConfigError keys that name a flag rather than an --rdzv-conf key
-_KEY_FLAGS = {"rdzv_backend": "--rdzv-backend", "nnodes": "--nnodes", "endpoint": "--rdzv-endpoint"}
+_KEY_FLAGS = {
+    "rdzv_backend": "--rdzv-backend",
+    "nnodes": "--nnodes",
+    "endpoint": "--rdzv-endpoint",
+    "run_id": "--rdzv-id",
+}
 
 
 @dataclass
