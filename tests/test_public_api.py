@@ -63,9 +63,13 @@ def test_importing_the_package_loads_no_optional_backend() -> None:
     import subprocess
     import sys
 
+    # grpc/google: the etcd backend's; aiohttp (yarl, multidict): the http backend's and the
+    # metrics endpoint's; prometheus_client: the agent's metrics; torch: the torchrun plugin's
+    optional = ("grpc", "google", "aiohttp", "yarl", "multidict", "prometheus_client", "torch")
+    packages = ", ".join(["aioelastic", *MODULES[1:]])
     code = (
-        "import sys, aioelastic, aioelastic.store;"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))"
+        f"import sys, {packages};"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {optional!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -106,6 +106,7 @@ def _free_port() -> int:
         (["--event-log-handler", "dynamic_rendezvous", "x.py"], "--event-log-handler", "--events"),
         (["--no-python", "-m", "pkg"], "--no-python", "--module"),
         (["--master-port", "70000", "x.py"], "--master-port", "1..65535"),
+        (["--rdzv-backend", "memory", "--rdzv-id", "job/1", "x.py"], "--rdzv-id", "no '/'"),
     ],
 )
 def test_usage_errors_exit_2_with_runs_usage_and_the_flag(

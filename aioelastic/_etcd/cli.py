@@ -163,7 +163,7 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await server.start()
     except BaseException:
-        await server.stop()
+        await server.aclose()
         raise
     try:
         print(f"etcd with {args.members} member(s) is ready", flush=True)
@@ -187,7 +187,7 @@ async def _serve(args: argparse.Namespace) -> int:
             return 1
         return 0
     finally:
-        await server.stop()
+        await server.aclose()
         print("etcd stopped", flush=True)
 
 

@@ -10,6 +10,10 @@ than a monitor that polls every ``monitor_interval``::
         the run was closed           -> stop the group, CLOSED
         stop requested (SIGTERM)     -> stop the group, leave, INTERRUPTED
 
+The loop is a small state machine (:class:`_State`: JOIN, START, MONITOR, FAILURE, CHANGE,
+EXIT), one method per state, each naming the next; the monitor's verdict is an
+:class:`_Outcome` (an enum mypy checks every branch of, not a string).
+
 A restart always goes through a new rendezvous round, as in torch: the failing node registers for
 the next round, which the other members see as ``NODES_WAITING`` and follow, so the whole job
 restarts together with a fresh ``MASTER_PORT``.
@@ -28,9 +32,11 @@ import tempfile
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
+from anyio.abc import AsyncResource
+
+from .. import _hints
 from .. import events as _events
 from ..errors import (
     RendezvousClosedError,
@@ -44,8 +50,9 @@ from ..rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
     RendezvousResult,
-    _hints,
     create_handler,
+    read_standby_round,
+    store_url_for,
 )
 from ..store._secrets import split_password
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
@@ -239,7 +246,73 @@ class _Stop(Exception):
     """Internal: stop requested while waiting."""
 
 
-class ElasticAgent:
+class _State(enum.Enum):
+    """The states of :meth:`ElasticAgent._run`; each has one method, which names the next::
+
+        JOIN -> START -> MONITOR -> EXIT                        (succeeded, stopped)
+                            |-----> FAILURE -> JOIN              (a restart left)
+                            |          |------> CHANGE           (the failure followed a loss)
+                            |          '------> EXIT             (no restart left)
+                            '-----> CHANGE -> JOIN | EXIT        (re-form | the run was closed)
+
+    JOIN and START go to EXIT when the rendezvous or the spawn cannot go on.
+    """
+
+    JOIN = "join"
+    START = "start"
+    MONITOR = "monitor"
+    FAILURE = "failure"
+    CHANGE = "change"
+    EXIT = "exit"
+
+
+class _Outcome(enum.Enum):
+    """What ended one attempt (the workers of one round), as ``ElasticAgent._monitor`` saw it."""
+
+    SUCCEEDED = "succeeded"  # every local worker exited 0
+    STOPPED = "stopped"  # a stop was requested
+    FAILED = "failed"  # a worker failed (and no loss of a node came with it)
+    CHANGED = "changed"  # a membership change, the run closed, or a rendezvous error
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """An attempt's :class:`_Outcome` with its detail: the failures, or the change."""
+
+    outcome: _Outcome
+    failures: tuple[WorkerFailure, ...] = ()
+    change: RendezvousEvent | BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Run:
+    """What a run carries from state to state."""
+
+    handler: RendezvousHandler
+    rdzv: RendezvousResult | None = None  # the round joined last
+    failures: tuple[WorkerFailure, ...] = ()  # of the last failed attempt
+    history: list[WorkerFailure] = field(default_factory=list)  # of every attempt
+    change: RendezvousEvent | BaseException | None = None  # what CHANGE handles
+    latencies: list[float] = field(default_factory=list)
+    failed_at: float | None = None  # a failure or change was detected then: restart latency
+    restart_reason: str | None = None
+    restarted_from: RendezvousResult | None = None  # the round a counted restart left
+    unreachable_since: float | None = None  # the store failed the joins since then
+    backoff: float = _RETRY_FIRST
+    joined_at: float = 0.0
+    end: tuple[AgentState, int, str] | None = None  # what EXIT reports
+
+    @property
+    def round(self) -> RendezvousResult:
+        assert self.rdzv is not None
+        return self.rdzv
+
+    def finish(self, state: AgentState, code: int, message: str = "") -> _State:
+        self.end = (state, code, message)
+        return _State.EXIT
+
+
+class ElasticAgent(AsyncResource):
     """Runs one node's workers of an elastic job: ``result = await agent.run()``.
 
     ``rendezvous`` is a :class:`~aioelastic.rendezvous.RendezvousParameters` (the agent creates
@@ -285,8 +358,6 @@ class ElasticAgent:
         self._handler = rendezvous if isinstance(rendezvous, RendezvousHandler) else None
         self._owns_handler = self._handler is None
         if store_url is None and self._params is not None:
-            from ..rendezvous._backends import store_url_for
-
             url = store_url_for(self._params)
             store_url = None if url.startswith("memory:") else url
         self._store_url = split_password(store_url)[0] if store_url is not None else None
@@ -331,17 +402,6 @@ class ElasticAgent:
         )
 
     # -- resource
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Kill any worker left, stop the timer server, leave the rendezvous (idempotent)."""
@@ -496,229 +556,279 @@ class ElasticAgent:
         return task.result()
 
     async def _run(self) -> RunResult:
-        spec = self.spec
-        handler = self._handler
-        assert handler is not None
-        history: list[WorkerFailure] = []
-        failures: tuple[WorkerFailure, ...] = ()
-        latencies: list[float] = []
-        failed_at: float | None = None
-        loop = asyncio.get_running_loop()
-
-        def result(state: AgentState, code: int, message: str = "") -> RunResult:
-            self._emit(
-                "agent.finished",
-                state=state.value,
-                exit_code=code,
-                restarts=self.restarts,
-                rounds=self.rounds,
-                message=message,
-            )
-            return RunResult(
-                state,
-                code,
-                failures,
-                tuple(history),
-                self.restarts,
-                self.rounds,
-                message,
-                tuple(latencies),
-            )
-
-        restart_reason: str | None = None
-        restarted_from: RendezvousResult | None = None  # the round a counted restart left
-        unreachable_since: float | None = None  # the store failed the joins since then
-        backoff = _RETRY_FIRST
-
+        """The state machine: each state does its work and names the next (see :class:`_State`)."""
+        assert self._handler is not None
+        run = _Run(self._handler)
+        state = _State.JOIN
         while True:
-            try:
-                log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
-                joined_at = loop.time()
-                rdzv = await self._until_stop(self._join(handler))
-            except _Stop:
-                return self._interrupted(result)
-            except RendezvousGracefulExitError as exc:
-                return result(AgentState.CLOSED, 0, f"the run was closed: {exc}")
-            except RendezvousClosedError as exc:
-                hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
-                return result(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
-            except RendezvousConnectionError as exc:
-                denied = auth_failure(exc)
-                if denied is not None:  # no retry makes credentials right: fail now, say so
-                    return result(
-                        AgentState.FAILED,
-                        1,
-                        f"rendezvous failed: the store refused our credentials: {denied} "
-                        "(http: give the token with --token-file or $AIOELASTIC_TOKEN; etcd: "
-                        "the user in the URL, the password with --password-file or "
-                        "$AIOELASTIC_ETCD_PASSWORD)",
-                    )
-                # The store is unreachable for now: rejoin (a new lease) until the budget is spent.
-                now = loop.time()
-                if unreachable_since is None:
-                    unreachable_since = now
-                    log.warning(
-                        "the rendezvous store at %s does not answer (%s); retrying until it "
-                        "does, for up to %.0f s (rendezvous_retry_timeout), then failing",
-                        self._store_url or handler.get_backend(),
-                        exc,
-                        spec.rendezvous_retry_timeout,
-                    )
-                left = unreachable_since + spec.rendezvous_retry_timeout - now
-                if left <= 0:
-                    return result(
-                        AgentState.FAILED,
-                        1,
-                        f"rendezvous failed: {exc} (the store stayed unreachable for "
-                        f"rendezvous_retry_timeout={spec.rendezvous_retry_timeout}s)",
-                    )
-                delay, backoff = min(backoff, left), min(backoff * 2, _RETRY_MAX)
-                log.warning("rendezvous failed, rejoining in %.2fs: %s", delay, exc)
-                self._emit("agent.rendezvous_retry", error=str(exc), delay=delay)
-                try:
-                    await self._until_stop(asyncio.sleep(delay))  # a backoff, not a poll
-                except _Stop:
-                    return self._interrupted(result)
-                continue
-            except RendezvousError as exc:
-                return result(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
-            unreachable_since, backoff = None, _RETRY_FIRST
-            if restarted_from is not None:
-                self._refund_restart(restarted_from, rdzv)
-                restarted_from = None
-            self.rounds += 1
-            self.round, self.group_rank = rdzv.round, rdzv.rank
-            self.world_size = rdzv.world_size * spec.nproc_per_node
-            if self.metrics is not None:
-                self.metrics.rendezvous_duration.observe(loop.time() - joined_at)
-                self.metrics.round.set(rdzv.round)
-                self.metrics.world_size.set(self.world_size)
-                self.metrics.node_world_size.set(rdzv.world_size)
-            log.info(
-                "round %d: node rank %d of %d node(s), world size %d worker(s), restarts %d/%d",
-                rdzv.round,
-                rdzv.rank,
-                rdzv.world_size,
-                self.world_size,
-                self.restarts,
-                spec.max_restarts,
+            match state:
+                case _State.JOIN:
+                    state = await self._state_join(run)
+                case _State.START:
+                    state = await self._state_start(run)
+                case _State.MONITOR:
+                    state = await self._state_monitor(run)
+                case _State.FAILURE:
+                    state = await self._state_failure(run)
+                case _State.CHANGE:
+                    state = await self._state_change(run)
+                case _State.EXIT:
+                    return self._state_exit(run)
+                case _:  # pragma: no cover - mypy proves every state is handled
+                    assert_never(state)
+
+    async def _state_join(self, run: _Run) -> _State:
+        """JOIN: the next rendezvous round; START, or EXIT when the run cannot go on."""
+        handler = run.handler
+        try:
+            log.info("joining rendezvous %r (%s)", handler.run_id, handler.get_backend())
+            run.joined_at = asyncio.get_running_loop().time()
+            rdzv = await self._until_stop(self._join(handler))
+        except _Stop:
+            return self._interrupted(run)
+        except RendezvousGracefulExitError as exc:
+            return run.finish(AgentState.CLOSED, 0, f"the run was closed: {exc}")
+        except RendezvousClosedError as exc:
+            hint = "" if self.rounds else f"; {_hints.CLOSED_RUN}"  # a stale run id
+            return run.finish(AgentState.CLOSED, 1, f"the run was closed: {exc}{hint}")
+        except RendezvousConnectionError as exc:
+            return await self._unreachable(run, exc)
+        except RendezvousError as exc:
+            return run.finish(AgentState.FAILED, 1, f"rendezvous failed: {exc}")
+        self._joined(run, rdzv)
+        return _State.START
+
+    async def _unreachable(self, run: _Run, exc: RendezvousConnectionError) -> _State:
+        """The store is unreachable for now: rejoin (a new lease) until the budget is spent."""
+        denied = auth_failure(exc)
+        if denied is not None:  # no retry makes credentials right: fail now, say so
+            return run.finish(
+                AgentState.FAILED,
+                1,
+                f"rendezvous failed: the store refused our credentials: {denied} "
+                "(http: give the token with --token-file or $AIOELASTIC_TOKEN; etcd: "
+                "the user in the URL, the password with --password-file or "
+                "$AIOELASTIC_ETCD_PASSWORD)",
             )
-            try:
-                await self._spawn(rdzv)
-            except OSError as exc:
-                return result(AgentState.FAILED, 1, f"could not start the workers: {exc}")
-            ranks = [w.rank for w in self._workers]
+        spec = self.spec
+        now = asyncio.get_running_loop().time()
+        if run.unreachable_since is None:
+            run.unreachable_since = now
+            log.warning(
+                "the rendezvous store at %s does not answer (%s); retrying until it "
+                "does, for up to %.0f s (rendezvous_retry_timeout), then failing",
+                self._store_url or run.handler.get_backend(),
+                exc,
+                spec.rendezvous_retry_timeout,
+            )
+        left = run.unreachable_since + spec.rendezvous_retry_timeout - now
+        if left <= 0:
+            return run.finish(
+                AgentState.FAILED,
+                1,
+                f"rendezvous failed: {exc} (the store stayed unreachable for "
+                f"rendezvous_retry_timeout={spec.rendezvous_retry_timeout}s)",
+            )
+        delay, run.backoff = min(run.backoff, left), min(run.backoff * 2, _RETRY_MAX)
+        log.warning("rendezvous failed, rejoining in %.2fs: %s", delay, exc)
+        self._emit("agent.rendezvous_retry", error=str(exc), delay=delay)
+        try:
+            await self._until_stop(asyncio.sleep(delay))  # a backoff, not a poll
+        except _Stop:
+            return self._interrupted(run)
+        return _State.JOIN
+
+    def _joined(self, run: _Run, rdzv: RendezvousResult) -> None:
+        """A round was formed: the bookkeeping (refund, counters, metrics) and its log line."""
+        spec = self.spec
+        run.rdzv = rdzv
+        run.unreachable_since, run.backoff = None, _RETRY_FIRST
+        if run.restarted_from is not None:
+            self._refund_restart(run.restarted_from, rdzv)
+            run.restarted_from = None
+        self.rounds += 1
+        self.round, self.group_rank = rdzv.round, rdzv.rank
+        self.world_size = rdzv.world_size * spec.nproc_per_node
+        if self.metrics is not None:
+            elapsed = asyncio.get_running_loop().time() - run.joined_at
+            self.metrics.rendezvous_duration.observe(elapsed)
+            self.metrics.round.set(rdzv.round)
+            self.metrics.world_size.set(self.world_size)
+            self.metrics.node_world_size.set(rdzv.world_size)
+        log.info(
+            "round %d: node rank %d of %d node(s), world size %d worker(s), restarts %d/%d",
+            rdzv.round,
+            rdzv.rank,
+            rdzv.world_size,
+            self.world_size,
+            self.restarts,
+            spec.max_restarts,
+        )
+
+    async def _state_start(self, run: _Run) -> _State:
+        """START: spawn the local workers of the round; MONITOR, or EXIT when they cannot start."""
+        rdzv = run.round
+        try:
+            await self._spawn(rdzv)
+        except OSError as exc:
+            return run.finish(AgentState.FAILED, 1, f"could not start the workers: {exc}")
+        ranks = [w.rank for w in self._workers]
+        self._emit(
+            "agent.workers_started",
+            round=rdzv.round,
+            group_rank=rdzv.rank,
+            world_size=self.world_size,
+            ranks=ranks,
+            pids=self.worker_pids,
+            restarts=self.restarts,
+        )
+        if run.failed_at is not None:
+            run.latencies.append(asyncio.get_running_loop().time() - run.failed_at)
+            run.failed_at = None
+            log.info("restarted in %.3f s", run.latencies[-1])
             self._emit(
-                "agent.workers_started",
+                "agent.workers_restarted",
                 round=rdzv.round,
-                group_rank=rdzv.rank,
-                world_size=self.world_size,
-                ranks=ranks,
-                pids=self.worker_pids,
+                reason=run.restart_reason,
                 restarts=self.restarts,
+                max_restarts=self.spec.max_restarts,
+                latency=round(run.latencies[-1], 6),
             )
-            if failed_at is not None:
-                latencies.append(loop.time() - failed_at)
-                failed_at = None
-                log.info("restarted in %.3f s", latencies[-1])
-                self._emit(
-                    "agent.workers_restarted",
-                    round=rdzv.round,
-                    reason=restart_reason,
-                    restarts=self.restarts,
-                    max_restarts=spec.max_restarts,
-                    latency=round(latencies[-1], 6),
-                )
-            log.info(
-                "round %d: %d worker(s) up (ranks %d-%d)",
-                rdzv.round,
-                len(ranks),
-                min(ranks),
-                max(ranks),
-            )
-            outcome, detail = await self._monitor(rdzv)
-            if outcome == "succeeded":
+        log.info(
+            "round %d: %d worker(s) up (ranks %d-%d)",
+            rdzv.round,
+            len(ranks),
+            min(ranks),
+            max(ranks),
+        )
+        return _State.MONITOR
+
+    async def _state_monitor(self, run: _Run) -> _State:
+        """MONITOR: wait for what ends the attempt; each :class:`_Outcome` has its next state."""
+        rdzv = run.round
+        attempt = await self._monitor(rdzv)
+        match attempt.outcome:
+            case _Outcome.SUCCEEDED:
                 log.info("round %d: all local workers succeeded", rdzv.round)
                 await self._exit_barrier(rdzv)
-                return result(AgentState.SUCCEEDED, 0)
-            if outcome == "stop":
+                return run.finish(AgentState.SUCCEEDED, 0)
+            case _Outcome.STOPPED:
                 await self._stop_workers()
-                return self._interrupted(result)
-            if outcome == "failed":
-                failed_at = loop.time()
-                failures = tuple(detail)
-                history.extend(failures)
-                for failure in failures:
-                    log.error("worker failed: %s", failure.describe())
-                    self._emit(
-                        "agent.worker_failed",
-                        round=failure.round,
-                        rank=failure.rank,
-                        local_rank=failure.local_rank,
-                        pid=failure.pid,
-                        exitcode=failure.exitcode,
-                        signal=failure.signal_name,
-                        reaped_scope=failure.reaped_scope,
-                        log_path=failure.log_path,
-                    )
-                if self.metrics is not None:
-                    self.metrics.failures.inc(len(failures))
-                await self._stop_workers()
-                loss = None
-                if self.restarts >= spec.max_restarts:
-                    loss = await self._loss_within(rdzv)
-                if loss is not None:
-                    log.info(
-                        "round %d: the worker failure(s) followed %s: re-forming, not counted "
-                        "as a restart",
-                        rdzv.round,
-                        _describe_event(loss),
-                    )
-                    detail = loss
-                elif self.restarts >= spec.max_restarts:
-                    log.error(
-                        "no restart left (max restarts %d): closing the run", spec.max_restarts
-                    )
-                    await self._close_run(handler)
-                    return result(
-                        AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted"
-                    )
-                else:
-                    self.restarts += 1
-                    restarted_from = rdzv
-                    if self.metrics is not None:
-                        self.metrics.restarts.inc()
-                    restart_reason = "worker_failed"
-                    log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
-                    continue
-            event: RendezvousEvent | BaseException = detail
-            if isinstance(event, RendezvousEvent) and event.kind is RendezvousEventKind.CLOSED:
-                log.info("round %d: the run was closed: stopping the workers", rdzv.round)
-                await self._stop_workers()
-                return result(AgentState.CLOSED, 1, "the run was closed by another node")
-            log.info(
-                "round %d: %s: stopping the workers to re-rendezvous",
-                rdzv.round,
-                _describe_event(event),
-            )
-            failed_at = loop.time()
-            restart_reason = "membership_change"
-            self._emit(
-                "agent.membership_change",
-                round=rdzv.round,
-                change=_describe_event(event),
-                event=event.kind.value if isinstance(event, RendezvousEvent) else "ERROR",
-            )
-            if self.metrics is not None:
-                self.metrics.reformations.inc()
-            await self._stop_workers()
+                return self._interrupted(run)
+            case _Outcome.FAILED:
+                run.failures = attempt.failures
+                return _State.FAILURE
+            case _Outcome.CHANGED:
+                assert attempt.change is not None
+                run.change = attempt.change
+                return _State.CHANGE
+            case _:  # pragma: no cover - mypy proves every outcome is handled
+                assert_never(attempt.outcome)
 
-    def _interrupted(self, result: Any) -> RunResult:
+    async def _state_failure(self, run: _Run) -> _State:
+        """FAILURE: stop the group; a loss of a node explains it (CHANGE), else restart (JOIN)
+        or, with no restart left, close the run (EXIT)."""
+        spec, rdzv = self.spec, run.round
+        run.failed_at = asyncio.get_running_loop().time()
+        self._record_failures(run)
+        await self._stop_workers()
+        loss = None
+        if self.restarts >= spec.max_restarts:
+            loss = await self._loss_within(rdzv)
+        if loss is not None:
+            log.info(
+                "round %d: the worker failure(s) followed %s: re-forming, not counted as a restart",
+                rdzv.round,
+                _describe_event(loss),
+            )
+            run.change = loss
+            return _State.CHANGE
+        if self.restarts >= spec.max_restarts:
+            log.error("no restart left (max restarts %d): closing the run", spec.max_restarts)
+            await self._close_run(run.handler)
+            return run.finish(AgentState.FAILED, 1, f"max restarts ({spec.max_restarts}) exhausted")
+        self.restarts += 1
+        run.restarted_from = rdzv
+        if self.metrics is not None:
+            self.metrics.restarts.inc()
+        run.restart_reason = "worker_failed"
+        log.info("restarting the workers (%d/%d)", self.restarts, spec.max_restarts)
+        return _State.JOIN
+
+    def _record_failures(self, run: _Run) -> None:
+        """The attempt's failures into the history, the log, the events and the metrics."""
+        run.history.extend(run.failures)
+        for failure in run.failures:
+            log.error("worker failed: %s", failure.describe())
+            self._emit(
+                "agent.worker_failed",
+                round=failure.round,
+                rank=failure.rank,
+                local_rank=failure.local_rank,
+                pid=failure.pid,
+                exitcode=failure.exitcode,
+                signal=failure.signal_name,
+                reaped_scope=failure.reaped_scope,
+                log_path=failure.log_path,
+            )
+        if self.metrics is not None:
+            self.metrics.failures.inc(len(run.failures))
+
+    async def _state_change(self, run: _Run) -> _State:
+        """CHANGE: the membership changed (or the rendezvous failed): stop the group gracefully
+        and re-rendezvous (JOIN); a closed run ends (EXIT)."""
+        rdzv, event = run.round, run.change
+        assert event is not None
+        if isinstance(event, RendezvousEvent) and event.kind is RendezvousEventKind.CLOSED:
+            log.info("round %d: the run was closed: stopping the workers", rdzv.round)
+            await self._stop_workers()
+            return run.finish(AgentState.CLOSED, 1, "the run was closed by another node")
+        log.info(
+            "round %d: %s: stopping the workers to re-rendezvous",
+            rdzv.round,
+            _describe_event(event),
+        )
+        run.failed_at = asyncio.get_running_loop().time()
+        run.restart_reason = "membership_change"
+        self._emit(
+            "agent.membership_change",
+            round=rdzv.round,
+            change=_describe_event(event),
+            event=event.kind.value if isinstance(event, RendezvousEvent) else "ERROR",
+        )
+        if self.metrics is not None:
+            self.metrics.reformations.inc()
+        await self._stop_workers()
+        return _State.JOIN
+
+    def _state_exit(self, run: _Run) -> RunResult:
+        """EXIT: the run's result (and its ``agent.finished`` event)."""
+        assert run.end is not None
+        state, code, message = run.end
+        self._emit(
+            "agent.finished",
+            state=state.value,
+            exit_code=code,
+            restarts=self.restarts,
+            rounds=self.rounds,
+            message=message,
+        )
+        return RunResult(
+            state,
+            code,
+            run.failures,
+            tuple(run.history),
+            self.restarts,
+            self.rounds,
+            message,
+            tuple(run.latencies),
+        )
+
+    def _interrupted(self, run: _Run) -> _State:
         sig = self._stop_signal
         code = 128 + sig if sig is not None else 1
         name = signal.Signals(sig).name if sig is not None else "a stop request"
-        out: RunResult = result(AgentState.INTERRUPTED, code, f"stopped by {name}")
-        return out
+        return run.finish(AgentState.INTERRUPTED, code, f"stopped by {name}")
 
     async def _join(self, handler: RendezvousHandler) -> RendezvousResult:
         """``next_rendezvous()``; if it is still waiting after :data:`STANDBY_CHECK` seconds, say
@@ -742,17 +852,13 @@ class ElasticAgent:
         max_nodes = getattr(handler, "max_nodes", None)
         if store is None or node is None or not isinstance(max_nodes, int):
             return  # a handler of someone else's: nothing to read
-        from ..rendezvous._state import RoundRecord, RunKeys
-
         try:
-            key = RunKeys(handler.run_id).round
-            kv = await store.get(key)
-            latest = None if kv is None else RoundRecord.decode(key, kv.value)
+            standby = await read_standby_round(store, handler.run_id, node, max_nodes)
         except Exception:  # only an explanation: the join itself reports real errors
             return
-        if latest is not None and len(latest.members) >= max_nodes and node not in latest.members:
+        if standby is not None:
             log.info("standing by in rendezvous %r: %s", handler.run_id, _hints.STANDBY)
-            self._emit("agent.standby", round=latest.round, members=len(latest.members))
+            self._emit("agent.standby", round=standby[0], members=standby[1])
 
     async def _close_run(self, handler: RendezvousHandler) -> None:
         try:
@@ -846,7 +952,7 @@ class ElasticAgent:
                         continue
             return event
 
-    async def _monitor(self, rdzv: RendezvousResult) -> tuple[str, Any]:
+    async def _monitor(self, rdzv: RendezvousResult) -> _Attempt:
         """Wait for the first thing that ends this attempt (no polling: exits and events)."""
         assert self._stop_requested is not None
         waiters: dict[asyncio.Task[Any], WorkerProcess] = {w.waiter: w for w in self._workers}
@@ -859,21 +965,23 @@ class ElasticAgent:
                     pending | {changes, stopper}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopper in done:
-                    return "stop", None
+                    return _Attempt(_Outcome.STOPPED)
                 exited = [waiters[t] for t in done if isinstance(t, asyncio.Task) and t in waiters]
                 pending -= {w.waiter for w in exited}
                 failed = [w for w in exited if w.returncode != 0]
                 if failed and changes in done and _is_loss(changes):
-                    return "changed", changes.result()  # the failures are the loss's consequence
+                    # the failures are the loss's consequence
+                    return _Attempt(_Outcome.CHANGED, change=changes.result())
                 if failed:
-                    return "failed", [self._failure(rdzv, w) for w in failed]
+                    failures = tuple(self._failure(rdzv, w) for w in failed)
+                    return _Attempt(_Outcome.FAILED, failures=failures)
                 if not pending:
-                    return "succeeded", None
+                    return _Attempt(_Outcome.SUCCEEDED)
                 if changes in done:
                     try:
-                        return "changed", changes.result()
+                        return _Attempt(_Outcome.CHANGED, change=changes.result())
                     except RendezvousError as exc:
-                        return "changed", exc
+                        return _Attempt(_Outcome.CHANGED, change=exc)
         finally:
             for task in (changes, stopper):
                 task.cancel()

@@ -27,7 +27,12 @@ log = logging.getLogger("aioelastic.agent")
 
 STATIC_PORT = 29500  # torchrun's --master-port default
 # ConfigError keys that name a flag rather than an --rdzv-conf key
-_KEY_FLAGS = {"rdzv_backend": "--rdzv-backend", "nnodes": "--nnodes", "endpoint": "--rdzv-endpoint"}
+_KEY_FLAGS = {
+    "rdzv_backend": "--rdzv-backend",
+    "nnodes": "--nnodes",
+    "endpoint": "--rdzv-endpoint",
+    "run_id": "--rdzv-id",
+}
 
 
 @dataclass
@@ -199,8 +204,7 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
 
 
 def _known_backend(name: str) -> None:
-    from ..rendezvous import handler_registry
-    from ..rendezvous._backends import register_builtin_backends
+    from ..rendezvous import handler_registry, register_builtin_backends
 
     register_builtin_backends()
     names = handler_registry.backends()
@@ -289,7 +293,7 @@ def rendezvous_parameters(
 def check_rendezvous(args: argparse.Namespace, plan: LaunchPlan) -> None:
     """Parse the rendezvous parameters as creating the handler will, without opening a store."""
     from ..errors import ConfigError
-    from ..rendezvous._backends import check_params
+    from ..rendezvous import check_params
 
     run_id = "standalone" if plan.standalone else plan.run_id
     try:

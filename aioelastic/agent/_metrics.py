@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
+
+from anyio.abc import AsyncResource
 
 __all__ = ["AgentMetrics", "MetricsServer", "require_prometheus"]
 
@@ -94,8 +96,11 @@ class AgentMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class MetricsServer:
-    """``GET /metrics`` for :class:`AgentMetrics` on ``host:port`` (0: a free port), in aiohttp."""
+class MetricsServer(AsyncResource):
+    """``GET /metrics`` for :class:`AgentMetrics` on ``host:port`` (0: a free port), in aiohttp.
+
+    ``async with MetricsServer(metrics) as server:`` serves until the block ends (or
+    :meth:`start`, then :meth:`aclose`)."""
 
     def __init__(self, metrics: AgentMetrics, host: str = "127.0.0.1", port: int = 0) -> None:
         self.metrics = metrics
@@ -108,6 +113,10 @@ class MetricsServer:
         """``http://host:port/metrics`` (the bound port once started)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
 
     async def start(self) -> None:
         """Bind and serve; an address in use raises ``OSError``."""

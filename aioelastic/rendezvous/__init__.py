@@ -19,7 +19,8 @@ from ..errors import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from ._backends import register_builtin_backends, store_url_for
+from ._backends import check_params, register_builtin_backends, store_url_for
+from ._state import read_standby_round
 from ._status import (
     MemberStatus,
     NodeStatus,
@@ -73,10 +74,12 @@ __all__ = [
     "StaticRendezvousHandler",
     "TimerStatus",
     "assign_ranks",
+    "check_params",
     "create_handler",
     "handler_registry",
     "parse_rdzv_conf",
     "read_run_status",
+    "read_standby_round",
     "register_builtin_backends",
     "store_url_for",
     "watch_run_status",

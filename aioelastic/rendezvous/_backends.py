@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from ..errors import ConfigError
 from ..store import open_store
@@ -102,7 +103,8 @@ def store_url_for(params: RendezvousParameters) -> str:
         return url
     backend, endpoint = params.backend, params.endpoint
     if backend == "memory" or (backend == "static" and not endpoint.strip()):
-        name = endpoint.strip() or f"rdzv-{params.run_id}"
+        # a run id may hold ':' and '@', which a memory store's name may not: quote them
+        name = endpoint.strip() or f"rdzv-{quote(params.run_id, safe='')}"
         if any(c in name for c in "/:?#@[] "):
             raise ConfigError("endpoint", endpoint, "a plain name for the shared memory store")
         return f"memory://{name}"
@@ -119,7 +121,7 @@ def _lease(params: RendezvousParameters) -> tuple[float, float]:
     if unknown:
         log.warning("rendezvous config keys %s are unknown and ignored", unknown)
     interval = params.get_as_seconds("keep_alive_interval", DEFAULTS["keep_alive_interval"])
-    attempts = params.get_as_int("keep_alive_max_attempt", 3)
+    attempts = params.get_as_int("keep_alive_max_attempt", int(DEFAULTS["keep_alive_max_attempt"]))
     assert interval is not None
     assert attempts is not None
     if attempts < 1:

@@ -21,9 +21,13 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._checks import ID_PATTERN, check_run_id
 from ..errors import RendezvousStateError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 __all__ = [
     "ClosedRecord",
@@ -33,22 +37,14 @@ __all__ = [
     "RunKeys",
     "check_node_id",
     "check_run_id",
+    "read_standby_round",
 ]
 
 SCHEMA_VERSION = 1
 
-_ID = r"[A-Za-z0-9_.:@\-]{1,128}"
+_ID = ID_PATTERN
 _ID_RE = re.compile(_ID)
 _ID_LIST_RE = re.compile(f"{_ID}(?:,{_ID})*")  # ids never contain ','
-
-
-def check_run_id(run_id: object) -> str:
-    """A run id: 1-128 characters of ``A-Z a-z 0-9 _ . : @ -`` (no ``/``)."""
-    if not isinstance(run_id, str) or not _ID_RE.fullmatch(run_id):
-        raise ValueError(
-            f"run_id must be 1-128 characters of letters, digits and '_.:@-', got {run_id!r}"
-        )
-    return run_id
 
 
 def check_node_id(node_id: object) -> str:
@@ -272,3 +268,20 @@ class ClosedRecord:
                 f"rendezvous state at {key!r}: field 'o' must be 0 or 1, got {reopened!r}"
             )
         return cls(_field_int(key, obj, "r", -1), bool(reopened))
+
+
+async def read_standby_round(
+    store: Store, run_id: str, node_id: str, max_nodes: int
+) -> tuple[int, int] | None:
+    """``(round, members)`` of the run's latest round when it is full without ``node_id`` (the
+    node stands by for the next round), else None.
+
+    One read of the round record (O(1), not the run's every record, as
+    :func:`~aioelastic.rendezvous.read_run_status` does); store errors propagate.
+    """
+    key = RunKeys(run_id).round
+    kv = await store.get(key)
+    latest = None if kv is None else RoundRecord.decode(key, kv.value)
+    if latest is None or len(latest.members) < max_nodes or node_id in latest.members:
+        return None
+    return latest.round, len(latest.members)

@@ -13,9 +13,11 @@ import enum
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from anyio.abc import AsyncResource
+
+from .._checks import check_run_id
 from ..errors import (
     ConfigError,
     LeaseExpiredError,
@@ -141,7 +143,7 @@ class RendezvousEvent:
     error: BaseException | None = None
 
 
-class RendezvousHandler(abc.ABC):
+class RendezvousHandler(AsyncResource):
     """The async rendezvous: ``async with handler: result = await handler.next_rendezvous()``.
 
     Status is observable (``status``, ``is_active``, ``has_error``, ``error``). Using a closed
@@ -196,17 +198,6 @@ class RendezvousHandler(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Leave without closing the run: this node's records vanish, the others see it go."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- status
 
@@ -299,8 +290,7 @@ class RendezvousParameters:
             raise ValueError("backend must be a non-empty string")
         if not isinstance(endpoint, str):
             raise TypeError(f"endpoint must be a str, got {type(endpoint).__name__}")
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError("run_id must be a non-empty string")
+        check_run_id(run_id)  # here, at the edge: a bad id fails before any handler is made
         for name, value in (("min_nodes", min_nodes), ("max_nodes", max_nodes)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")

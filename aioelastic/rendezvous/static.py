@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._checks import DEFAULT_LEASE_TTL, check_ttl
 from ..errors import (
     LeaseExpiredError,
     RendezvousClosedError,
@@ -57,7 +58,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
         world_size: int,
         *,
         join_timeout: float = 600.0,
-        lease_ttl: float = 15.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
         keep_alive_interval: float | None = None,
         local_addr: str | None = None,
         master_addr: str | None = None,
@@ -81,7 +82,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
         self._rank = rank
         self._world_size = world_size
         self._join_timeout = float(join_timeout)
-        self._lease_ttl = float(lease_ttl)
+        self._lease_ttl = check_ttl(lease_ttl, "lease_ttl")
         self._keep_alive_interval = keep_alive_interval
         self._local_addr = local_addr
         if local_addr is None and master_addr is None:

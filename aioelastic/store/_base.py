@@ -10,14 +10,14 @@ conveniences (``add``, ``stm``, ``wait_for``, ``lease``, ``namespace``) are buil
 from __future__ import annotations
 
 import abc
-import math
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
+from anyio.abc import AsyncResource
 
+from .._checks import check_timeout, check_ttl
 from ..errors import CompactedError, StoreClosedError, StoreTimeoutError
 from ._types import (
     CasResult,
@@ -78,24 +78,6 @@ def check_int(value: object, name: str, *, minimum: int) -> int:
     return value
 
 
-def check_ttl(ttl: object, name: str = "ttl") -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(ttl).__name__}")
-    if not math.isfinite(ttl) or ttl <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
-    return float(ttl)
-
-
-def check_timeout(timeout: object, name: str = "timeout") -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be >= 0 seconds or None, got {timeout!r}")
-    return float(timeout)
-
-
 def prefix_end(prefix: str) -> str | None:
     """The smallest key greater than every key that starts with ``prefix`` (None: no bound).
 
@@ -117,7 +99,7 @@ def prefix_end(prefix: str) -> str | None:
 # -- the watch handle ---------------------------------------------------------------------------
 
 
-class Watch(abc.ABC):
+class Watch(AsyncResource):
     """An ordered stream of :class:`WatchEvent` for every key under a prefix.
 
     Use it as ``async with store.watch(prefix) as events: async for event in events: ...``.
@@ -138,14 +120,6 @@ class Watch(abc.ABC):
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self
@@ -191,7 +165,7 @@ class Watch(abc.ABC):
 # -- the store ---------------------------------------------------------------------------------
 
 
-class Store(abc.ABC):
+class Store(AsyncResource):
     """The async key-value store protocol, modelled on etcd v3.
 
     Every key-value carries ``create_revision``, ``mod_revision``, ``version`` and ``lease``; the
@@ -211,17 +185,6 @@ class Store(abc.ABC):
     @property
     def closed(self) -> bool:
         return self._closed
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the client: pending watches end with ``StoreClosedError``; later calls raise it.

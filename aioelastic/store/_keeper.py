@@ -8,11 +8,12 @@ import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import anyio
+from anyio.abc import AsyncResource
 
+from .._checks import check_ttl
 from ..errors import (
     LeaseExpiredError,
     LeaseNotFoundError,
@@ -21,7 +22,6 @@ from ..errors import (
     StoreError,
     StoreTimeoutError,
 )
-from ._base import check_ttl
 
 if TYPE_CHECKING:
     from ._base import Store
@@ -46,7 +46,7 @@ class LeaseKeeperStatistics:
     lost: bool
 
 
-class LeaseKeeper:
+class LeaseKeeper(AsyncResource):
     """Grant a lease and keep it alive every ``keep_alive_interval`` (default: TTL / 3).
 
     ``async with store.lease(ttl=5) as lease:`` grants it (``lease.id``) and renews it in a
@@ -121,14 +121,6 @@ class LeaseKeeper:
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Grant the lease and start renewing it."""

@@ -7,16 +7,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import os
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
+from anyio.abc import AsyncResource
 
+from .._checks import check_timeout as check_timeout  # the primitives' one validator
 from ..errors import (
     CompactedError,
     LeaseExpiredError,
@@ -64,16 +64,6 @@ def check_name(name: object, what: str = "name") -> str:
     if not name or name.endswith("/"):
         raise ValueError(f"{what} must be a non-empty str not ending in '/', got {name!r}")
     return name
-
-
-def check_timeout(timeout: object, name: str = "timeout") -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be >= 0 seconds or None, got {timeout!r}")
-    return float(timeout)
 
 
 def check_config(config: object) -> LeaseConfig:
@@ -138,7 +128,7 @@ class HeldLease:
         self.keeper = keeper
         return keeper
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Revoke a private lease (deleting its keys); a shared one is left alone.
 
         Callers shield this from cancellation."""
@@ -153,7 +143,7 @@ class HeldLease:
 Resync = Callable[[], Awaitable[int]]
 
 
-class ResumingWatch:
+class ResumingWatch(AsyncResource):
     """A watch of ``prefix`` that connection errors do not end: what every wait and observer of
     the primitives waits on.
 
@@ -184,17 +174,6 @@ class ResumingWatch:
         self._closed = False
         #: The ``CompactedError`` behind the current :meth:`resync`, if one caused it.
         self.compacted: CompactedError | None = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         self._closed = True

@@ -168,7 +168,7 @@ class Barrier:
         with anyio.CancelScope(shield=True):
             if entry is not None:
                 await entry.remove()
-            await self._lease.close()
+            await self._lease.aclose()
 
     async def wait(self, *, timeout: float | None = None) -> None:
         """Enter and wait until ``parties`` have entered; then leave the party list."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import NotLeaderError, SyncTimeoutError
 from ..store import EventType, KeyValue, LeaseKeeper, Store
@@ -164,7 +164,7 @@ class Election:
         with anyio.CancelScope(shield=True):
             if entry is not None:
                 await entry.remove()
-            await self._lease.close()
+            await self._lease.aclose()
 
     async def leader(self) -> Leader | None:
         """The current leader, or None if nobody leads."""
@@ -196,7 +196,7 @@ class Election:
                 await self.resign()
 
 
-class LeaderObserver:
+class LeaderObserver(AsyncResource):
     """Follows an election's leader on one watch of its prefix (see :meth:`Election.observe`).
 
     Yields the leader at start (``None`` if there is none), then every change of leader or of
@@ -216,17 +216,6 @@ class LeaderObserver:
         self._last: Leader | None = None
         self._reported = False
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import SyncTimeoutError
 from ..store import EventType, KeyValue, LeaseKeeper, Store
@@ -131,7 +131,7 @@ class EventChannel:
         return await self.store.delete(self._key(name))
 
 
-class EventStream:
+class EventStream(AsyncResource):
     """The publications of an :class:`EventChannel`, in revision order, each exactly once.
 
     Connection errors do not end it: it watches again from where it stopped. If the history it
@@ -169,14 +169,6 @@ class EventStream:
     async def __aenter__(self) -> Self:
         await self._open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self

@@ -12,10 +12,10 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from ..errors import JobStateError, SyncTimeoutError
 from ..store import EventType, KeyValue, Store
@@ -170,7 +170,7 @@ class JobStateRecord:
         return JobStateWatch(self)
 
 
-class JobStateWatch:
+class JobStateWatch(AsyncResource):
     """Statuses of a :class:`JobStateRecord`: the current one first, then every write.
 
     Connection errors do not end it: it watches again from where it stopped, so no write is
@@ -206,14 +206,6 @@ class JobStateWatch:
     async def __aenter__(self) -> Self:
         await self._start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self

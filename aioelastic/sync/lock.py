@@ -173,7 +173,7 @@ class Lock:
         except BaseException:
             self._entry = None
             with anyio.CancelScope(shield=True):
-                await self._lease.close()
+                await self._lease.aclose()
             raise
         return entry
 
@@ -188,7 +188,7 @@ class Lock:
 
     async def _clean_up(self, entry: QueueEntry | None) -> None:
         if self._lease.private:
-            await self._lease.close()  # revoking the lease deletes the key in the same write
+            await self._lease.aclose()  # revoking the lease deletes the key in the same write
         elif entry is not None:
             await entry.remove()
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
+
+from anyio.abc import AsyncResource
 
 from ..errors import StoreConnectionError
 from ..store import EventType, KeyValue, Store
@@ -198,7 +199,7 @@ class Parameters:
         return ParameterWatch(self, wanted, start_revision)
 
 
-class ParameterWatch:
+class ParameterWatch(AsyncResource):
     """The changes of a :class:`Parameters` view, in revision order, each exactly once.
 
     Connection errors do not end it: it watches again from where it stopped. If the history it
@@ -268,14 +269,6 @@ class ParameterWatch:
     async def __aenter__(self) -> Self:
         await self._open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self

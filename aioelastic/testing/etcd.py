@@ -43,4 +43,4 @@ def running_etcd(**options: Any) -> Iterator[EtcdServer]:
     try:
         yield server
     finally:
-        asyncio.run(server.stop())
+        asyncio.run(server.aclose())

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
-from types import TracebackType
-from typing import Self
+
+from anyio.abc import AsyncResource
 
 from ._wire import WorkerId, check_duration, check_scope_id
 
@@ -14,7 +14,7 @@ __all__ = ["TimerClient", "WorkerId"]
 # -- the client ----------------------------------------------------------------------------------
 
 
-class TimerClient(abc.ABC):
+class TimerClient(AsyncResource):
     """Acquires and releases timers for one worker on a :class:`TimerServer`.
 
     ``acquire(scope_id, after)`` arms (or re-arms: a scope has one timer per worker) the scope's
@@ -37,19 +37,8 @@ class TimerClient(abc.ABC):
         check_scope_id(scope_id)
         await self._release(scope_id)
 
-    async def aclose(self) -> None:  # noqa: B027 - an optional hook
+    async def aclose(self) -> None:
         """Release the client's resources (connections); armed timers stay armed."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @abc.abstractmethod
     async def _acquire(self, scope_id: str, after: float) -> None: ...

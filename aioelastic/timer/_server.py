@@ -16,8 +16,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
+
+from anyio.abc import AsyncResource
 
 from .. import events as _events
 from ..errors import TimerError
@@ -90,7 +91,7 @@ class _Armed:
         self.handle: asyncio.TimerHandle | None = None
 
 
-class TimerServer(abc.ABC):
+class TimerServer(AsyncResource):
     """Keeps the armed timers as ``loop.call_at`` deadlines and reaps each expired one once.
 
     An async resource: ``async with server:`` (or :meth:`start` / :meth:`aclose`). Its background
@@ -137,14 +138,6 @@ class TimerServer(abc.ABC):
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def running(self) -> bool:
@@ -237,7 +230,7 @@ class TimerServer(abc.ABC):
         reapers (see :meth:`_spawn`) are cancelled when it ends.
         """
 
-    async def _aclose(self) -> None:  # noqa: B027 - an optional hook
+    async def _aclose(self) -> None:
         """Release the transport's resources after the task stopped."""
 
     # -- what users read

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from .._checks import check_run_id
 from ..errors import (
     CompactedError,
     StoreClosedError,
@@ -84,9 +85,7 @@ def run_prefix(run_id: str) -> str:
     Pass it as ``prefix=`` to the :class:`StoreTimerClient` and :class:`StoreTimerServer` of a
     job's workers so that ``aioelastic status --run-id <run_id>`` lists their active timers.
     """
-    if not isinstance(run_id, str) or not run_id:
-        raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
-    return f"{RUN_PREFIX_ROOT}{quote(run_id, safe='')}/"
+    return f"{RUN_PREFIX_ROOT}{quote(check_run_id(run_id), safe='')}/"
 
 
 def timer_key(prefix: str, worker_id: str, scope_id: str) -> str:

@@ -1,4 +1,7 @@
-"""What to tell a user in the rendezvous errors and log lines that need a next step."""
+"""What to tell a user in the rendezvous errors and log lines that need a next step.
+
+A root module: the agent and the torchrun plugin, both above ``rendezvous``, print these.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,120 @@
+"""Validation once, at the edge: one validator per value, one home per default, the error naming
+the key; and no package reaching into another's private modules."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from aioelastic import _checks
+from aioelastic.errors import ConfigError
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousParameters,
+    StaticRendezvousHandler,
+    create_handler,
+)
+from aioelastic.rendezvous._backends import _lease
+from aioelastic.rendezvous._state import RunKeys
+from aioelastic.rendezvous.dynamic import DEFAULTS
+from aioelastic.store import MemoryStore
+from aioelastic.sync import _common as sync_common
+from aioelastic.timer.store import run_prefix
+
+PACKAGE = Path(__file__).resolve().parent.parent / "aioelastic"
+
+
+@pytest.mark.parametrize("run_id", ["job/1", "", "a b", "x" * 129, 7])
+def test_a_bad_run_id_fails_at_the_parameters_naming_run_id(run_id: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        RendezvousParameters("memory", "", run_id, 1, 1)  # type: ignore[arg-type]
+    assert info.value.key == "run_id"
+    assert "no '/'" in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_a_good_run_id_still_makes_a_handler() -> None:
+    async with await create_handler(RendezvousParameters("memory", "", "job-1:a@b", 1, 1)) as h:
+        assert h.run_id == "job-1:a@b"
+
+
+def test_run_keys_and_timer_prefix_use_the_same_check() -> None:
+    for check in (RunKeys, run_prefix):
+        with pytest.raises(ConfigError) as info:
+            check("job/1")
+        assert info.value.key == "run_id"
+    assert run_prefix("job:1") == "aioelastic/run-timers/job%3A1/"  # the key layout is kept
+
+
+def test_each_validator_has_one_home() -> None:
+    homes: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in _checks.__all__:
+                homes.setdefault(node.name, []).append(path.relative_to(PACKAGE).as_posix())
+    assert homes == {
+        name: ["_checks.py"] for name in ("check_run_id", "check_timeout", "check_ttl")
+    }
+    assert sync_common.check_timeout is _checks.check_timeout  # what the primitives import
+
+
+def _default(cls: type, name: str) -> object:
+    return inspect.signature(cls).parameters[name].default
+
+
+def test_one_lease_ttl_default() -> None:
+    ttl = _checks.DEFAULT_LEASE_TTL
+    assert ttl == DEFAULTS["keep_alive_interval"] * DEFAULTS["keep_alive_max_attempt"]
+    assert _default(StaticRendezvousHandler, "lease_ttl") == ttl
+    # dynamic.py is rewritten by the session-transport issue: it keeps its literal until then,
+    # and this keeps the two from drifting apart
+    assert _default(DynamicRendezvousHandler, "lease_ttl") == ttl
+    assert _lease(RendezvousParameters("memory", "", "job", 1, 1)) == (ttl, 5.0)
+
+
+def test_static_handler_checks_its_lease_ttl() -> None:
+    with pytest.raises(ValueError, match="lease_ttl"):
+        StaticRendezvousHandler(MemoryStore(), "job", 0, 1, lease_ttl=0)
+
+
+#: private modules any package may use: the root's helpers, and the private etcd client that the
+#: etcd store and ``EtcdServer`` wrap
+SHARED = {"_checks", "_hints", "_public", "_proc", "_tmpdirs", "_torchrun_entry", "_etcd"}
+#: not checked: the test kit (it injects faults into internals and reads records, as the tests
+#: do), the root's private helpers, and ``store/http/`` (the session-transport issue rewrites it)
+EXEMPT = ("testing/", "store/http/", "_")
+#: left for later, each with its reason (see the CHANGELOG)
+KNOWN = {("etcd_server.py", "store._prefixed")}  # the etcd-security issue edits etcd_server.py
+
+
+def _private_imports() -> list[tuple[str, str]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(EXEMPT):
+            continue
+        here = rel.split("/")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            target = here[: len(here) - node.level + 1] + (node.module or "").split(".")
+            target = [t for t in target if t]
+            if not target or (here and target[0] == here[0]) or target[0] in SHARED:
+                continue
+            names = [a.name for a in node.names]
+            if any(t.startswith("_") for t in target) or any(
+                n.startswith("_") and not n.startswith("__") for n in names
+            ):
+                found.append((rel, ".".join(target)))
+    return found
+
+
+def test_no_private_imports_across_packages() -> None:
+    """The agent reached into ``rendezvous._backends``/``_state``/``_hints``, torchrun into
+    ``rendezvous._hints``: what they need is public now."""
+    found = set(_private_imports())
+    assert sorted(found - KNOWN) == []
+    assert found >= KNOWN  # a fixed one leaves the list
