@@ -241,7 +241,7 @@ def emit(
     """
     if sink is None or isinstance(sink, NullSink):
         return
-    from .store._secrets import redact_url  # light: the standard library only
+    from ._secrets import redact_url  # light: the standard library only
 
     fields = {k: redact_url(v) if isinstance(v, str) else v for k, v in fields.items()}
     try:

@@ -235,7 +235,7 @@ async def test_error_text_and_reprs_never_show_a_password() -> None:
         "etcd", f"etcd://root:{secret}@h:2379", "r", 1, 1, store_url=f"etcd://u:{secret}@h"
     )
     assert secret not in repr(params)
-    from aioelastic.store._secrets import redact_url
+    from aioelastic._secrets import redact_url
 
     assert (
         redact_url(f"etcd://root:{secret}@a:1,b:2?ca_file=/x")
@@ -248,8 +248,8 @@ async def test_error_text_and_reprs_never_show_a_password() -> None:
 def test_events_and_logs_redact_passwords(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
+    from aioelastic._secrets import RedactingFilter
     from aioelastic.events import Event, emit
-    from aioelastic.store._secrets import RedactingFilter
 
     secret = "hunter2-" + uuid.uuid4().hex
     got: list[Event] = []

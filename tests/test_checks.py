@@ -82,7 +82,16 @@ def test_static_handler_checks_its_lease_ttl() -> None:
 
 #: private modules any package may use: the root's helpers, and the private etcd client that the
 #: etcd store and ``EtcdServer`` wrap
-SHARED = {"_checks", "_hints", "_public", "_proc", "_tmpdirs", "_torchrun_entry", "_etcd"}
+SHARED = {
+    "_checks",
+    "_hints",
+    "_public",
+    "_proc",
+    "_secrets",
+    "_tmpdirs",
+    "_torchrun_entry",
+    "_etcd",
+}
 #: not checked: the test kit (it injects faults into internals and reads records, as the tests
 #: do), the root's private helpers, and ``store/http/`` (the session-transport issue rewrites it)
 EXEMPT = ("testing/", "store/http/", "_")

@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from ..store._secrets import ETCD_PASSWORD_ENV
+from .._secrets import ETCD_PASSWORD_ENV
 
 if TYPE_CHECKING:
     from ..etcd_server import EtcdServer
@@ -36,7 +36,7 @@ def _auth(text: str) -> str:
 
 def _password(args: argparse.Namespace) -> str:
     """The password for ``--auth``: ``--password-file``, else ``$AIOELASTIC_ETCD_PASSWORD``."""
-    from ..store._secrets import read_secret_file
+    from .._secrets import read_secret_file
 
     if args.password_file is not None:
         return read_secret_file(args.password_file, "--password-file")

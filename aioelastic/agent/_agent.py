@@ -38,6 +38,7 @@ from anyio.abc import AsyncResource
 
 from .. import _hints
 from .. import events as _events
+from .._secrets import split_password
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -54,7 +55,6 @@ from ..rendezvous import (
     read_standby_round,
     store_url_for,
 )
-from ..store._secrets import split_password
 from ..timer import ExpiredTimer, SignalReaper, UnixTimerServer
 from . import _tmpdirs
 from ._secrets import auth_failure, worker_secret_env

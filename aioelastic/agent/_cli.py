@@ -261,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
         format="[aioelastic run] %(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    from ..store._secrets import RedactingFilter, redact_url
+    from .._secrets import RedactingFilter, redact_url
 
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())
@@ -269,8 +269,8 @@ def main(args: argparse.Namespace) -> int:
         plan = make_plan(args)
     except UsageError as exc:
         return _usage_error(args, exc)
+    from .._secrets import read_secret_file
     from ..errors import StoreAuthError
-    from ..store._secrets import read_secret_file
 
     try:
         if args.token_file is not None:

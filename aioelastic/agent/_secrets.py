@@ -21,8 +21,7 @@ import tempfile
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from ..errors import StoreAuthError
-from ..store._secrets import (
+from .._secrets import (
     ETCD_PASSWORD_ENV,
     ETCD_PASSWORD_FILE_ENV,
     SECRET_ENVS,
@@ -31,6 +30,7 @@ from ..store._secrets import (
     read_secret_file,
     split_password,
 )
+from ..errors import StoreAuthError
 
 __all__ = ["RunSecrets", "auth_failure", "worker_secret_env"]
 

@@ -23,9 +23,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .._secrets import redact_url
 from ..errors import ConfigError
 from ..store import open_store
-from ..store._secrets import redact_url
 from ._addr import looked_up_default_addr
 from .api import RendezvousHandler, RendezvousParameters, handler_registry
 from .dynamic import DEFAULTS, DynamicRendezvousHandler

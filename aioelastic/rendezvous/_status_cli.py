@@ -72,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    from ..store._secrets import redact_url
+    from .._secrets import redact_url
 
     print(f"aioelastic status: {redact_url(message)}", file=sys.stderr)
     return 2
@@ -107,8 +107,8 @@ def store_url(endpoint: str, backend: str, run_id: str) -> str:
 async def _main(args: argparse.Namespace) -> int:
     import asyncio
 
+    from .._secrets import redact_url
     from ..store import open_store
-    from ..store._secrets import redact_url
     from ._state import check_run_id
     from ._status import format_run_status, watch_run_status
 

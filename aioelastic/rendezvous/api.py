@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from anyio.abc import AsyncResource
 
 from .._checks import check_run_id
+from .._secrets import redact_url
 from ..errors import (
     ConfigError,
     LeaseExpiredError,
@@ -28,7 +29,6 @@ from ..errors import (
     RendezvousTimeoutError,
     StoreError,
 )
-from ..store._secrets import redact_url
 
 if TYPE_CHECKING:
     from ..store import Store

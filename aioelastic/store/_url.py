@@ -8,8 +8,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from .._secrets import redact_url
 from ._base import Store
-from ._secrets import redact_url
 
 __all__ = ["StoreOpener", "open_store", "register_backend", "supported_schemes"]
 

@@ -29,6 +29,7 @@ import anyio
 from .._etcd._liveness import CallAbandonedError, MemberHungError
 from .._etcd._rpc import grpc, kv_pb2, rpc_pb2
 from .._etcd.client import EtcdClient, TLSConfig
+from .._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV, read_secret_file, redact_url
 from ..errors import (
     CompactedError,
     LeaseNotFoundError,
@@ -39,7 +40,6 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ._base import Store, Watch
-from ._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV, read_secret_file, redact_url
 from ._txn import (
     Compare,
     Delete,
