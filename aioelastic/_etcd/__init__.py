@@ -5,3 +5,12 @@
 the channel, call, error-mapping and auth layer. Importing any of it needs grpcio and protobuf
 (``pip install 'aioelastic[etcd]'``).
 """
+
+import os
+
+# gRPC's fork handlers crash a forking process now and then (SIGABRT or SIGSEGV in the child
+# between fork and exec, "epoll_wait error: Bad file descriptor") while other threads are in
+# gRPC: an agent spawning workers, EtcdServer spawning members, any subprocess. This client is
+# grpc.aio, which does not support fork anyway, so fork support is off unless the user set it.
+# Read once, when grpc is first imported: this package is imported before it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
