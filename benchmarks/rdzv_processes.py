@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -116,16 +117,17 @@ def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[
     else:
         backend, endpoint = "c10d", f"127.0.0.1:{_free_port()}"
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    errors = [tempfile.TemporaryFile("w+") for _ in range(n)]  # noqa: SIM115 (closed below)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", NODE, backend, endpoint, run_id, str(n)],
             env=_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             text=True,
         )
-        for _ in range(n)
+        for err in errors
     ]
     try:
         for proc in procs:
@@ -140,9 +142,15 @@ def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[
             proc.stdin.write(f"{t0}\n")
             proc.stdin.flush()
         results = []
-        for proc in procs:
+        for proc, err in zip(procs, errors, strict=True):
             assert proc.stdout is not None
-            results.append(json.loads(proc.stdout.readline()))
+            line = proc.stdout.readline()
+            if not line.strip():  # the node died: say why, as the round's failure
+                proc.wait(timeout)
+                err.seek(0)
+                last = (err.read().strip().splitlines() or ["(no output)"])[-1]
+                raise RoundFailed(f"{side} N={n}: a node exited {proc.returncode}: {last[:200]}")
+            results.append(json.loads(line))
         server_cpu = (_cpu_seconds(server.proc.pid) - server_cpu) if server is not None else 0.0
         ranks = sorted(r["rank"] for r in results)
         if ranks != list(range(n)):
@@ -163,6 +171,12 @@ def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for err in errors:
+            err.close()
+
+
+class RoundFailed(Exception):
+    """A round that did not form: a node died or was refused (reported, not hidden)."""
 
 
 def _fmt(values: list[float], scale: float = 1.0, unit: str = "s") -> str:
@@ -182,14 +196,24 @@ def main() -> None:
     try:
         for n in sizes:
             got: dict[str, list[dict[str, float]]] = {"torch": [], "aioelastic": []}
+            failed: list[str] = []
             for rep in range(args.repeat):
                 order = ["torch", "aioelastic"] if rep % 2 == 0 else ["aioelastic", "torch"]
                 for side in order:
-                    got[side].append(one_round(side, n, server if side != "torch" else None,
-                                               args.timeout))  # fmt: skip
+                    try:
+                        got[side].append(one_round(side, n, server if side != "torch" else None,
+                                                   args.timeout))  # fmt: skip
+                    except RoundFailed as exc:
+                        failed.append(str(exc))
+                        print(f"failed: {exc}", flush=True)
+            if failed:
+                rows.append(f"| {n} | {len(failed)} round(s) failed: {'; '.join(failed)[:300]} |")
+                print(rows[-1], flush=True)
+            if not got["torch"] or not got["aioelastic"]:
+                continue
             t = [g["round"] for g in got["torch"]]
             a = [g["round"] for g in got["aioelastic"]]
-            ratios = [x / y for x, y in zip(t, a, strict=True)]
+            ratios = [x / y for x, y in zip(t, a, strict=False)]
             row = (
                 f"| {n} | {_fmt(t)} | {_fmt(a, 1000, 'ms')} | {statistics.median(ratios):.1f}x "
                 f"(min {min(ratios):.1f}x) | "
