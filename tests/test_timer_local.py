@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import os
@@ -180,6 +181,14 @@ async def test_reacquire_same_scope_replaces_the_timer() -> None:
         await asyncio.sleep(10)
     assert len(reaps.timers) == 1
     assert reaps.times[0] == pytest.approx(start + 6, abs=1e-6)
+
+
+def test_the_default_scope_is_the_callers_file_and_line() -> None:
+    line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+    by_expires = expires(after=5)
+    by_guard = TimerGuard(5)
+    assert by_expires.scope_id == f"{__file__}#{line + 1}"
+    assert by_guard.scope_id == f"{__file__}#{line + 2}"
 
 
 @virtual

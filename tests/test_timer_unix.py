@@ -56,6 +56,9 @@ if sys.argv[2] == "hang-blocking":  # a synchronous worker: no event loop at all
 else:
     asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
+BLOCKING_WITH = (
+    "    with BlockingUnixTimerClient(sys.argv[1]) as client, client.expires(after=0.3):"
+)
 
 
 @pytest.fixture
@@ -95,8 +98,9 @@ async def test_hung_child_is_sigkilled(socket_path: str, mode: str) -> None:
         assert event.timer.worker_id == proc.pid
         if mode == "hang":
             assert event.timer.scope_id == "hang"
-        else:  # the default scope: the caller's file#line
-            assert event.timer.scope_id.startswith("<string>#")
+        else:  # the default scope: the caller's file#line, the child's `with` line
+            line = CHILD.splitlines().index(BLOCKING_WITH) + 1
+            assert event.timer.scope_id == f"<string>#{line}"
         assert event.error is None
         assert 0 <= event.lateness < 1.0  # generous: 2 busy cores
         assert server.armed == 0

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..store import EventType, KeyValue, Store, Watch, WatchEvent, open_store
 from ..store._base import ALL_FEATURES
+from ..store._prefixed import PrefixedStore
 from ._keys import UNUSUAL_KEYS
 from ._virtual_time import virtual_time_loop
 
@@ -88,12 +89,21 @@ class StoreConformance:
     short_ttl: ClassVar[float] = 1.0
     #: Run each test on a virtual-time loop (only for backends with no real I/O).
     virtual_time: ClassVar[bool] = False
+    #: The connected client a test's store belongs to (set while the test runs).
+    client: Store
     #: Bound on each test, in (loop) seconds.
     test_timeout: ClassVar[float] = 60.0
 
     def open_store(self) -> contextlib.AbstractAsyncContextManager[Store]:
         """An async context manager yielding a connected store client (closed on exit)."""
         raise NotImplementedError("subclasses of StoreConformance implement open_store()")
+
+    def open_peer(self, client: Store) -> contextlib.AbstractAsyncContextManager[Store]:
+        """A second client of the same store as ``client`` (for tests of two clients at once).
+
+        The default opens another :meth:`open_store`; a backend whose clients do not share a
+        store that way (an in-process one) overrides it."""
+        return self.open_store()
 
     # -- running
 
@@ -105,6 +115,7 @@ class StoreConformance:
     async def _run(self, body: _Body, namespaced: bool) -> None:
         with anyio.fail_after(self.test_timeout):
             async with self.open_store() as client:
+                self.client = client
                 store = (
                     client.namespace(f"conformance/{uuid.uuid4().hex}/") if namespaced else client
                 )
@@ -284,6 +295,24 @@ class StoreConformance:
         assert (await store.get("counter")).value == b"500"  # type: ignore[union-attr]
         assert await store.add("counter", -501) == -1
         assert await store.add("fresh") == 1
+
+    @conformance_test()
+    async def test_add_is_exact_across_clients(self, store: Store) -> None:
+        """Two clients adding to one key at once: each add applies once, and returns a total no
+        other add returned (a client-side lock cannot hide a lost update here)."""
+        returned: list[int] = []
+        async with self.open_peer(self.client) as peer:
+            other = peer.namespace(store.prefix) if isinstance(store, PrefixedStore) else peer
+
+            async def worker(client: Store) -> None:
+                for _ in range(10):
+                    returned.append(await client.add("counter", 1))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(worker, store if i % 2 else other)
+        assert sorted(returned) == list(range(1, 201))
+        assert (await store.get("counter")).value == b"200"  # type: ignore[union-attr]
 
     @conformance_test()
     async def test_add_on_a_non_integer_value_is_a_value_error(self, store: Store) -> None:
