@@ -89,6 +89,9 @@ class StoreConformance:
     short_ttl: ClassVar[float] = 1.0
     #: Run each test on a virtual-time loop (only for backends with no real I/O).
     virtual_time: ClassVar[bool] = False
+    #: How long (s) a watch sits idle in the idle-watch test: past a few of the backend's
+    #: progress intervals, if it has them (the http suite's is 0.5 s).
+    watch_idle: ClassVar[float] = 2.0
     #: The connected client a test's store belongs to (set while the test runs).
     client: Store
     #: Bound on each test, in (loop) seconds.
@@ -342,6 +345,24 @@ class StoreConformance:
         assert got[2].kv == KeyValue("w/a", b"3", r1, r3, 2, 0)
         assert got[3].revision == r3 + 1
         assert all(a.revision < b.revision for a, b in itertools.pairwise(got))
+
+    @conformance_test()
+    async def test_a_watch_idle_past_its_progress_interval_sees_the_next_write(
+        self, store: Store
+    ) -> None:
+        """A watch that sat idle long enough for progress reports (the revision moving on under
+        other keys meanwhile) still delivers the next write to its prefix, once; every other test
+        writes soon after it watches, so it depended on machine load whether any saw this."""
+        async with store.watch("w/") as events:
+            await store.put("elsewhere", b"1")
+            await anyio.sleep(self.watch_idle)
+            await store.put("elsewhere", b"2")
+            await anyio.sleep(self.watch_idle)
+            revision = await store.put("w/a", b"1")
+            event = await next_event(events)
+            assert (event.kv.key, event.kv.mod_revision) == ("w/a", revision)
+            second = await store.put("w/b", b"2")
+            assert (await next_event(events)).kv.mod_revision == second
 
     @conformance_test()
     async def test_watch_resumes_from_a_revision(self, store: Store) -> None:
