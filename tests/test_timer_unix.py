@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,119 @@ async def test_blocking_client_reconnects_after_fork(socket_path: str) -> None:
         assert server.deadline_of(proc.pid, "parent") is None  # released
         assert server.statistics().dropped == 1
     assert reaped == []
+
+
+# A scripted timer server: answers each request line by the next entry of ``replies`` (a
+# function of the request's id giving the raw reply line, or None to hang up), and records what
+# it received.
+_Reply = Callable[[int], bytes | None]
+
+
+@contextlib.asynccontextmanager
+async def _scripted_server(
+    path: str, replies: list[_Reply]
+) -> AsyncIterator[list[dict[str, object]]]:
+    received: list[dict[str, object]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                request = json.loads(line)
+                received.append(request)
+                answer = replies.pop(0)(request["id"])
+                if answer is None:
+                    break
+                writer.write(answer + b"\n")
+                await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(handle, path)
+    try:
+        yield received
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _ok(rid: int) -> bytes:
+    return json.dumps({"id": rid}).encode()
+
+
+def _refuse(rid: int) -> bytes:
+    return json.dumps({"id": rid, "error": "no such thing"}).encode()
+
+
+def _wrong_id(rid: int) -> bytes:
+    return json.dumps({"id": rid + 7}).encode()
+
+
+def _not_json(rid: int) -> bytes:
+    return b"{not json"
+
+
+def _hang_up(rid: int) -> None:
+    return None
+
+
+# (reply, the TimerError's message, whether the client drops its connection)
+_BAD_REPLIES = [
+    (_refuse, "refused the request: no such thing", False),
+    (_wrong_id, "unexpected reply", True),
+    (_not_json, "lost the timer server", True),
+    (_hang_up, "closed the connection", True),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("bad", "message", "reconnects"), _BAD_REPLIES)
+async def test_the_client_reads_each_reply_and_refuses_a_bad_one(
+    socket_path: str, bad: _Reply, message: str, reconnects: bool
+) -> None:
+    async with _scripted_server(socket_path, [_ok, bad, _ok, _ok]) as received:
+        client = UnixTimerClient(socket_path, signal=signal.SIGUSR1)
+        await client.acquire("a", 30)
+        with pytest.raises(TimerError, match=message):
+            await client.release("a")
+        assert (client._writer is None) == reconnects  # a reply out of step: start afresh
+        await client.acquire("b", 30)  # the client carries on (on a new connection if need be)
+        await client.release("b")
+        await client.aclose()
+    assert [r["id"] for r in received] == [1, 2, 3, 4]  # each request has the next id
+    assert [(r["scope"], r["worker"], r.get("signal")) for r in received] == [
+        ("a", os.getpid(), signal.SIGUSR1),
+        ("a", os.getpid(), None),
+        ("b", os.getpid(), signal.SIGUSR1),
+        ("b", os.getpid(), None),
+    ]
+    assert received[1]["expiration"] is None
+    assert 29 < float(received[0]["expiration"]) - time.time() <= 30  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("bad", "message", "reconnects"), _BAD_REPLIES)
+async def test_the_blocking_client_reads_each_reply_and_refuses_a_bad_one(
+    socket_path: str, bad: _Reply, message: str, reconnects: bool
+) -> None:
+    async with _scripted_server(socket_path, [_ok, bad, _ok, _ok]) as received:
+
+        def work() -> None:
+            with BlockingUnixTimerClient(socket_path, signal=signal.SIGUSR1, timeout=10) as client:
+                client.acquire("a", 30)
+                with pytest.raises(TimerError, match=message):
+                    client.release("a")
+                assert (client._sock is None) == reconnects
+                client.acquire("b", 30)
+                client.release("b")
+
+        await asyncio.to_thread(work)
+    assert [r["id"] for r in received] == [1, 2, 3, 4]
+    assert [(r["scope"], r.get("signal")) for r in received] == [
+        ("a", signal.SIGUSR1),
+        ("a", None),
+        ("b", signal.SIGUSR1),
+        ("b", None),
+    ]
+    assert 29 < float(received[0]["expiration"]) - time.time() <= 30  # type: ignore[arg-type]
