@@ -8,7 +8,8 @@ import logging
 import math
 import os
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
@@ -21,6 +22,7 @@ from aioelastic.timer import (
     CallbackReaper,
     CancelTaskReaper,
     ExpiredTimer,
+    LocalTimerClient,
     LocalTimerServer,
     SignalReaper,
     TimerGuard,
@@ -568,3 +570,104 @@ async def test_remaining_after_cancel_is_infinite() -> None:
     async with expires(after=5, scope="s") as guard:
         await guard.cancel()
         assert guard.remaining == math.inf
+
+
+def _message(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+def test_bad_arguments_get_errors_naming_what_was_given() -> None:
+    server = LocalTimerServer()
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: configure(3), "client must be a TimerClient or None, got int"),  # type: ignore[arg-type]
+        (lambda: TimerGuard(1, client="c"), "client must be a TimerClient, got str"),  # type: ignore[arg-type]
+        (lambda: CallbackReaper(7), "callback must be callable, got int"),  # type: ignore[arg-type]
+        (lambda: server.submit("r"), "request must be a TimerRequest, got str"),  # type: ignore[arg-type]
+        (lambda: LocalTimerClient(7), "server must be a LocalTimerServer, got int"),  # type: ignore[arg-type]
+        (lambda: LocalTimerClient(server, []), "worker_id must be hashable, got list"),  # type: ignore[arg-type]
+        (lambda: TimerRequest(1, "s", None, pid=True), "pid must be a process id (int), got bool"),
+    ]
+    for call, message in cases:
+        assert _message(call) == message
+    assert "scope" in _message(lambda: TimerGuard(1, scope=""))
+    assert TimerRequest(1, "s", None, pid=1).pid == 1  # pid 1 is a process id
+
+
+@virtual
+async def test_a_submitted_request_reaches_the_reaper_whole() -> None:
+    reaps = Recorder()
+    async with LocalTimerServer(reaps) as server:
+        expiration = time.time() + 1
+        server.submit(TimerRequest(42, "s", expiration, pid=4242, signal=signal.SIGUSR1))
+        await server.wait_reaped(1)
+    (timer,) = reaps.timers
+    assert (timer.worker_id, timer.scope_id, timer.pid, timer.signal) == (
+        42,
+        "s",
+        4242,
+        signal.SIGUSR1,
+    )
+    assert timer.expiration_time == expiration
+
+
+@virtual
+async def test_the_server_keeps_its_history_and_event_sink() -> None:
+    events: list[object] = []
+
+    class Sink:
+        def emit(self, event: object) -> None:
+            events.append(event)
+
+    async with LocalTimerServer(Recorder(), history=2, event_sink=Sink()) as server:
+        client = server.client("w")
+        for scope in ("a", "b", "c"):
+            await client.acquire(scope, 1)
+        await server.wait_reaped(3)
+    assert [e.timer.scope_id for e in server.reaps] == ["b", "c"]  # the last `history` reaps
+    assert events  # reaps went to the sink given, not the default one
+
+
+@virtual
+async def test_each_failing_async_reap_is_counted() -> None:
+    async def reaper(timer: ExpiredTimer) -> None:
+        raise RuntimeError("broke")
+
+    async with LocalTimerServer(CallbackReaper(reaper)) as server:
+        client = server.client("w")
+        await client.acquire("a", 1)
+        await client.acquire("b", 1)
+        await asyncio.sleep(2)
+        assert server.statistics().reaper_failures == 2
+
+
+@virtual
+async def test_a_reaped_task_is_told_which_scope_expired() -> None:
+    async with LocalTimerServer() as server:
+        client = server.client()
+
+        async def work() -> None:
+            await client.acquire("step", 1)
+            await asyncio.sleep(10)
+
+        task = asyncio.ensure_future(work())
+        with pytest.raises(asyncio.CancelledError, match="watchdog timer of scope 'step' expired"):
+            await task
+
+
+def test_a_client_without_a_worker_id_needs_a_task() -> None:
+    client = LocalTimerServer().client()
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+        said: asyncio.Future[str] = loop.create_future()
+        loop.call_soon(lambda: said.set_result(_message(client._worker)))  # a callback, no task
+
+        async def message() -> str:
+            return await said
+
+        assert runner.run(message()) == (
+            "LocalTimerClient without a worker_id must be used from a task"
+        )
