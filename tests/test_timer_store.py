@@ -27,6 +27,7 @@ from aioelastic.timer import (
     StoreTimerServer,
     TimerRequest,
     expires,
+    run_prefix,
     timer_key,
 )
 
@@ -421,3 +422,11 @@ def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
             assert not server.running
 
     run_in_virtual_time(body)
+
+
+def test_run_prefix_quotes_the_run_id_and_refuses_an_empty_one() -> None:
+    assert run_prefix("job/1 a") == "aioelastic/run-timers/job%2F1%20a/"
+    for bad in ("", 3):
+        with pytest.raises(ValueError, match="run_id") as info:
+            run_prefix(bad)  # type: ignore[arg-type]
+        assert str(info.value) == f"run_id must be a non-empty str, got {bad!r}"

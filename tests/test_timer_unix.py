@@ -364,8 +364,10 @@ async def _scripted_server(
                 answer = replies.pop(0)(request["id"])
                 if answer is None:
                     break
-                writer.write(answer + b"\n")
-                await writer.drain()
+                for part in (answer + b"\n").split(_SPLIT):  # in pieces, if it asks so
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
         finally:
             writer.close()
 
@@ -375,6 +377,13 @@ async def _scripted_server(
     finally:
         server.close()
         await server.wait_closed()
+
+
+_SPLIT = b"\x00"  # where a scripted reply is cut into separately sent pieces
+
+
+def _in_pieces(rid: int) -> bytes:
+    return _SPLIT.join([b'{"i', b'd": ', str(rid).encode(), b"}"])
 
 
 def _ok(rid: int) -> bytes:
@@ -412,7 +421,7 @@ _BAD_REPLIES = [
 async def test_the_client_reads_each_reply_and_refuses_a_bad_one(
     socket_path: str, bad: _Reply, message: str, reconnects: bool
 ) -> None:
-    async with _scripted_server(socket_path, [_ok, bad, _ok, _ok]) as received:
+    async with _scripted_server(socket_path, [_in_pieces, bad, _ok, _ok]) as received:
         client = UnixTimerClient(socket_path, signal=signal.SIGUSR1)
         await client.acquire("a", 30)
         with pytest.raises(TimerError, match=message):
@@ -438,7 +447,7 @@ async def test_the_client_reads_each_reply_and_refuses_a_bad_one(
 async def test_the_blocking_client_reads_each_reply_and_refuses_a_bad_one(
     socket_path: str, bad: _Reply, message: str, reconnects: bool
 ) -> None:
-    async with _scripted_server(socket_path, [_ok, bad, _ok, _ok]) as received:
+    async with _scripted_server(socket_path, [_in_pieces, bad, _ok, _ok]) as received:
 
         def work() -> None:
             with BlockingUnixTimerClient(socket_path, signal=signal.SIGUSR1, timeout=10) as client:
@@ -458,3 +467,23 @@ async def test_the_blocking_client_reads_each_reply_and_refuses_a_bad_one(
         ("b", None),
     ]
     assert 29 < float(received[0]["expiration"]) - time.time() <= 30  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_client_used_after_a_fork_says_so(socket_path: str) -> None:
+    async with _scripted_server(socket_path, [_ok]) as received:
+        client = UnixTimerClient(socket_path)
+        client.pid = os.getpid() + 1  # as if created in the parent of a fork
+        with pytest.raises(TimerError) as info:
+            await client.acquire("s", 30)
+        await client.aclose()
+    assert str(info.value) == (
+        "this UnixTimerClient was created in another process (before a fork); "
+        "create a new client in this process"
+    )
+    assert received == []
+
+
+def test_the_blocking_client_checks_its_timeout() -> None:
+    with pytest.raises(ValueError, match=r"^timeout "):
+        BlockingUnixTimerClient("/nonexistent", timeout=-1)
