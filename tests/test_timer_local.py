@@ -25,6 +25,7 @@ from aioelastic.timer import (
     LocalTimerClient,
     LocalTimerServer,
     SignalReaper,
+    TimerClient,
     TimerGuard,
     TimerRequest,
     configure,
@@ -671,3 +672,73 @@ def test_a_client_without_a_worker_id_needs_a_task() -> None:
         assert runner.run(message()) == (
             "LocalTimerClient without a worker_id must be used from a task"
         )
+
+
+class SlowClient(TimerClient):
+    """A remote-style client (not in-process) whose requests take ``delay`` loop seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.calls: list[str] = []
+
+    async def _acquire(self, scope_id: str, after: float) -> None:
+        self.calls.append(f"acquiring {scope_id}")
+        await asyncio.sleep(self.delay)
+        self.calls.append(f"acquired {scope_id}")
+
+    async def _release(self, scope_id: str) -> None:
+        await asyncio.sleep(self.delay)
+        self.calls.append(f"released {scope_id}")
+
+
+@virtual
+async def test_a_guard_cancelled_while_arming_releases_what_it_may_have_armed() -> None:
+    client = SlowClient(1)
+    guard = expires(after=30, scope="s", client=client)
+    task = asyncio.ensure_future(guard.acquire())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert guard.state == "released"
+    assert client.calls == ["acquiring s", "released s"]
+
+
+@virtual
+async def test_a_remote_release_finishes_even_when_the_block_is_cancelled() -> None:
+    client = SlowClient(1)
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with expires(after=30, scope="s", client=client):
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.ensure_future(work())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.calls[-1] == "released s"  # shielded: not cut short by the cancellation
+
+
+@virtual
+async def test_a_hung_release_gives_up_after_its_timeout() -> None:
+    client = SlowClient(0)
+    loop = asyncio.get_running_loop()
+    async with expires(after=30, scope="s", client=client) as guard:
+        client.delay = 3600
+        started = loop.time()
+    assert loop.time() - started == pytest.approx(timer_pkg._guard.RELEASE_TIMEOUT)
+    assert guard.state == "released"
+
+
+@virtual
+async def test_cancel_outside_a_block_disarms() -> None:
+    client = SlowClient(0)
+    guard = expires(after=30, scope="s", client=client)
+    await guard.acquire()
+    await guard.cancel()
+    assert guard.state == "cancelled"
+    assert guard.remaining == math.inf
+    assert client.calls[-1] == "released s"
