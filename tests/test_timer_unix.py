@@ -487,3 +487,32 @@ async def test_a_client_used_after_a_fork_says_so(socket_path: str) -> None:
 def test_the_blocking_client_checks_its_timeout() -> None:
     with pytest.raises(ValueError, match=r"^timeout "):
         BlockingUnixTimerClient("/nonexistent", timeout=-1)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_the_blocking_client_gives_up_on_a_silent_server(socket_path: str) -> None:
+    release = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        await release.wait()  # reads the request, never answers
+        writer.close()
+
+    server = await asyncio.start_unix_server(silent, socket_path)
+    try:
+
+        def work() -> float:
+            started = time.monotonic()
+            with (
+                BlockingUnixTimerClient(socket_path, timeout=0.3) as client,
+                pytest.raises(TimerError, match="lost the timer server"),
+            ):
+                client.acquire("s", 30)
+            return time.monotonic() - started
+
+        assert 0.25 <= await asyncio.to_thread(work) < 10
+    finally:
+        release.set()
+        server.close()
+        await server.wait_closed()
