@@ -742,3 +742,35 @@ async def test_cancel_outside_a_block_disarms() -> None:
     assert guard.state == "cancelled"
     assert guard.remaining == math.inf
     assert client.calls[-1] == "released s"
+
+
+@virtual
+async def test_wait_reaped_waits_for_one_by_default_and_says_when_the_server_closed() -> None:
+    server = LocalTimerServer(Recorder())
+    async with server:
+        client = server.client("w")
+        await client.acquire("a", 1)
+        await client.acquire("b", 5)
+        assert server.statistics().armed == 2
+        events = await server.wait_reaped()
+        assert [e.timer.scope_id for e in events] == ["a"]
+        assert server.statistics().armed == 1
+        waiting = asyncio.ensure_future(server.wait_reaped(3))
+        await asyncio.sleep(0)
+    with pytest.raises(TimerError) as info:
+        await waiting
+    assert str(info.value) == "LocalTimerServer closed after 1 of 3 reaps"
+
+
+@pytest.mark.asyncio
+async def test_the_signal_reaper_signals_the_timers_pid_before_its_worker_id() -> None:
+    proc = await asyncio.create_subprocess_exec("sleep", "30")
+    try:
+        # the worker id is an int too, of no live process: the pid wins
+        SignalReaper(signal.SIGTERM)(ExpiredTimer(2**22 + 12345, "s", 0.0, pid=proc.pid))
+        async with asyncio.timeout(10):
+            assert await proc.wait() == -signal.SIGTERM
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
