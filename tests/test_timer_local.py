@@ -774,3 +774,17 @@ async def test_the_signal_reaper_signals_the_timers_pid_before_its_worker_id() -
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_a_signal_is_a_number_in_1_to_nsig() -> None:
+    for good in (1, signal.NSIG - 1):
+        assert TimerRequest(1, "s", 1.0, signal=good).signal == good
+    for bad in (0, signal.NSIG):
+        with pytest.raises(ValueError, match="signal") as info:
+            TimerRequest(1, "s", 1.0, signal=bad)
+        assert (
+            str(info.value) == f"signal must be a signal number in 1..{signal.NSIG - 1}, got {bad}"
+        )
+    with pytest.raises(TypeError, match="signal") as type_info:
+        TimerRequest(1, "s", 1.0, signal=True)
+    assert str(type_info.value) == "signal must be a signal number (int), got bool"

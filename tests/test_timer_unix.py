@@ -25,6 +25,7 @@ from aioelastic.timer import (
     UnixTimerClient,
     UnixTimerServer,
     expires,
+    unix,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +144,17 @@ async def test_timers_of_an_exited_worker_are_dropped(socket_path: str) -> None:
         assert list(server.reaps) == []
         assert server.armed == 0
         assert server.statistics().dropped == 1
+        if unix._HAVE_PIDFD:  # the exited worker's pidfd is closed and off the loop
+            assert server._pidfds == {}
+            assert not _open_pidfds()
+
+
+def _open_pidfds() -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone already
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in links if "pidfd" in link]
 
 
 @pytest.mark.asyncio
@@ -288,8 +300,6 @@ async def test_exited_worker_is_dropped_without_pidfd(
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where pidfds are missing, the server checks the process when its connection closes."""
-    from aioelastic.timer import unix
-
     monkeypatch.setattr(unix, "_HAVE_PIDFD", False)
     async with UnixTimerServer(socket_path) as server:
         proc = await spawn(socket_path, "exit")
