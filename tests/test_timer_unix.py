@@ -211,20 +211,26 @@ async def test_malformed_requests_are_rejected_and_server_keeps_running(
         me = os.getpid()
         bad = [
             (b"this is not json", "must be JSON"),
+            (b"\xff\xfe not even UTF-8", "must be JSON"),
             (b'{"v":1,"worker":1,"scope":"s","expiration":1,"id":"x"}', "'id'"),
             (b'{"v":9,"worker":1,"scope":"s","expiration":1}', "version"),
             (b'{"v":1,"worker":"w","scope":"s","expiration":1}', "process id"),
             (b'{"v":1,"worker":1,"scope":"s","expiration":1e400}', "expiration"),
             (f'{{"v":1,"worker":{me + 1},"scope":"s","expiration":1}}'.encode(), "only arm"),
+            (
+                f'{{"v":1,"worker":{me},"pid":{me + 1},"scope":"s","expiration":1}}'.encode(),
+                "worker must be the client's process id",
+            ),
             (b"x" * 40_000, "longer than"),
         ]
         for line, message in bad:
             reply = await send(line)
             assert message in str(reply.get("error")), (line[:60], reply)
+            assert reply["id"] is None  # no usable id in the request
         assert server.statistics().rejected == len(bad)
         # the same connection still works
         ok = f'{{"v":1,"worker":{me},"scope":"s","expiration":null,"id":7}}'.encode()
-        assert await send(ok) == {"id": 7, "ok": True}
+        assert await send(b"\n  \n" + ok) == {"id": 7, "ok": True}  # blank lines are skipped
         writer.close()
         async with UnixTimerClient(socket_path) as client:
             await client.acquire("fine", 30)
