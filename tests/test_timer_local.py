@@ -788,3 +788,14 @@ def test_a_signal_is_a_number_in_1_to_nsig() -> None:
     with pytest.raises(TypeError, match="signal") as type_info:
         TimerRequest(1, "s", 1.0, signal=True)
     assert str(type_info.value) == "signal must be a signal number (int), got bool"
+
+
+@virtual
+async def test_every_release_is_counted() -> None:
+    async with LocalTimerServer(Recorder()) as server:
+        client = server.client("w")
+        for _ in range(3):
+            await client.acquire("s", 5)
+            await client.release("s")
+        await client.release("s")  # not armed: not a release
+        assert server.statistics().released == 3

@@ -532,3 +532,32 @@ async def test_the_blocking_client_gives_up_on_a_silent_server(socket_path: str)
         release.set()
         server.close()
         await server.wait_closed()
+
+
+TWO_TIMERS_THEN_EXIT = """
+import asyncio, sys
+from aioelastic.timer import UnixTimerClient
+
+async def main() -> None:
+    client = UnixTimerClient(sys.argv[1])
+    await client.acquire("a", 30)
+    await client.acquire("b", 30)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_every_timer_of_every_exited_worker_is_counted_as_dropped(socket_path: str) -> None:
+    async with UnixTimerServer(socket_path) as server:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        for _ in range(2):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", TWO_TIMERS_THEN_EXIT, socket_path, env=env
+            )
+            async with asyncio.timeout(20):
+                assert await proc.wait() == 0
+        await asyncio.sleep(0.8)  # the exits arrive as loop events (pidfd), as above
+        assert server.statistics().dropped == 4
+        assert server.armed == 0
