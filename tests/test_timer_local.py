@@ -799,3 +799,10 @@ async def test_every_release_is_counted() -> None:
             await client.release("s")
         await client.release("s")  # not armed: not a release
         assert server.statistics().released == 3
+
+
+def test_a_request_is_compact_json_on_the_wire() -> None:
+    request = TimerRequest(7, "s", 12.5, pid=7, signal=15)
+    assert request.to_json() == (
+        b'{"v":1,"worker":7,"scope":"s","expiration":12.5,"pid":7,"signal":15}'
+    )

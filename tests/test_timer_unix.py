@@ -561,3 +561,9 @@ async def test_every_timer_of_every_exited_worker_is_counted_as_dropped(socket_p
         await asyncio.sleep(0.8)  # the exits arrive as loop events (pidfd), as above
         assert server.statistics().dropped == 4
         assert server.armed == 0
+
+
+def test_the_server_needs_a_path() -> None:
+    with pytest.raises(ValueError, match="path") as info:
+        UnixTimerServer("")
+    assert str(info.value) == "path must not be empty"
