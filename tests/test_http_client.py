@@ -25,7 +25,7 @@ from aioelastic.errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
-from aioelastic.store import EventType, MemoryEngine, open_store
+from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._frames import RESULT, pack, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
@@ -132,6 +132,133 @@ async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -
             await store.get("k")
         assert not isinstance(info.value, WriteOutcomeUnknownError)
         assert seen.ops[before:] == ["get"] * 3  # a read is retried
+
+
+class _CountingEngine(MemoryEngine):
+    """The real engine, counting the writes a server applies (so a resend shows as two)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[str] = []
+
+    def compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
+        self.applied.append(f"compare_and_delete {key}")
+        return super().compare_and_delete(key, expected_mod_revision)
+
+    def lease_revoke(self, lease_id: int) -> None:
+        self.applied.append(f"lease_revoke {lease_id}")
+        super().lease_revoke(lease_id)
+
+
+@contextlib.asynccontextmanager
+async def _answer_dropping_proxy(port: int) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A TCP proxy on 127.0.0.1 to a server on ``port``, whatever the protocol on top; yields
+    (url, drop). While ``drop`` is set, the next bytes the server sends (the answer to the
+    request just made) are thrown away and the client's connection is cut: the request was
+    applied, and the client never hears so."""
+    drop = asyncio.Event()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def pump(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: bool
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if answers and drop.is_set():
+                    drop.clear()
+                    break
+                writer.write(data)
+                await writer.drain()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        legs = [
+            asyncio.ensure_future(pump(reader, up_writer, answers=False)),
+            asyncio.ensure_future(pump(up_reader, writer, answers=True)),
+        ]
+        try:
+            await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for leg in legs:
+                leg.cancel()
+            await asyncio.gather(*legs, return_exceptions=True)
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+    def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(handle(reader, writer))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    proxy = await asyncio.start_server(track, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{proxy_port}", drop
+    finally:
+        proxy.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await proxy.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_compare_and_delete_and_lease_revoke_lost_after_sending_are_not_resent() -> None:
+    """A write whose answer is lost with the connection is WriteOutcomeUnknownError, and the
+    server applied it once: the client did not send it again (on a new connection or a resumed
+    session). Seen at the real server's engine, so it holds whatever the client's transport."""
+    engine = _CountingEngine()
+    async with (
+        HttpStoreServer(port=0, engine=engine) as server,
+        _answer_dropping_proxy(server.port) as (url, drop),
+        open_store(url, read_retries=2, timeout=10) as store,
+    ):
+        revision = engine.put("k", b"v")
+        lease = engine.lease_grant(60)  # not tied to the client's connection or session
+        await store.get("k")  # connected: the next answer is the write's
+        writes: dict[str, Callable[[], Awaitable[object]]] = {
+            "compare_and_delete k": lambda: store.compare_and_delete("k", revision),
+            f"lease_revoke {lease.id}": lambda: store.lease_revoke(lease.id),
+        }
+        for applied, write in writes.items():
+            drop.set()
+            with pytest.raises(WriteOutcomeUnknownError, match="may or may not"):
+                await asyncio.wait_for(write(), 20)
+            assert not drop.is_set()  # the server did answer (the proxy dropped it)
+            await store.get("k")  # the client carries on (and has had time to resend)
+            assert engine.applied == [applied]  # applied once: not sent again
+            engine.applied.clear()
+        assert engine.get("k") is None
+        assert lease.id not in [status.id for status in engine.leases()]
+
+
+@contextlib.asynccontextmanager
+async def _silent_aiohttp_server() -> AsyncIterator[tuple[str, list[str], asyncio.Event]]:
+    """A real aiohttp server on 127.0.0.1 that reads every request and never answers; yields
+    (url, the requests it received as "METHOD path", an event set at each arrival)."""
+    received: list[str] = []
+    arrived = asyncio.Event()
+    release = asyncio.Event()
+
+    async def never_answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        await request.read()
+        received.append(f"{request.method} {request.path}")
+        arrived.set()
+        await release.wait()
+        return aiohttp.web.Response(status=503)
+
+    app = aiohttp.web.Application()
+    app.router.add_route("*", "/{tail:.*}", never_answer)
+    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", received, arrived
+    finally:
+        release.set()
+        await runner.cleanup()
 
 
 @pytest.mark.asyncio

@@ -17,3 +17,9 @@ class TestMemoryStore(StoreConformance):
     async def open_store(self) -> AsyncIterator[Store]:
         async with MemoryStore() as store:
             yield store
+
+    @contextlib.asynccontextmanager
+    async def open_peer(self, client: Store) -> AsyncIterator[Store]:
+        assert isinstance(client, MemoryStore)
+        async with MemoryStore(client.engine) as store:  # another client of the same engine
+            yield store

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import os
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
@@ -20,8 +22,10 @@ from aioelastic.timer import (
     CallbackReaper,
     CancelTaskReaper,
     ExpiredTimer,
+    LocalTimerClient,
     LocalTimerServer,
     SignalReaper,
+    TimerClient,
     TimerGuard,
     TimerRequest,
     configure,
@@ -180,6 +184,14 @@ async def test_reacquire_same_scope_replaces_the_timer() -> None:
         await asyncio.sleep(10)
     assert len(reaps.timers) == 1
     assert reaps.times[0] == pytest.approx(start + 6, abs=1e-6)
+
+
+def test_the_default_scope_is_the_callers_file_and_line() -> None:
+    line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+    by_expires = expires(after=5)
+    by_guard = TimerGuard(5)
+    assert by_expires.scope_id == f"{__file__}#{line + 1}"
+    assert by_guard.scope_id == f"{__file__}#{line + 2}"
 
 
 @virtual
@@ -559,3 +571,238 @@ async def test_remaining_after_cancel_is_infinite() -> None:
     async with expires(after=5, scope="s") as guard:
         await guard.cancel()
         assert guard.remaining == math.inf
+
+
+def _message(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+def test_bad_arguments_get_errors_naming_what_was_given() -> None:
+    server = LocalTimerServer()
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: configure(3), "client must be a TimerClient or None, got int"),  # type: ignore[arg-type]
+        (lambda: TimerGuard(1, client="c"), "client must be a TimerClient, got str"),  # type: ignore[arg-type]
+        (lambda: CallbackReaper(7), "callback must be callable, got int"),  # type: ignore[arg-type]
+        (lambda: server.submit("r"), "request must be a TimerRequest, got str"),  # type: ignore[arg-type]
+        (lambda: LocalTimerClient(7), "server must be a LocalTimerServer, got int"),  # type: ignore[arg-type]
+        (lambda: LocalTimerClient(server, []), "worker_id must be hashable, got list"),  # type: ignore[arg-type]
+        (lambda: TimerRequest(1, "s", None, pid=True), "pid must be a process id (int), got bool"),
+    ]
+    for call, message in cases:
+        assert _message(call) == message
+    assert "scope" in _message(lambda: TimerGuard(1, scope=""))
+    assert TimerRequest(1, "s", None, pid=1).pid == 1  # pid 1 is a process id
+
+
+@virtual
+async def test_a_submitted_request_reaches_the_reaper_whole() -> None:
+    reaps = Recorder()
+    async with LocalTimerServer(reaps) as server:
+        expiration = time.time() + 1
+        server.submit(TimerRequest(42, "s", expiration, pid=4242, signal=signal.SIGUSR1))
+        await server.wait_reaped(1)
+    (timer,) = reaps.timers
+    assert (timer.worker_id, timer.scope_id, timer.pid, timer.signal) == (
+        42,
+        "s",
+        4242,
+        signal.SIGUSR1,
+    )
+    assert timer.expiration_time == expiration
+
+
+@virtual
+async def test_the_server_keeps_its_history_and_event_sink() -> None:
+    events: list[object] = []
+
+    class Sink:
+        def emit(self, event: object) -> None:
+            events.append(event)
+
+    async with LocalTimerServer(Recorder(), history=2, event_sink=Sink()) as server:
+        client = server.client("w")
+        for scope in ("a", "b", "c"):
+            await client.acquire(scope, 1)
+        await server.wait_reaped(3)
+    assert [e.timer.scope_id for e in server.reaps] == ["b", "c"]  # the last `history` reaps
+    assert events  # reaps went to the sink given, not the default one
+
+
+@virtual
+async def test_each_failing_async_reap_is_counted() -> None:
+    async def reaper(timer: ExpiredTimer) -> None:
+        raise RuntimeError("broke")
+
+    async with LocalTimerServer(CallbackReaper(reaper)) as server:
+        client = server.client("w")
+        await client.acquire("a", 1)
+        await client.acquire("b", 1)
+        await asyncio.sleep(2)
+        assert server.statistics().reaper_failures == 2
+
+
+@virtual
+async def test_a_reaped_task_is_told_which_scope_expired() -> None:
+    async with LocalTimerServer() as server:
+        client = server.client()
+
+        async def work() -> None:
+            await client.acquire("step", 1)
+            await asyncio.sleep(10)
+
+        task = asyncio.ensure_future(work())
+        with pytest.raises(asyncio.CancelledError, match="watchdog timer of scope 'step' expired"):
+            await task
+
+
+def test_a_client_without_a_worker_id_needs_a_task() -> None:
+    client = LocalTimerServer().client()
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+        said: asyncio.Future[str] = loop.create_future()
+        loop.call_soon(lambda: said.set_result(_message(client._worker)))  # a callback, no task
+
+        async def message() -> str:
+            return await said
+
+        assert runner.run(message()) == (
+            "LocalTimerClient without a worker_id must be used from a task"
+        )
+
+
+class SlowClient(TimerClient):
+    """A remote-style client (not in-process) whose requests take ``delay`` loop seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.calls: list[str] = []
+
+    async def _acquire(self, scope_id: str, after: float) -> None:
+        self.calls.append(f"acquiring {scope_id}")
+        await asyncio.sleep(self.delay)
+        self.calls.append(f"acquired {scope_id}")
+
+    async def _release(self, scope_id: str) -> None:
+        await asyncio.sleep(self.delay)
+        self.calls.append(f"released {scope_id}")
+
+
+@virtual
+async def test_a_guard_cancelled_while_arming_releases_what_it_may_have_armed() -> None:
+    client = SlowClient(1)
+    guard = expires(after=30, scope="s", client=client)
+    task = asyncio.ensure_future(guard.acquire())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert guard.state == "released"
+    assert client.calls == ["acquiring s", "released s"]
+
+
+@virtual
+async def test_a_remote_release_finishes_even_when_the_block_is_cancelled() -> None:
+    client = SlowClient(1)
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with expires(after=30, scope="s", client=client):
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.ensure_future(work())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.calls[-1] == "released s"  # shielded: not cut short by the cancellation
+
+
+@virtual
+async def test_a_hung_release_gives_up_after_its_timeout() -> None:
+    client = SlowClient(0)
+    loop = asyncio.get_running_loop()
+    async with expires(after=30, scope="s", client=client) as guard:
+        client.delay = 3600
+        started = loop.time()
+    assert loop.time() - started == pytest.approx(timer_pkg._guard.RELEASE_TIMEOUT)
+    assert guard.state == "released"
+
+
+@virtual
+async def test_cancel_outside_a_block_disarms() -> None:
+    client = SlowClient(0)
+    guard = expires(after=30, scope="s", client=client)
+    await guard.acquire()
+    await guard.cancel()
+    assert guard.state == "cancelled"
+    assert guard.remaining == math.inf
+    assert client.calls[-1] == "released s"
+
+
+@virtual
+async def test_wait_reaped_waits_for_one_by_default_and_says_when_the_server_closed() -> None:
+    server = LocalTimerServer(Recorder())
+    async with server:
+        client = server.client("w")
+        await client.acquire("a", 1)
+        await client.acquire("b", 5)
+        assert server.statistics().armed == 2
+        events = await server.wait_reaped()
+        assert [e.timer.scope_id for e in events] == ["a"]
+        assert server.statistics().armed == 1
+        waiting = asyncio.ensure_future(server.wait_reaped(3))
+        await asyncio.sleep(0)
+    with pytest.raises(TimerError) as info:
+        await waiting
+    assert str(info.value) == "LocalTimerServer closed after 1 of 3 reaps"
+
+
+@pytest.mark.asyncio
+async def test_the_signal_reaper_signals_the_timers_pid_before_its_worker_id() -> None:
+    proc = await asyncio.create_subprocess_exec("sleep", "30")
+    try:
+        # the worker id is an int too, of no live process: the pid wins
+        SignalReaper(signal.SIGTERM)(ExpiredTimer(2**22 + 12345, "s", 0.0, pid=proc.pid))
+        async with asyncio.timeout(10):
+            assert await proc.wait() == -signal.SIGTERM
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_a_signal_is_a_number_in_1_to_nsig() -> None:
+    for good in (1, signal.NSIG - 1):
+        assert TimerRequest(1, "s", 1.0, signal=good).signal == good
+    for bad in (0, signal.NSIG):
+        with pytest.raises(ValueError, match="signal") as info:
+            TimerRequest(1, "s", 1.0, signal=bad)
+        assert (
+            str(info.value) == f"signal must be a signal number in 1..{signal.NSIG - 1}, got {bad}"
+        )
+    with pytest.raises(TypeError, match="signal") as type_info:
+        TimerRequest(1, "s", 1.0, signal=True)
+    assert str(type_info.value) == "signal must be a signal number (int), got bool"
+
+
+@virtual
+async def test_every_release_is_counted() -> None:
+    async with LocalTimerServer(Recorder()) as server:
+        client = server.client("w")
+        for _ in range(3):
+            await client.acquire("s", 5)
+            await client.release("s")
+        await client.release("s")  # not armed: not a release
+        assert server.statistics().released == 3
+
+
+def test_a_request_is_compact_json_on_the_wire() -> None:
+    request = TimerRequest(7, "s", 12.5, pid=7, signal=15)
+    assert request.to_json() == (
+        b'{"v":1,"worker":7,"scope":"s","expiration":12.5,"pid":7,"signal":15}'
+    )

@@ -27,6 +27,7 @@ from aioelastic.timer import (
     StoreTimerServer,
     TimerRequest,
     expires,
+    run_prefix,
     timer_key,
 )
 
@@ -419,5 +420,45 @@ def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
             with pytest.raises(StoreConnectionError):
                 await server.start()
             assert not server.running
+
+    run_in_virtual_time(body)
+
+
+def test_run_prefix_quotes_the_run_id_and_refuses_an_empty_one() -> None:
+    assert run_prefix("job/1 a") == "aioelastic/run-timers/job%2F1%20a/"
+    for bad in ("", 3):
+        with pytest.raises(ValueError, match="run_id") as info:
+            run_prefix(bad)  # type: ignore[arg-type]
+        assert str(info.value) == f"run_id must be a non-empty str, got {bad!r}"
+
+
+def test_a_claim_of_unknown_outcome_reads_back_and_backs_off_while_it_cannot() -> None:
+    """A claim whose answer was lost is read back; when the read fails too, the server waits
+    (retry_interval, then twice that, ...: not a busy loop, not a give-up), claims again and
+    reaps once."""
+    from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
+    from aioelastic.testing import FaultInjectingStore
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        reaped_at: list[float] = []
+        async with MemoryStore() as inner:
+            faulty = FaultInjectingStore(inner)
+
+            def reaper(timer: ExpiredTimer) -> None:
+                reaped_at.append(loop.time())
+
+            async with StoreTimerServer(faulty, reaper, prefix="t/", retry_interval=0.2):
+                client = StoreTimerClient(inner, "w", prefix="t/")
+                for _ in range(3):  # each claim's answer lost, and each read-back failing
+                    faulty.fail_next("compare_and_delete", WriteOutcomeUnknownError("injected"))
+                    faulty.fail_next("get", StoreConnectionError("injected"))
+                started = loop.time()
+                await client.acquire("s", 1)
+                await asyncio.sleep(10)
+                # after each wait the claim is sent again; the fourth gets through
+                assert (faulty.calls["compare_and_delete"], faulty.calls["get"]) == (4, 3)
+        assert len(reaped_at) == 1
+        assert reaped_at[0] - started == pytest.approx(1 + 0.2 + 0.4 + 0.8, abs=0.05)
 
     run_in_virtual_time(body)

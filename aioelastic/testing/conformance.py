@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..store import EventType, KeyValue, MemoryStore, Store, open_store
 from ..store._base import ALL_FEATURES
+from ..store._prefixed import PrefixedStore
 from ._conformance_kit import _Body, collect, conformance_test, next_event
 from ._keys import UNUSUAL_KEYS
 from ._stm_conformance import StmConformance
@@ -61,6 +62,11 @@ class StoreConformance(TxnConformance, StmConformance):
     short_ttl: ClassVar[float] = 1.0
     #: Run each test on a virtual-time loop (only for backends with no real I/O).
     virtual_time: ClassVar[bool] = False
+    #: How long (s) a watch sits idle in the idle-watch test: past a few of the backend's
+    #: progress intervals, if it has them (the http suite's is 0.5 s).
+    watch_idle: ClassVar[float] = 2.0
+    #: The connected client a test's store belongs to (set while the test runs).
+    client: Store
     #: Bound on each test, in (loop) seconds.
     test_timeout: ClassVar[float] = 60.0
 
@@ -274,6 +280,24 @@ class StoreConformance(TxnConformance, StmConformance):
         assert await store.add("fresh") == 1
 
     @conformance_test()
+    async def test_add_is_exact_across_clients(self, store: Store) -> None:
+        """Two clients adding to one key at once: each add applies once, and returns a total no
+        other add returned (a client-side lock cannot hide a lost update here)."""
+        returned: list[int] = []
+        async with self.open_peer(self.client) as peer:
+            other = peer.namespace(store.prefix) if isinstance(store, PrefixedStore) else peer
+
+            async def worker(client: Store) -> None:
+                for _ in range(10):
+                    returned.append(await client.add("counter", 1))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(worker, store if i % 2 else other)
+        assert sorted(returned) == list(range(1, 201))
+        assert (await store.get("counter")).value == b"200"  # type: ignore[union-attr]
+
+    @conformance_test()
     async def test_add_on_a_non_integer_value_is_a_value_error(self, store: Store) -> None:
         await store.put("text", b"hello")
         with pytest.raises(ValueError, match="text"):
@@ -301,6 +325,24 @@ class StoreConformance(TxnConformance, StmConformance):
         assert got[2].kv == KeyValue("w/a", b"3", r1, r3, 2, 0)
         assert got[3].revision == r3 + 1
         assert all(a.revision < b.revision for a, b in itertools.pairwise(got))
+
+    @conformance_test()
+    async def test_a_watch_idle_past_its_progress_interval_sees_the_next_write(
+        self, store: Store
+    ) -> None:
+        """A watch that sat idle long enough for progress reports (the revision moving on under
+        other keys meanwhile) still delivers the next write to its prefix, once; every other test
+        writes soon after it watches, so it depended on machine load whether any saw this."""
+        async with store.watch("w/") as events:
+            await store.put("elsewhere", b"1")
+            await anyio.sleep(self.watch_idle)
+            await store.put("elsewhere", b"2")
+            await anyio.sleep(self.watch_idle)
+            revision = await store.put("w/a", b"1")
+            event = await next_event(events)
+            assert (event.kv.key, event.kv.mod_revision) == ("w/a", revision)
+            second = await store.put("w/b", b"2")
+            assert (await next_event(events)).kv.mod_revision == second
 
     @conformance_test()
     async def test_watch_resumes_from_a_revision(self, store: Store) -> None:

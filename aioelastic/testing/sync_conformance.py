@@ -175,6 +175,34 @@ class SyncConformance:
         assert (await a.range("L/")).count == 0
 
     @sync_test
+    async def test_a_contender_whose_key_sorts_first_waits_its_turn(self, env: SyncEnv) -> None:
+        """The queue is ordered by create revision, never by key: a contender that comes second
+        with a key sorting before the holder's (chosen so here, not left to its lease id) neither
+        takes the lock nor is told it is next."""
+        clients = await env.clients(2)
+        async with env.config.lease(clients[0]) as one, env.config.lease(clients[1]) as two:
+            # a queue key starts with its lease id in hex: the contender's must sort first
+            (first, first_lease), (last, last_lease) = sorted(
+                zip(clients, (one, two), strict=True), key=lambda pair: f"{pair[1].id:x}_"
+            )
+            holder = store_lock(last, "L", lease=last_lease)
+            contender = store_lock(first, "L", lease=first_lease)
+            token = await holder.acquire()
+            assert not await contender.try_acquire()
+            with pytest.raises(SyncTimeoutError):
+                await contender.acquire(timeout=0.3)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(contender.acquire)
+                await env.settle(0.2)
+                queue = (await first.range("L/")).kvs
+                assert min(queue, key=lambda kv: kv.key).lease == first_lease.id
+                assert not contender.held
+                await holder.release()
+            assert contender.held
+            assert contender.fencing_token > token
+            await contender.release()
+
+    @sync_test
     async def test_lock_with_a_shared_lease(self, env: SyncEnv) -> None:
         (store,) = await env.clients(1)
         async with env.config.lease(store) as lease:

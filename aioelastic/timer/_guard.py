@@ -42,8 +42,25 @@ def get_client() -> TimerClient | None:
     return _global_client
 
 
-def _caller_scope(depth: int) -> str:
-    frame = sys._getframe(depth + 1)
+# Frames skipped when finding the code that asked for a timer: this package's own (expires, the
+# guard, the blocking client), contextlib's (a `with` of a generator context manager) and the
+# trampolines mutmut puts around every function it mutates (scripts/mutants).
+_PASSED_THROUGH = ("aioelastic.timer.", "mutmut.")
+
+
+def _is_own(module: str) -> bool:
+    return module == "contextlib" or module.startswith(_PASSED_THROUGH)
+
+
+def _caller_scope() -> str:
+    """The ``file#line`` of the first frame outside this package: the code that asked for a timer.
+
+    Found by module rather than by a fixed depth, so a wrapper frame this package (or a tool
+    around it) adds does not move the default scope.
+    """
+    frame = sys._getframe(1)
+    while frame.f_back is not None and _is_own(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back
     return f"{frame.f_code.co_filename}#{frame.f_lineno}"
 
 
@@ -70,12 +87,9 @@ class TimerGuard:
         *,
         scope: str | None = None,
         client: TimerClient | None = None,
-        _depth: int = 1,
     ) -> None:
         self.after = check_duration(after)
-        self.scope_id = (
-            check_scope_id(scope, "scope") if scope is not None else _caller_scope(_depth)
-        )
+        self.scope_id = check_scope_id(scope, "scope") if scope is not None else _caller_scope()
         if client is not None and not isinstance(client, TimerClient):
             raise TypeError(f"client must be a TimerClient, got {type(client).__name__}")
         self.client = client if client is not None else _global_client
@@ -200,4 +214,4 @@ def expires(
     ``scope`` defaults to the caller's ``"file#line"`` (so recursion re-arms one timer);
     ``client`` defaults to the one set by :func:`configure` (none: a local deadline only).
     """
-    return TimerGuard(after, scope=scope, client=client, _depth=2)
+    return TimerGuard(after, scope=scope, client=client)

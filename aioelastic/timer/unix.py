@@ -439,7 +439,7 @@ class BlockingUnixTimerClient:
     @contextlib.contextmanager
     def expires(self, after: float, scope: str | None = None) -> Iterator[None]:
         """Arm ``scope`` (default: the caller's ``file#line``) around a block; release after."""
-        scope_id = scope if scope is not None else _caller_scope(2)
+        scope_id = scope if scope is not None else _caller_scope()
         self.acquire(scope_id, after)
         try:
             yield
