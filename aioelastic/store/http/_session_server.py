@@ -293,6 +293,8 @@ class SessionHub:
         blob = self._blobs.get(key)
         if blob is None:
             blob = self._blobs[key] = encode_events(events)
+            if len(self._blobs) > 1024:  # bounded as the REST streams' frame cache is
+                self._blobs.clear()
         return blob
 
 
