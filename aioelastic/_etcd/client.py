@@ -28,7 +28,7 @@ from ..errors import (
     WriteOutcomeUnknownError,
     WriteTimeoutError,
 )
-from ._liveness import CallAbandonedError, LeaderChangedError, Liveness, MemberHungError
+from ._liveness import CallAbandonedError, LeaderChangedError, MemberHungError, member_liveness
 from ._rpc import EtcdStub, grpc, rpc_pb2
 
 __all__ = ["Endpoint", "EtcdClient", "TLSConfig", "parse_endpoint"]
@@ -174,16 +174,35 @@ async def grpc_call(awaitable: Any) -> Any:
 
 
 class _Channel:
-    """The channel to one member; :meth:`reset` replaces a hung one (``generation`` counts)."""
+    """The channel to one member, opened on first use (a client that never fails over opens
+    one channel, not one per endpoint); :meth:`reset` replaces a hung one (``generation``
+    counts)."""
 
-    __slots__ = ("channel", "endpoint", "generation", "liveness", "stub", "tls")
+    __slots__ = ("_channel", "_stub", "endpoint", "generation", "liveness", "tls")
 
     def __init__(self, endpoint: Endpoint, tls: TLSConfig | None) -> None:
         self.endpoint = endpoint
         self.tls = tls
         self.generation = 0
-        self.liveness = Liveness()
-        self.channel, self.stub = self._open()
+        self.liveness = member_liveness(endpoint.target)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: EtcdStub | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._channel is not None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel, self._stub = self._open()
+        return self._channel
+
+    @property
+    def stub(self) -> EtcdStub:
+        if self._stub is None:
+            self._channel, self._stub = self._open()
+        return self._stub
 
     def _open(self) -> tuple[grpc.aio.Channel, EtcdStub]:
         options = list(CHANNEL_OPTIONS)
@@ -196,11 +215,10 @@ class _Channel:
             channel = grpc.aio.insecure_channel(target, options)
         return channel, EtcdStub(channel)
 
-    def reset(self) -> grpc.aio.Channel:
-        """Open a fresh channel in place of this one; return the old one (to be closed, which
-        cancels every call and stream still on it)."""
-        old = self.channel
-        self.channel, self.stub = self._open()
+    def reset(self) -> grpc.aio.Channel | None:
+        """Drop this channel for a fresh one (opened on next use); return the old one (to be
+        closed, which cancels every call and stream still on it), None if it was never opened."""
+        old, self._channel, self._stub = self._channel, None, None
         self.generation += 1
         return old
 
@@ -320,7 +338,10 @@ class EtcdClient:
             await asyncio.wait((answer, ping), return_when=asyncio.FIRST_COMPLETED)
             if answer.done():
                 break
-            if not ping.result():
+            alive = ping.result()
+            if alive is None:  # the ping's own client closed under it: no verdict, ask again
+                continue
+            if not alive:
                 self.mark_hung(ch, generation)
                 raise MemberHungError(self._hung_message(ch))
             if leader_bound and sent_term and live.term > sent_term:
@@ -332,11 +353,14 @@ class EtcdClient:
         if not answer.cancelled() and answer.exception() is None:
             live.heard(answer.result())
 
-    async def _ping(self, ch: _Channel) -> bool:
-        """Whether the member answers a serializable read within ``ping_timeout``."""
+    async def _ping(self, ch: _Channel) -> bool | None:
+        """Whether the member answers a serializable read within ``ping_timeout``, or answers
+        anything else meanwhile (busy, not hung); None when this client closed under the ping
+        (no verdict for the other clients sharing it)."""
         request = rpc_pb2.RangeRequest(key=b"\0", serializable=True, count_only=True, limit=1)
         token = (("token", self._token),) if self._token is not None else ()
-        response = None
+        live, response = ch.liveness, None
+        heard_before = live.last_heard
         try:
             response = await grpc_call(
                 ch.stub.methods["Range"](
@@ -344,13 +368,18 @@ class EtcdClient:
                 )
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (
+            code = exc.code()
+            if self._closed and code is grpc.StatusCode.CANCELLED:
+                return None
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED and live.last_heard > heard_before:
+                return True  # other answers came meanwhile: queued behind them, not hung
+            if code in (
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.CANCELLED,
             ):
                 return False
-        ch.liveness.heard(response)  # any answer, an error included, comes from a live member
+        live.heard(response)  # any answer, an error included, comes from a live member
         return True
 
     def mark_hung(self, ch: _Channel, generation: int) -> None:
@@ -364,9 +393,11 @@ class EtcdClient:
         )
         log.warning("%s; moving to another member", ch.liveness.hung)
         self.rotate(ch)
-        task = asyncio.ensure_future(ch.reset().close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        old = ch.reset()
+        if old is not None:
+            task = asyncio.ensure_future(old.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def _hung_message(self, ch: _Channel) -> str:
         return ch.liveness.hung or f"etcd member {ch.endpoint} stopped answering"
@@ -583,7 +614,7 @@ class EtcdClient:
         self._closed = True
         channels, self._channels = self._channels, None
         if channels:
-            await asyncio.gather(*(ch.channel.close() for ch in channels))
+            await asyncio.gather(*(ch.channel.close() for ch in channels if ch.opened))
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
