@@ -6,9 +6,10 @@ URL): one store per handler, READY, t0 on stdin, ``DONE <last return> <ranks>``.
 gets a fresh cluster. Besides t(N), each round prints what it cost, from the members' own
 Prometheus counters (summed over the three, read before t0 and after the last return): the
 gRPC requests and streams started per join by method, stream messages received (watch creates,
-lease keep-alives), watch events sent, raft proposals, bytes in and out; the members' CPU time
-and RSS, and the client processes' CPU time over the same span (on a 2-core machine members
-and clients share the cores: the sum of the two against the wall time says which waits).
+lease keep-alives), watch events sent, raft entries, bytes in and out, etcd's signs of a cluster
+at its limits; the members' CPU time and RSS, and the client processes' CPU time over the same
+span (on a 2-core machine members and clients share the cores: the sum of the two against the
+wall time says how many cores the round got).
 """
 
 from __future__ import annotations
