@@ -36,6 +36,7 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnT
 from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
 from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
+from ._blob_cache import BlobCache
 from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
 from ._frames import SESSION_PATH
 from ._persist import DataDir, FsyncPolicy, LogWriteError
@@ -601,10 +602,8 @@ class _App:
         self.max_connections: int | None = None
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
-        # Encoded event frames of the current revision, shared by watchers of the same prefix at
-        # the same position: a write seen by 1,000 watchers is encoded once, not 1,000 times.
-        self._frames: dict[tuple[str, int, int, int], bytes] = {}
-        self._frames_revision = -1
+        # Encoded event frames of the current revision, shared by watchers at the same position.
+        self._frames = BlobCache(_events_lines)
 
     # -- plumbing
 
@@ -1142,7 +1141,7 @@ class _App:
                         break
                     revision = engine.revision  # read with the events: no await in between
                     if events:
-                        await response.write(self._encode(prefix, events, revision))
+                        await response.write(self._frames.get(prefix, events, revision))
                         progress.sent()
                         continue
                     if progress.due:
@@ -1159,20 +1158,6 @@ class _App:
         finally:
             self.watch_streams -= 1
             engine.remove_watcher(watcher)
-
-    def _encode(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
-        # Two watchers of one prefix that read the same revision range got the same events
-        # (a read always ends at a revision boundary), so the frames can be shared.
-        if revision != self._frames_revision:
-            self._frames.clear()
-            self._frames_revision = revision
-        key = (prefix, events[0].revision, events[-1].revision, len(events))
-        frames = self._frames.get(key)
-        if frames is None:
-            frames = self._frames[key] = _events_lines(events)
-            if len(self._frames) > 1024:
-                self._frames.clear()
-        return frames
 
     def end_watch_streams(self) -> None:
         """Make every open watch stream send a ``closing`` frame and end (shutdown)."""
