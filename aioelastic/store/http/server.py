@@ -13,12 +13,10 @@ maps HTTP onto it: raw value bytes in bodies, ``ETag`` = ``mod_revision``, ``If-
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
 import json
 import logging
 import math
-import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -33,12 +31,40 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnTooLargeError
-from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
-from .._types import KeyValue, WatchEvent
+from .._txn import DeletePrefix, Put, Range, Txn
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._blob_cache import BlobCache
 from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
+from ._encoding import (
+    NDJSON,
+    encode_json,
+    events_lines,
+    frame,
+    json_response,
+    kv_json,
+    precondition_failed,
+    written,
+)
+from ._errors import STATUS_CODES, ApiError, RequestReadTimeout, bad, error_response
 from ._frames import SESSION_PATH
+from ._limits import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    DEFAULT_MAX_WATCH_STREAMS,
+    MAX_JSON_BODY_BYTES,
+    MAX_TXN_BODY,
+    Limits,
+)
+from ._metrics import NoMetrics, ServerMetrics, metrics_for
+from ._parsing import (
+    DECIMAL,
+    etag_revision,
+    int_param,
+    json_int,
+    json_number,
+    parse_int,
+    refuse_codings,
+)
 from ._persist import DataDir, FsyncPolicy, LogWriteError
 from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
 from ._txn_wire import result_to_json, txn_from_json
@@ -55,12 +81,6 @@ __all__ = [
 log = logging.getLogger("aioelastic.serve")
 
 DEFAULT_PORT = 29400
-DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
-DEFAULT_MAX_KEY_BYTES = 4096
-DEFAULT_MAX_WATCH_STREAMS = 10_000
-#: Largest JSON request body (``/v1/compact``, ``/v1/lease``: a few bytes each), whatever the
-#: value limit (which bounds ``PUT /v1/kv`` bodies).
-MAX_JSON_BODY_BYTES = 64 * 1024
 #: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
 DEFAULT_READ_TIMEOUT = 30.0
 #: Seconds an idle keep-alive connection is kept between requests (aiohttp's ``web.run_app``
@@ -71,80 +91,14 @@ KEEPALIVE_TIMEOUT = 75.0
 MIN_PROGRESS_INTERVAL = 0.05
 MAX_PROGRESS_INTERVAL = 300.0
 DEFAULT_PROGRESS_INTERVAL = 5.0
-NDJSON = "application/x-ndjson"
 
-#: The largest ``POST /v1/txn`` body: room for MAX_TXN_BYTES in base64 with JSON around it.
-_MAX_TXN_BODY = 4 * MAX_TXN_BYTES
+
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _T = TypeVar("_T")
 
 
 def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamResponse]:
     return handler(request)
-
-
-# -- errors as JSON ------------------------------------------------------------------------------
-
-
-class _ApiError(Exception):
-    """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        headers = self.headers
-        if self.status == 401:
-            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'}
-        response = _error_response(self.status, self.code, self.message, headers, **self.extra)
-        if self.status in (415, 417):
-            response.force_close()  # the refused body is not read: end the connection
-        return response
-
-
-def _bad(message: str) -> _ApiError:
-    return _ApiError(400, "bad_request", message)
-
-
-def _error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
-) -> web.Response:
-    body = {"error": code, "message": message, **extra}
-    return _json(body, status, headers)
-
-
-_STATUS_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    411: "length_required",
-    413: "too_large",
-    414: "uri_too_long",
-    415: "unsupported_media_type",
-    431: "headers_too_large",
-    503: "unavailable",
-}
-
-
-class _RequestReadTimeout(TimeoutError):
-    """Set on a request body that did not arrive within the read deadline: the handler reading
-    it answers 408 (:meth:`_App.answer`). A ``TimeoutError`` so that aiohttp's lingering read of
-    an answered request's unread body ends quietly."""
 
 
 class _JsonErrorRequestHandler(RequestHandler):
@@ -201,13 +155,13 @@ class _JsonErrorRequestHandler(RequestHandler):
         if status >= 500:
             self.log_exception("Error handling request", exc_info=exc)
         text = message or (str(exc) if exc is not None else "") or "malformed request"
-        code = _STATUS_CODES.get(status, "error")
+        code = STATUS_CODES.get(status, "error")
         if isinstance(exc, LineTooLong) or "Too many headers" in text:
             status, code = 431, "headers_too_large"
             text = f"request line or headers too large: {text[:200]}"
         elif status == 400:
             text = f"malformed HTTP request: {text[:200]}"
-        resp = _error_response(status, code, text)
+        resp = error_response(status, code, text)
         resp.force_close()
         return resp
 
@@ -282,7 +236,7 @@ class _JsonErrorRequestHandler(RequestHandler):
             # The handler reading it answers 408 (and closes); a handler that is not reading it
             # (a watch given a body) is closed once it had the chance to.
             body.set_exception(
-                _RequestReadTimeout(
+                RequestReadTimeout(
                     f"the request body did not arrive within {timeout:g}s of its headers "
                     "(the server's read timeout)"
                 )
@@ -309,7 +263,7 @@ class _JsonErrorRequestHandler(RequestHandler):
         transport = self.transport
         if transport is None:
             return
-        body = _encode_json(
+        body = encode_json(
             {
                 "error": "request_timeout",
                 "message": f"the request's head did not arrive within {timeout:g}s "
@@ -416,162 +370,6 @@ def _fast_path(
     return handle
 
 
-# -- encoding ------------------------------------------------------------------------------------
-
-
-def kv_json(kv: KeyValue, *, value: bool = True) -> dict[str, Any]:
-    """The JSON form of a key-value (``value_b64``: the value, base64)."""
-    out: dict[str, Any] = {
-        "key": kv.key,
-        "create_revision": kv.create_revision,
-        "mod_revision": kv.mod_revision,
-        "version": kv.version,
-        "lease": kv.lease,
-    }
-    if value:
-        out["value_b64"] = base64.b64encode(kv.value).decode("ascii")
-    return out
-
-
-def _event_json(event: WatchEvent) -> dict[str, Any]:
-    return {"type": event.type.value, **kv_json(event.kv)}
-
-
-def _events_lines(events: list[WatchEvent]) -> bytes:
-    """One NDJSON line per revision: ``{"type":"events","revision":R,"events":[...]}``."""
-    lines: list[bytes] = []
-    batch: list[dict[str, Any]] = []
-    revision = events[0].revision
-    for event in events:
-        if event.revision != revision:
-            lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
-            batch, revision = [], event.revision
-        batch.append(_event_json(event))
-    lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
-    return b"".join(lines)
-
-
-#: Compact JSON, with the encoder built once (``json.dumps(separators=...)`` builds one per call).
-_encode_json = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _frame(obj: dict[str, Any]) -> bytes:
-    return _encode_json(obj).encode() + b"\n"
-
-
-def _json(
-    obj: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    all_headers = {"Content-Type": "application/json"}
-    if headers:
-        all_headers.update(headers)
-    return web.Response(status=status, body=_encode_json(obj).encode(), headers=all_headers)
-
-
-def _written(revision: int, kv: KeyValue) -> web.Response:
-    """The answer to a successful put: ``{"revision": R, "kv": {...}}`` (no value), ``ETag: "R"``.
-
-    The hottest write answer, formatted directly: the same bytes as
-    ``_json({"revision": R, "kv": kv_json(kv, value=False)})`` (compact, ASCII-escaped key, the
-    fields in that order) without building two dicts and walking them with the encoder.
-    """
-    body = (
-        f'{{"revision":{revision},"kv":{{"key":{_json_str(kv.key)},'
-        f'"create_revision":{kv.create_revision},"mod_revision":{kv.mod_revision},'
-        f'"version":{kv.version},"lease":{kv.lease}}}}}'
-    )
-    return web.Response(
-        body=body.encode(),
-        headers={"Content-Type": "application/json", "ETag": f'"{revision}"'},
-    )
-
-
-#: A JSON string literal, escaped exactly as the (``ensure_ascii``) encoder above escapes it.
-_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
-
-
-# -- parsing -------------------------------------------------------------------------------------
-
-
-def _int_param(request: web.Request, name: str, *, minimum: int, default: int | None = None) -> int:
-    raw = request.query.get(name) if request.query_string else None
-    if raw is None:
-        if default is None:
-            raise _bad(f"query parameter {name!r} is required (an integer >= {minimum})")
-        return default
-    return _parse_int(raw, f"query parameter {name!r}", minimum)
-
-
-_DECIMAL = re.compile(r"-?[0-9]{1,19}")
-
-
-def _parse_int(raw: str, what: str, minimum: int) -> int:
-    raw = raw.strip()
-    if not _DECIMAL.fullmatch(raw):
-        raise _bad(f"{what} must be a decimal integer >= {minimum}, got {raw[:40]!r}")
-    value = int(raw)
-    if value < minimum or value >= 2**63:
-        raise _bad(f"{what} must be an integer in [{minimum}, 2**63), got {value}")
-    return value
-
-
-def _json_int(body: dict[str, Any], name: str, minimum: int) -> int:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"field {name!r} must be an integer >= {minimum}, got {value!r}"[:200])
-    if value < minimum or value >= 2**63:
-        raise _bad(f"field {name!r} must be an integer in [{minimum}, 2**63), got {value}")
-    return value
-
-
-def _json_number(body: dict[str, Any], name: str) -> float:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"field {name!r} must be a number of seconds > 0, got {value!r}"[:200])
-    number = float(value)
-    if not math.isfinite(number) or number <= 0 or number > 1e9:
-        raise _bad(f"field {name!r} must be a finite number of seconds in (0, 1e9], got {value!r}")
-    return number
-
-
-def _etag_revision(raw: str, header: str) -> int:
-    raw = raw.strip()
-    if raw.startswith("W/"):
-        raw = raw[2:]
-    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-        raw = raw[1:-1]
-    return _parse_int(raw, f"header {header}", 0)
-
-
-def _refuse_codings(request: web.Request) -> None:
-    """415 for a body in a content coding (gzip, deflate, ...) or a transfer coding besides
-    ``chunked``. The server does not decompress (``auto_decompress=False``): a decoded size is
-    unbounded by the body's, a part is never stored, and a compressed one never as the value."""
-    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if coding != "identity":
-        raise _ApiError(
-            415,
-            "unsupported_content_encoding",
-            f"request bodies are taken as they are (Content-Encoding: identity); "
-            f"{coding[:40]!r} is not accepted: send the body uncompressed",
-            headers={"Accept-Encoding": "identity"},
-        )
-    transfer = request.headers.get("Transfer-Encoding")
-    if transfer is not None and transfer.strip().lower() != "chunked":
-        raise _ApiError(
-            415,
-            "unsupported_transfer_encoding",
-            f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
-        )
-
-
-class _Limits:
-    def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
-        self.max_key_bytes = max_key_bytes
-        self.max_value_bytes = max_value_bytes
-        self.max_watch_streams = max_watch_streams
-
-
 # -- the application -----------------------------------------------------------------------------
 
 
@@ -583,9 +381,9 @@ class _App:
         engine: MemoryEngine,
         *,
         token: str | None,
-        limits: _Limits,
+        limits: Limits,
         data: DataDir | None,
-        metrics: _Metrics | _NoMetrics,
+        metrics: ServerMetrics | NoMetrics,
     ) -> None:
         self.engine = engine
         self.token = token.encode() if token is not None else None
@@ -603,7 +401,7 @@ class _App:
         #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
         self.ops: dict[Any, str] = {}
         # Encoded event frames of the current revision, shared by watchers at the same position.
-        self._frames = BlobCache(_events_lines)
+        self._frames = BlobCache(events_lines)
 
     # -- plumbing
 
@@ -628,18 +426,18 @@ class _App:
             if self.token is not None and request.path not in self.public_paths:
                 self._authenticate(request)
             if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
-                _refuse_codings(request)
+                refuse_codings(request)
             metered = op
             response = await call(request, arg)
             status = response.status
             return response
-        except _ApiError as exc:
+        except ApiError as exc:
             status = exc.status
             return exc.response()
         except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
             status = exc.status
             if status == 413:
-                return _error_response(
+                return error_response(
                     413,
                     "value_too_large",
                     f"request body too large (at most {self.limits.max_value_bytes} bytes of "
@@ -651,15 +449,15 @@ class _App:
             elif status == 405:
                 message = f"method {request.method} is not allowed on {request.path[:200]!r}"
             allow = exc.headers.get("Allow")
-            return _error_response(
+            return error_response(
                 status,
-                _STATUS_CODES.get(status, "error"),
+                STATUS_CODES.get(status, "error"),
                 message,
                 {"Allow": allow} if allow else None,
             )
         except CompactedError as exc:
             status = 410
-            return _error_response(
+            return error_response(
                 410,
                 "compacted",
                 str(exc),
@@ -668,26 +466,26 @@ class _App:
             )
         except LeaseNotFoundError as exc:
             status = 404
-            return _error_response(404, "lease_not_found", str(exc), lease=exc.lease_id)
+            return error_response(404, "lease_not_found", str(exc), lease=exc.lease_id)
         except StoreClosedError as exc:
             status = 503
-            return _error_response(503, "unavailable", str(exc))
+            return error_response(503, "unavailable", str(exc))
         except ValueError as exc:  # the engine's argument errors (e.g. add on a non-integer)
             status = 400
-            return _error_response(400, "bad_request", str(exc))
-        except _RequestReadTimeout as exc:  # the body was too slow (the read deadline)
+            return error_response(400, "bad_request", str(exc))
+        except RequestReadTimeout as exc:  # the body was too slow (the read deadline)
             status = 408
-            response = _error_response(408, "request_timeout", f"{exc}; closing the connection")
+            response = error_response(408, "request_timeout", f"{exc}; closing the connection")
             response.force_close()
             return response
         except LogWriteError as exc:  # the log cannot take the write: it was not made
             status = 507 if exc.full else 503
             code = "insufficient_storage" if exc.full else "storage_unavailable"
-            return _error_response(status, code, f"{exc.strerror}; the write was not applied")
+            return error_response(status, code, f"{exc.strerror}; the write was not applied")
         except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
             status = 500
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
-            return _error_response(500, "storage_error", f"the data directory failed: {exc}")
+            return error_response(500, "storage_error", f"the data directory failed: {exc}")
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the client goes away (a watch it closed): not a
             # server error; counted as 499, nginx's "client closed request"
@@ -705,19 +503,19 @@ class _App:
             expect = request.headers.get("Expect", "")
             if expect.strip().lower() != "100-continue":
                 message = f"unknown Expect: {expect[:40]!r} (only 100-continue)"
-                raise _ApiError(417, "expectation_failed", message)
+                raise ApiError(417, "expectation_failed", message)
             if self.token is not None and request.path not in self.public_paths:
                 self._authenticate(request)
-            _refuse_codings(request)
+            refuse_codings(request)
             length = request.content_length
             limit = self.limits.max_value_bytes if request.method == "PUT" else MAX_JSON_BODY_BYTES
             if length is not None and length > limit:
-                raise _ApiError(
+                raise ApiError(
                     413,
                     "value_too_large" if request.method == "PUT" else "body_too_large",
                     f"the body ({length} bytes) is over this route's limit ({limit} bytes)",
                 )
-        except _ApiError as exc:
+        except ApiError as exc:
             self.metrics.observe("other", exc.status, time.perf_counter() - start)
             response = exc.response()
             response.force_close()
@@ -736,7 +534,7 @@ class _App:
             response = await routed(request)
         else:
             self.metrics.observe("other", 503, 0.0)
-            response = _error_response(
+            response = error_response(
                 503,
                 "too_many_connections",
                 f"this server holds at most {self.max_connections} connections "
@@ -751,11 +549,9 @@ class _App:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given:
-            raise _ApiError(
-                401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
-            )
+            raise ApiError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>'")
         if not hmac.compare_digest(given.strip().encode(), self.token):
-            raise _ApiError(401, "unauthorized", "the bearer token is not valid")
+            raise ApiError(401, "unauthorized", "the bearer token is not valid")
 
     def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
         return self._check_key(request.match_info["key"], allow_empty=allow_empty)
@@ -765,9 +561,9 @@ class _App:
 
     def _check_key(self, key: str, *, allow_empty: bool = False) -> str:
         if not key and not allow_empty:
-            raise _bad("the key (the URL path after the route) must not be empty")
+            raise bad("the key (the URL path after the route) must not be empty")
         if len(key.encode("utf-8", "surrogatepass")) > self.limits.max_key_bytes:
-            raise _ApiError(
+            raise ApiError(
                 413,
                 "key_too_large",
                 f"keys are at most {self.limits.max_key_bytes} bytes (UTF-8)",
@@ -775,7 +571,7 @@ class _App:
         return key
 
     async def _body_json(self, request: web.Request) -> dict[str, Any]:
-        too_large = _ApiError(
+        too_large = ApiError(
             413, "body_too_large", f"JSON body too large: at most {MAX_JSON_BODY_BYTES} bytes"
         )
         length = request.content_length
@@ -789,9 +585,9 @@ class _App:
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            raise _bad("the request body is not valid JSON") from None
+            raise bad("the request body is not valid JSON") from None
         if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
+            raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
 
     async def _durable(self) -> None:
@@ -800,14 +596,14 @@ class _App:
             await data.wait_durable()
 
     def _lease_id(self, request: web.Request) -> int:
-        return _parse_int(request.match_info["lease"], "the lease id in the path", 1)
+        return parse_int(request.match_info["lease"], "the lease id in the path", 1)
 
     # -- service routes
 
     async def healthz(self, request: web.Request) -> web.Response:
         if self.closing:
-            return _json({"status": "stopping"}, status=503)
-        return _json({"status": "ok"})
+            return json_response({"status": "stopping"}, status=503)
+        return json_response({"status": "ok"})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render()
@@ -818,11 +614,15 @@ class _App:
     async def openapi(self, request: web.Request) -> web.Response:
         from ._openapi import openapi_document
 
-        return _json(openapi_document(self.limits.max_key_bytes, self.limits.max_value_bytes))
+        return json_response(
+            openapi_document(self.limits.max_key_bytes, self.limits.max_value_bytes)
+        )
 
     async def revision(self, request: web.Request) -> web.Response:
         engine = self.engine
-        return _json({"revision": engine.revision, "compact_revision": engine.compact_revision})
+        return json_response(
+            {"revision": engine.revision, "compact_revision": engine.compact_revision}
+        )
 
     # -- key-values
 
@@ -835,11 +635,11 @@ class _App:
         kv = self.engine.get(key)
         revision = str(self.engine.revision)
         if kv is None:
-            return _error_response(
+            return error_response(
                 404, "key_not_found", f"no key {key[:200]!r}", {"X-Revision": revision}
             )
         if request.query.get("format") == "json":
-            return _json({"revision": self.engine.revision, "kv": kv_json(kv)})
+            return json_response({"revision": self.engine.revision, "kv": kv_json(kv)})
         return web.Response(
             body=kv.value,
             content_type="application/octet-stream",
@@ -859,21 +659,21 @@ class _App:
     async def put_raw_key(self, request: web.Request, key: str) -> web.Response:
         """PUT /v1/kv/{key}, ``key`` taken from the path (the fast path calls it directly)."""
         key = self._check_key(key)
-        lease = _int_param(request, "lease", minimum=0, default=0)
+        lease = int_param(request, "lease", minimum=0, default=0)
         if_match = request.headers.get("If-Match")
         if_none_match = request.headers.get("If-None-Match")
         expected: int | None = None
         if if_match is not None and if_none_match is not None:
-            raise _bad("give If-Match or If-None-Match, not both")
+            raise bad("give If-Match or If-None-Match, not both")
         if if_none_match is not None:
             if if_none_match.strip() != "*":
-                raise _bad("If-None-Match must be '*' (write only if the key is absent)")
+                raise bad("If-None-Match must be '*' (write only if the key is absent)")
             expected = 0
         elif if_match is not None:
-            expected = _etag_revision(if_match, "If-Match")
+            expected = etag_revision(if_match, "If-Match")
         length = request.content_length
         if length is not None and length > self.limits.max_value_bytes:
-            raise _ApiError(
+            raise ApiError(
                 413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
             )
         if length is not None:
@@ -886,11 +686,11 @@ class _App:
                 try:
                     value += await content.readexactly(length - len(value))
                 except asyncio.IncompleteReadError:
-                    raise _bad("the request body ended before its Content-Length") from None
+                    raise bad("the request body ended before its Content-Length") from None
         else:
             value = await request.read()
         if len(value) > self.limits.max_value_bytes:
-            raise _ApiError(
+            raise ApiError(
                 413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
             )
         if expected is None:
@@ -898,13 +698,13 @@ class _App:
             kv = self.engine.get(key)
             assert kv is not None
             await self._durable()
-            return _written(revision, kv)
+            return written(revision, kv)
         result = self.engine.compare_and_swap(key, expected, value, lease)
         if not result.succeeded:
-            return _precondition_failed(key, result.revision, result.kv)
+            return precondition_failed(key, result.revision, result.kv)
         assert result.kv is not None
         await self._durable()
-        return _written(result.revision, result.kv)
+        return written(result.revision, result.kv)
 
     async def delete_key(self, request: web.Request) -> web.Response:
         key = self._key(request)
@@ -912,71 +712,69 @@ class _App:
         if_none_match = request.headers.get("If-None-Match")
         if if_none_match is not None:
             if if_match is not None:
-                raise _bad("give If-Match or If-None-Match, not both")
+                raise bad("give If-Match or If-None-Match, not both")
             if if_none_match.strip() != "*":
-                raise _bad("If-None-Match must be '*' (delete only if the key is absent)")
+                raise bad("If-None-Match must be '*' (delete only if the key is absent)")
             # RFC 9110: the condition holds only while no key exists, so nothing is deleted.
             kv = self.engine.get(key)
             if kv is not None:
-                return _precondition_failed(key, self.engine.revision, kv)
-            return _json({"deleted": 0, "revision": self.engine.revision})
+                return precondition_failed(key, self.engine.revision, kv)
+            return json_response({"deleted": 0, "revision": self.engine.revision})
         if if_match is None:
             deleted = self.engine.delete(key, False)
             if deleted:
                 await self._durable()
-            return _json({"deleted": deleted, "revision": self.engine.revision})
-        expected = _etag_revision(if_match, "If-Match")
+            return json_response({"deleted": deleted, "revision": self.engine.revision})
+        expected = etag_revision(if_match, "If-Match")
         if expected < 1:
-            raise _bad("If-Match on DELETE must name a revision >= 1")
+            raise bad("If-Match on DELETE must name a revision >= 1")
         result = self.engine.compare_and_delete(key, expected)
         if not result.succeeded:
-            return _precondition_failed(key, result.revision, result.kv)
+            return precondition_failed(key, result.revision, result.kv)
         await self._durable()
-        return _json({"deleted": 1, "revision": result.revision})
+        return json_response({"deleted": 1, "revision": result.revision})
 
     async def add(self, request: web.Request) -> web.Response:
         key = self._key(request)
         raw = request.query.get("delta", "1").strip()
-        if not _DECIMAL.fullmatch(raw):
-            raise _bad(
+        if not DECIMAL.fullmatch(raw):
+            raise bad(
                 f"query parameter 'delta' must be a decimal integer (at most 19 digits), "
                 f"got {raw[:40]!r}"
             )
         total = self.engine.add(key, int(raw))
         revision = self.engine.revision
         await self._durable()
-        return _json({"value": total, "revision": revision})
+        return json_response({"value": total, "revision": revision})
 
     async def txn(self, request: web.Request) -> web.Response:
         """POST /v1/txn: one transaction (the JSON forms are in ``_txn_wire``)."""
         # a txn's base64 values may exceed the body limit of other routes: read to its own
         raw = bytearray()
-        while chunk := await request.content.read(_MAX_TXN_BODY + 1 - len(raw)):
+        while chunk := await request.content.read(MAX_TXN_BODY + 1 - len(raw)):
             raw += chunk
-            if len(raw) > _MAX_TXN_BODY:
-                raise _ApiError(
-                    413, "txn_too_large", f"txn bodies are at most {_MAX_TXN_BODY} bytes"
-                )
+            if len(raw) > MAX_TXN_BODY:
+                raise ApiError(413, "txn_too_large", f"txn bodies are at most {MAX_TXN_BODY} bytes")
         try:
             body = json.loads(raw) if raw else {}
         except (ValueError, RecursionError):
-            raise _bad("the request body is not valid JSON") from None
+            raise bad("the request body is not valid JSON") from None
         if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
+            raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
         try:
             txn = txn_from_json(body)
         except TxnTooLargeError as exc:
-            raise _ApiError(
+            raise ApiError(
                 413, "txn_too_large", str(exc), limit=exc.limit, maximum=exc.maximum, size=exc.size
             ) from None
         except (KeyError, TypeError, ValueError) as exc:
-            raise _bad(f"txn: {exc}"[:300]) from None
+            raise bad(f"txn: {exc}"[:300]) from None
         self._check_txn_sizes(txn)
         before = self.engine.revision
         result = self.engine.txn(txn)  # LeaseNotFoundError -> 404
         if result.revision != before:
             await self._durable()
-        return _json(result_to_json(result))
+        return json_response(result_to_json(result))
 
     def _check_txn_sizes(self, txn: Txn) -> None:
         for item in (*txn.compare, *txn.success, *txn.failure):
@@ -985,7 +783,7 @@ class _App:
             else:
                 self._check_key(item.key)
             if isinstance(item, Put) and len(item.value) > self.limits.max_value_bytes:
-                raise _ApiError(
+                raise ApiError(
                     413,
                     "value_too_large",
                     f"values are at most {self.limits.max_value_bytes} bytes",
@@ -995,9 +793,9 @@ class _App:
         prefix = self._prefix(request)
         limit: int | None = None
         if "limit" in request.query:
-            limit = _int_param(request, "limit", minimum=1)
+            limit = int_param(request, "limit", minimum=1)
         result = self.engine.range(prefix, limit)
-        return _json(
+        return json_response(
             {
                 "revision": result.revision,
                 "count": result.count,
@@ -1011,36 +809,36 @@ class _App:
         deleted = self.engine.delete(prefix, True)
         if deleted:
             await self._durable()
-        return _json({"deleted": deleted, "revision": self.engine.revision})
+        return json_response({"deleted": deleted, "revision": self.engine.revision})
 
     async def compact(self, request: web.Request) -> web.Response:
         body = await self._body_json(request)
-        revision = _json_int(body, "revision", 1)
+        revision = json_int(body, "revision", 1)
         self.engine.compact(revision)
         await self._durable()
-        return _json({"compact_revision": self.engine.compact_revision})
+        return json_response({"compact_revision": self.engine.compact_revision})
 
     # -- leases
 
     async def lease_grant(self, request: web.Request) -> web.Response:
         body = await self._body_json(request)
-        ttl = _json_number(body, "ttl")
+        ttl = json_number(body, "ttl")
         grant = self.engine.lease_grant(ttl)
         await self._durable()
-        return _json({"id": grant.id, "ttl": grant.ttl})
+        return json_response({"id": grant.id, "ttl": grant.ttl})
 
     async def lease_keep_alive(self, request: web.Request) -> web.Response:
         ttl = self.engine.lease_keep_alive(self._lease_id(request))
-        return _json({"ttl": ttl})
+        return json_response({"ttl": ttl})
 
     async def lease_revoke(self, request: web.Request) -> web.Response:
         self.engine.lease_revoke(self._lease_id(request))
         await self._durable()
-        return _json({"revoked": True, "revision": self.engine.revision})
+        return json_response({"revoked": True, "revision": self.engine.revision})
 
     async def lease_status(self, request: web.Request) -> web.Response:
         status = self.engine.lease_time_to_live(self._lease_id(request))
-        return _json(
+        return json_response(
             {
                 "id": status.id,
                 "granted_ttl": status.granted_ttl,
@@ -1050,7 +848,7 @@ class _App:
         )
 
     async def leases(self, request: web.Request) -> web.Response:
-        return _json(
+        return json_response(
             {
                 "leases": [
                     {"id": s.id, "granted_ttl": s.granted_ttl, "remaining": s.remaining}
@@ -1065,34 +863,34 @@ class _App:
         prefix = self._prefix(request)
         start: int | None = None
         if "start_revision" in request.query:
-            start = _int_param(request, "start_revision", minimum=1)
+            start = int_param(request, "start_revision", minimum=1)
         interval = DEFAULT_PROGRESS_INTERVAL
         if "progress_interval" in request.query:
             raw = request.query["progress_interval"]
             try:
                 interval = float(raw)
             except ValueError:
-                raise _bad(
+                raise bad(
                     f"progress_interval must be a number of seconds, got {raw[:40]!r}"
                 ) from None
             if not MIN_PROGRESS_INTERVAL <= interval <= MAX_PROGRESS_INTERVAL:
-                raise _bad(
+                raise bad(
                     f"progress_interval must be in [{MIN_PROGRESS_INTERVAL}, "
                     f"{MAX_PROGRESS_INTERVAL}] seconds, got {raw[:40]!r}"
                 )
         if self.closing:
-            raise _ApiError(503, "unavailable", "the server is shutting down")
+            raise ApiError(503, "unavailable", "the server is shutting down")
         if self.watch_streams + self.session_watches() >= self.limits.max_watch_streams:
-            raise _ApiError(
+            raise ApiError(
                 503,
                 "too_many_watches",
                 f"this server serves at most {self.limits.max_watch_streams} watch streams",
             )
         snapshot = request.query.get("snapshot", "0")
         if snapshot not in ("0", "1"):
-            raise _bad(f"snapshot must be 0 or 1, got {snapshot[:40]!r}")
+            raise bad(f"snapshot must be 0 or 1, got {snapshot[:40]!r}")
         if snapshot == "1" and start is not None:
-            raise _bad("snapshot=1 reads the prefix now: it takes no start_revision")
+            raise bad("snapshot=1 reads the prefix now: it takes no start_revision")
         engine = self.engine
         # the range, then the watcher from the next revision: no await in between
         result = engine.range(prefix, None) if snapshot == "1" else None
@@ -1114,7 +912,7 @@ class _App:
             )
             response.enable_chunked_encoding()
             await response.prepare(request)
-            await response.write(_frame(created))
+            await response.write(frame(created))
             # One timer per stream, re-armed only when it fires: a stream that is written to
             # often costs no timer work per event. It wakes the loop below when nothing has been
             # sent for ``interval`` seconds, and a progress frame goes out.
@@ -1125,7 +923,7 @@ class _App:
                         events = engine.read_events(watcher)
                     except CompactedError as exc:
                         await response.write(
-                            _frame(
+                            frame(
                                 {
                                     "type": "error",
                                     "error": "compacted",
@@ -1137,7 +935,7 @@ class _App:
                         )
                         break
                     except StoreClosedError:
-                        await response.write(_frame({"type": "closing"}))
+                        await response.write(frame({"type": "closing"}))
                         break
                     revision = engine.revision  # read with the events: no await in between
                     if events:
@@ -1145,7 +943,7 @@ class _App:
                         progress.sent()
                         continue
                     if progress.due:
-                        await response.write(_frame({"type": "progress", "revision": revision}))
+                        await response.write(frame({"type": "progress", "revision": revision}))
                         progress.sent()
                         continue
                     await engine.wait(watcher)
@@ -1195,135 +993,6 @@ class _ProgressTimer:
         self._handle.cancel()
 
 
-def _precondition_failed(key: str, revision: int, kv: KeyValue | None) -> web.Response:
-    return _json(
-        {
-            "error": "precondition_failed",
-            "message": f"compare failed for {key[:200]!r}: "
-            + ("it is absent" if kv is None else f"its mod_revision is {kv.mod_revision}"),
-            "revision": revision,
-            "kv": None if kv is None else kv_json(kv),
-        },
-        status=412,
-    )
-
-
-# -- metrics -------------------------------------------------------------------------------------
-
-
-class _Metrics:
-    """Prometheus metrics of one server, in a registry of its own (several servers can share a
-    process)."""
-
-    def __init__(self, engine: MemoryEngine) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "aioelastic_requests",
-            "HTTP requests answered, by operation and status code",
-            ["op", "code"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "aioelastic_request_duration_seconds",
-            "Time to answer a request (a watch: the stream's lifetime), by operation",
-            ["op"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 300),
-            registry=self.registry,
-        )
-        self.keys = Gauge("aioelastic_keys", "Keys in the store", registry=self.registry)
-        self.keys.set_function(lambda: len(engine))
-        self.leases = Gauge("aioelastic_leases", "Live leases", registry=self.registry)
-        self.leases.set_function(lambda: engine.lease_count)
-        self.revision = Gauge("aioelastic_revision", "Store revision", registry=self.registry)
-        self.revision.set_function(lambda: engine.revision)
-        self.watchers = Gauge(
-            "aioelastic_watch_streams",
-            "Open watch streams and session watches",
-            registry=self.registry,
-        )
-        self.connections = Gauge(
-            "aioelastic_connections", "Open client connections", registry=self.registry
-        )
-        self.sessions = Gauge(
-            "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
-        )
-        self._refused = Counter(
-            "aioelastic_connections_refused",
-            "Connections over --max-connections, by what became of them: silent_closed (an "
-            "idle connection closed to make room), over_limit (answered /healthz or 503)",
-            ["reason"],
-            registry=self.registry,
-        )
-        self._log_events = Counter(
-            "aioelastic_log_events",
-            "Log lines suppressed by the one-line-a-second limit (suppressed), and errors for "
-            "lack of file descriptors, EMFILE/ENFILE (fd_exhausted)",
-            ["event"],
-            registry=self.registry,
-        )
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-
-    def observe(self, op: str, status: int, seconds: float) -> None:
-        children = self._children.get((op, status))
-        if children is None:
-            children = self._children[(op, status)] = (
-                self.requests.labels(op, str(status)),
-                self.latency.labels(op),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
-
-    def refused(self, reason: str) -> None:
-        self._refused.labels(reason).inc()
-
-    def log_event(self, event: str) -> None:
-        self._log_events.labels(event).inc()
-
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-class _Unset:
-    def set_function(self, function: Callable[[], float]) -> None:
-        pass
-
-
-class _NoMetrics:
-    """Without prometheus-client the server runs as usual; ``/metrics`` answers 501 and says
-    which extra to install."""
-
-    watchers = connections = sessions = _Unset()
-
-    def observe(self, op: str, status: int, seconds: float) -> None:
-        pass
-
-    def refused(self, reason: str) -> None:
-        pass
-
-    def log_event(self, event: str) -> None:
-        pass
-
-    def render(self) -> tuple[bytes, str]:
-        raise _ApiError(
-            501,
-            "metrics_unavailable",
-            "this server has no metrics: install prometheus-client (pip install "
-            "'aioelastic[server]') and restart it",
-        )
-
-
-def _metrics_for(engine: MemoryEngine) -> _Metrics | _NoMetrics:
-    try:
-        return _Metrics(engine)
-    except ImportError:
-        log.info("prometheus-client is not installed: /metrics is disabled")
-        return _NoMetrics()
-
-
 def _open_file_limit() -> int:
     """The soft limit of open files (a large number where there is none)."""
     try:
@@ -1356,11 +1025,11 @@ def make_app(
         raise ValueError(
             "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
         )
-    metrics = _metrics_for(engine)
+    metrics = metrics_for(engine)
     state = _App(
         engine,
         token=token,
-        limits=_Limits(max_key_bytes, max_value_bytes, max_watch_streams),
+        limits=Limits(max_key_bytes, max_value_bytes, max_watch_streams),
         data=data,
         metrics=metrics,
     )
@@ -1576,7 +1245,7 @@ class HttpStoreServer:
                 max_line_size=3 * self._max_key_bytes + 1024,
                 max_field_size=8190,
                 max_headers=64,
-                # Bodies are taken as sent; a content coding is refused (415, _refuse_codings).
+                # Bodies are taken as sent; a content coding is refused (415, refuse_codings).
                 auto_decompress=False,
                 keepalive_timeout=KEEPALIVE_TIMEOUT,
                 read_timeout=self._read_timeout,
