@@ -13,6 +13,7 @@ maps HTTP onto it: raw value bytes in bodies, ``ETag`` = ``mod_revision``, ``If-
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -24,20 +25,14 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_server import Server
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnTooLargeError
 from .._txn import DeletePrefix, Put, Range, Txn
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._blob_cache import BlobCache
-from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
+from ._connections import FD_RESERVE, OVERFLOW, LogLimiter, listen_backlog
 from ._encoding import (
     NDJSON,
-    encode_json,
     events_lines,
     frame,
     json_response,
@@ -66,6 +61,7 @@ from ._parsing import (
     refuse_codings,
 )
 from ._persist import DataDir, FsyncPolicy, LogWriteError
+from ._protocol import RequestHandlerFunction, connection_factory
 from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
 from ._txn_wire import result_to_json, txn_from_json
 
@@ -101,240 +97,7 @@ def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamRespon
     return handler(request)
 
 
-class _JsonErrorRequestHandler(RequestHandler):
-    """aiohttp's connection handler, answering requests it cannot parse with JSON errors and
-    enforcing the server's read deadline.
-
-    The deadline (``read_timeout``, from the server): a request's head must be whole within
-    that many seconds of its first byte, and its body within that many seconds of its head;
-    otherwise the connection is closed, after a 408 JSON error where one can still be written.
-    It is kept by watching what the parser makes of each chunk received (:meth:`data_received`)
-    and one timer per connection, armed only while a request is incomplete between two chunks:
-    a request that arrives in one chunk, like almost every request, costs no timer. A new
-    connection's first request is timed from the connection (a socket that never sends a byte
-    is closed too). An idle connection between requests is left to aiohttp's
-    ``keepalive_timeout``, and a response being written (a watch stream) is not a read: neither
-    has a read deadline. The connection budget (``max_connections``): see
-    :class:`~aioelastic.store.http._connections.ConnectionBudget`.
-    """
-
-    __slots__ = (
-        "_app_state",
-        "_budget",
-        "_read_body",
-        "_read_since",
-        "_read_timeout",
-        "_read_timer",
-        "_spoke",
-        "over_limit",
-    )
-
-    def __init__(self, manager: _JsonErrorServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._read_timeout = manager.read_timeout
-        self._app_state = manager.app_state
-        self._budget = manager.budget
-        #: Accepted over max_connections: answered /healthz only (ConnectionBudget).
-        self.over_limit = False
-        self._spoke = False
-        #: When the incomplete request began (its first byte, or its head for a body), or None.
-        self._read_since: float | None = None
-        #: The body being received, when the incomplete part is a body.
-        self._read_body: StreamReader | None = None
-        self._read_timer: asyncio.TimerHandle | None = None
-
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if request.writer.output_size > 0:
-            raise ConnectionError("response already started; cannot send an error")
-        if status >= 500:
-            self.log_exception("Error handling request", exc_info=exc)
-        text = message or (str(exc) if exc is not None else "") or "malformed request"
-        code = STATUS_CODES.get(status, "error")
-        if isinstance(exc, LineTooLong) or "Too many headers" in text:
-            status, code = 431, "headers_too_large"
-            text = f"request line or headers too large: {text[:200]}"
-        elif status == 400:
-            text = f"malformed HTTP request: {text[:200]}"
-        resp = error_response(status, code, text)
-        resp.force_close()
-        return resp
-
-    # -- the connection budget and the read deadline
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        if self._budget is not None:
-            self._budget.opened(self, asyncio.get_running_loop().time())
-        if self._read_timeout is not None:
-            # The first request's head must arrive within the deadline of the connection (a
-            # socket that never sends a byte was kept until the keep-alive timeout).
-            self._start_read_clock()
-
-    def close_silent(self) -> None:
-        """Close a connection that never sent a byte (the budget needs its slot)."""
-        self.force_close()
-
-    def data_received(self, data: bytes) -> None:
-        if not self._spoke:
-            self._spoke = True
-            if self._budget is not None:
-                self._budget.spoke(self)
-        requests = self._request_count
-        super().data_received(data)
-        if self._read_timeout is None or self._force_close or self._close or self._upgraded:
-            return
-        if self._request_count != requests:
-            # One or more heads completed (the new messages are still queued).
-            payload = self._messages[-1][1]
-            if not payload.is_eof():
-                self._read_body = payload
-                self._start_read_clock()
-            else:
-                self._read_body = None
-                self._read_since = None
-                # A head without a body ends with a newline: bytes after it begin the next
-                # request. (After a body no such test exists, and none is made: a next request
-                # begun in the chunk that ended a body is left to the keep-alive timeout.)
-                if payload is EMPTY_PAYLOAD and data and not data.endswith(b"\n"):
-                    self._start_read_clock()
-        elif self._read_body is not None:
-            if self._read_body.is_eof():
-                self._read_body = None
-                self._read_since = None
-        elif self._read_since is None and data.strip(b"\r\n"):
-            # The first bytes of a head (blank lines between requests are ignored, as aiohttp's
-            # parser ignores them).
-            self._start_read_clock()
-
-    def _start_read_clock(self) -> None:
-        assert self._read_timeout is not None
-        loop = self._loop
-        self._read_since = now = loop.time()
-        if self._read_timer is None:
-            # An earlier timer still armed fires early and re-arms itself for this read.
-            self._read_timer = loop.call_at(now + self._read_timeout, self._read_deadline)
-
-    def _read_deadline(self) -> None:
-        self._read_timer = None
-        since, timeout = self._read_since, self._read_timeout
-        if since is None or timeout is None or self._force_close or self.transport is None:
-            return
-        loop = self._loop
-        now = loop.time()
-        if now < since + timeout:
-            self._read_timer = loop.call_at(since + timeout, self._read_deadline)
-            return
-        body = self._read_body
-        if body is not None:
-            self._read_since = self._read_body = None
-            # The handler reading it answers 408 (and closes); a handler that is not reading it
-            # (a watch given a body) is closed once it had the chance to.
-            body.set_exception(
-                RequestReadTimeout(
-                    f"the request body did not arrive within {timeout:g}s of its headers "
-                    "(the server's read timeout)"
-                )
-            )
-            request = self._current_request
-            if request is not None:
-                loop.call_soon(self._close_if_still_answering, request)
-            return
-        waiter = self._waiter
-        if self._messages or waiter is None or waiter.done():
-            # Still answering an earlier request: the next one is judged when that is done.
-            self._read_timer = loop.call_at(now + timeout, self._read_deadline)
-            return
-        self._read_since = None
-        self._write_read_timeout(timeout, now - since)
-        self.force_close()
-
-    def _close_if_still_answering(self, request: BaseRequest) -> None:
-        if self._current_request is request:
-            self.force_close()
-
-    def _write_read_timeout(self, timeout: float, waited: float) -> None:
-        """Answer 408 on a connection waiting for the rest of a request's head."""
-        transport = self.transport
-        if transport is None:
-            return
-        body = encode_json(
-            {
-                "error": "request_timeout",
-                "message": f"the request's head did not arrive within {timeout:g}s "
-                "(the server's read timeout); closing the connection",
-            }
-        ).encode()
-        transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        if self._app_state is not None:
-            self._app_state.metrics.observe("other", 408, waited)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
-        if self._budget is not None:
-            self._budget.closed(self)
-            self._budget = None
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
-
-
-class _JsonErrorServer(Server):
-    """aiohttp's protocol factory, making :class:`_JsonErrorRequestHandler` connections."""
-
-    #: Set by :class:`_Runner` once the server is built.
-    read_timeout: float | None = None
-    app_state: _App | None = None
-    budget: ConnectionBudget | None = None
-
-    def __call__(self) -> RequestHandler:
-        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    """An AppRunner whose server answers unparsable requests in JSON and keeps the read
-    deadline. aiohttp has no public hook for the connection handler class, so the server it
-    builds is given our subclass (which adds only three attributes, set here);
-    tests/test_http_server.py checks the JSON answers and the deadline."""
-
-    def __init__(
-        self,
-        app: web.Application,
-        *,
-        read_timeout: float | None,
-        max_connections: int | None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(app, **kwargs)
-        self._read_timeout = read_timeout
-        self._max_connections = max_connections
-
-    async def _make_server(self) -> Server:
-        server = await super()._make_server()
-        server.__class__ = _JsonErrorServer
-        assert isinstance(server, _JsonErrorServer)
-        server.read_timeout = self._read_timeout
-        server.app_state = state = self.app[_STATE]
-        if self._max_connections is not None:
-            # A connection silent for half the read timeout (at most 1 s) may go to make room.
-            grace = min(1.0, self._read_timeout / 2) if self._read_timeout is not None else 1.0
-            server.budget = ConnectionBudget(self._max_connections, grace, state.metrics.refused)
-            state.max_connections = self._max_connections
-        server.request_handler = _fast_path(state, server.request_handler)
-        return server
-
-
-def _fast_path(
-    state: _App, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
-) -> Callable[[BaseRequest], Awaitable[web.StreamResponse]]:
+def _fast_path(state: _App, routed: RequestHandlerFunction) -> RequestHandlerFunction:
     """The server's request handler: GET and PUT on ``/v1/kv/{key}`` (the hot routes) go
     straight to their handlers, everything else through the application (``routed``: its
     router and middleware).
@@ -350,7 +113,7 @@ def _fast_path(
     get = state.get_raw_key
     put = state.put_raw_key
 
-    async def handle(request: BaseRequest) -> web.StreamResponse:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
         if getattr(request.protocol, "over_limit", False):
             assert isinstance(request, web.Request)
             return await state.answer_over_limit(request, routed)
@@ -526,7 +289,7 @@ class _App:
         return None
 
     async def answer_over_limit(
-        self, request: web.Request, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+        self, request: web.Request, routed: RequestHandlerFunction
     ) -> web.StreamResponse:
         """A request on a connection accepted over ``max_connections`` (then closed): ``/healthz``
         is answered as usual, so a health check works under a flood; anything else gets 503."""
@@ -1189,7 +952,7 @@ class HttpStoreServer:
         self.log_limiter = LogLimiter()
         self._read_timeout = None if read_timeout is None else float(read_timeout)
         self._session_grace = session_grace
-        self._runner: _Runner | None = None
+        self._runner: web.AppRunner | None = None
         self._app: web.Application | None = None
         self._stopped = False
 
@@ -1234,45 +997,55 @@ class HttpStoreServer:
                 max_watch_streams=self._max_watch_streams,
                 session_grace=self._session_grace,
             )
-            runner = _Runner(
-                self._app,
-                access_log=None,
-                # A client that hangs up cancels its handler: a watch stream's resources go at
-                # once rather than at its next progress frame. Writes are applied synchronously
-                # on the engine, so a cancelled write handler leaves nothing half done.
-                handler_cancellation=True,
-                shutdown_timeout=self._shutdown_timeout,
-                max_line_size=3 * self._max_key_bytes + 1024,
-                max_field_size=8190,
-                max_headers=64,
-                # Bodies are taken as sent; a content coding is refused (415, refuse_codings).
-                auto_decompress=False,
-                keepalive_timeout=KEEPALIVE_TIMEOUT,
-                read_timeout=self._read_timeout,
-                max_connections=self.max_connections,
-            )
-            await runner.setup()
-            self._runner = runner
-            state = self._app[_STATE]
-            server = runner.server
-            assert server is not None
-            state.metrics.connections.set_function(lambda: len(server.connections))
-            self.log_limiter.on_event = state.metrics.log_event
-            self.log_limiter.attach("aiohttp.server", log.name)
-            # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
-            # keeps a socket that never handshakes for 60 s); here it is the read timeout.
-            self._listener = await asyncio.get_running_loop().create_server(
-                server,
-                self.host,
-                self._port,
-                ssl=self._ssl,
-                backlog=self.backlog,
-                ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
-            )
-            self._port = self._listener.sockets[0].getsockname()[1]
+            self._runner = await self._serve(self._app)
         except BaseException:
             await self._release()
             raise
+
+    async def _serve(self, app: web.Application) -> web.AppRunner:
+        """Set ``app`` up and listen: ``aiohttp``'s runner with our connection handlers."""
+        # A client that hangs up cancels its handler: a watch stream's resources go at once
+        # rather than at its next progress frame. Writes are applied synchronously on the
+        # engine, so a cancelled write handler leaves nothing half done.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=self._shutdown_timeout
+        )
+        await runner.setup()
+        self._runner = runner
+        state = app[_STATE]
+        state.max_connections = self.max_connections
+        connection = connection_factory(
+            runner,
+            route=functools.partial(_fast_path, state),
+            observe=state.metrics.observe,
+            refused=state.metrics.refused,
+            read_timeout=self._read_timeout,
+            max_connections=self.max_connections,
+            access_log=None,
+            max_line_size=3 * self._max_key_bytes + 1024,
+            max_field_size=8190,
+            max_headers=64,
+            # Bodies are taken as sent; a content coding is refused (415, refuse_codings).
+            auto_decompress=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
+        )
+        server = runner.server
+        assert server is not None
+        state.metrics.connections.set_function(lambda: len(server.connections))
+        self.log_limiter.on_event = state.metrics.log_event
+        self.log_limiter.attach("aiohttp.server", log.name)
+        # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
+        # keeps a socket that never handshakes for 60 s); here it is the read timeout.
+        self._listener = await asyncio.get_running_loop().create_server(
+            connection,
+            self.host,
+            self._port,
+            ssl=self._ssl,
+            backlog=self.backlog,
+            ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
+        )
+        self._port = self._listener.sockets[0].getsockname()[1]
+        return runner
 
     async def stop(self) -> None:
         """Stop gracefully (idempotent): end watch streams, finish requests, flush the log."""
