@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ._errors import ApiError, bad
+from ._limits import MAX_JSON_BODY_BYTES
 
 __all__ = [
     "DECIMAL",
@@ -17,6 +19,7 @@ __all__ = [
     "json_int",
     "json_number",
     "parse_int",
+    "read_json_body",
     "refuse_codings",
 ]
 
@@ -91,3 +94,25 @@ def refuse_codings(request: web.Request) -> None:
             "unsupported_transfer_encoding",
             f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
         )
+
+
+async def read_json_body(request: web.Request) -> dict[str, Any]:
+    """The request's body, a JSON object of at most :data:`MAX_JSON_BODY_BYTES` (empty: ``{}``)."""
+    too_large = ApiError(
+        413, "body_too_large", f"JSON body too large: at most {MAX_JSON_BODY_BYTES} bytes"
+    )
+    length = request.content_length
+    if length is not None and length > MAX_JSON_BODY_BYTES:
+        raise too_large
+    raw = await request.read()
+    if len(raw) > MAX_JSON_BODY_BYTES:
+        raise too_large
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body

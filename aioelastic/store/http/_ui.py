@@ -35,7 +35,7 @@ from ...errors import (
 from ..memory import MemoryStore
 from ._encoding import json_response
 from ._errors import ApiError
-from .server import _App, _Handler
+from ._state import Handler, ServerState
 
 if TYPE_CHECKING:
     from ..memory import MemoryEngine
@@ -77,7 +77,7 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class UiRoutes:
     """The page's routes over the server's state (engine, limits, watch-stream count)."""
 
-    def __init__(self, state: _App) -> None:
+    def __init__(self, state: ServerState) -> None:
         self.state = state
         self._files: dict[str, bytes] = {}
 
@@ -182,7 +182,11 @@ class _EventStream:
     :data:`MIN_GAP`, and one per :data:`TICK` without changes), until the server stops."""
 
     def __init__(
-        self, state: _App, store: MemoryStore, run_id: str | None, response: web.StreamResponse
+        self,
+        state: ServerState,
+        store: MemoryStore,
+        run_id: str | None,
+        response: web.StreamResponse,
     ) -> None:
         self.state = state
         self.engine: MemoryEngine = state.engine
@@ -251,7 +255,7 @@ class _EventStream:
         return bool(engine.read_events(watcher)) or changed
 
 
-def add_ui_routes(state: _App, route: Callable[[str, str, _Handler, str], None]) -> None:
+def add_ui_routes(state: ServerState, route: Callable[[str, str, Handler, str], None]) -> None:
     """Register the page's routes with ``route(method, path, handler, op)`` (of ``make_app``)."""
     ui = UiRoutes(state)
     route("GET", "/", ui.index, "ui")
