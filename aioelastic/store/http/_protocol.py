@@ -2,7 +2,7 @@
 errors, a request's head and body must arrive within the read deadline, and connections over the
 budget are answered ``/healthz`` only (:class:`~._connections.ConnectionBudget`).
 
-**The one module that relies on aiohttp internals** (``tests/test_http_protocol_internals.py``
+**The one module that relies on aiohttp internals** (``tests/test_http_aiohttp_internals.py``
 fails on a use anywhere else; ``pyproject.toml`` pins ``aiohttp<3.15`` for them). aiohttp has
 no public hook for any of these:
 
