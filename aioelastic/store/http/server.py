@@ -25,10 +25,10 @@ import functools
 import logging
 import math
 import ssl
-from types import TracebackType
 from typing import Self
 
 from aiohttp import web
+from anyio.abc import AsyncResource
 
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._app import SESSIONS, STATE, fast_path, make_app
@@ -94,7 +94,7 @@ def _checked_max_connections(max_connections: int | None) -> int | None:
     return max_connections
 
 
-class HttpStoreServer:
+class HttpStoreServer(AsyncResource):
     """``aioelastic serve`` as an async resource, for embedding in a program or a test.
 
     ``async with HttpStoreServer(port=0) as server: store = await open_store(server.url)``.
@@ -102,7 +102,8 @@ class HttpStoreServer:
     a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies); a damaged
     data dir is refused unless ``accept_data_loss`` (then it goes on from its last consistent
     state, the damaged files kept aside). ``engine``
-    serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
+    serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`aclose` (or its older
+    name :meth:`stop`) is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
     head may take to arrive (a new connection's first one: from the connection; a TLS handshake
@@ -174,14 +175,6 @@ class HttpStoreServer:
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def port(self) -> int:
@@ -262,14 +255,17 @@ class HttpStoreServer:
         self._port = self._listener.sockets[0].getsockname()[1]
         return runner
 
-    async def stop(self) -> None:
-        """Stop gracefully (idempotent): end watch streams, finish requests, flush the log."""
+    async def aclose(self) -> None:
+        """Stop gracefully (idempotent): end watch streams, finish requests, flush the log
+        (what ``async with`` does on exit)."""
         if self._stopped:
             return
         self._stopped = True
         await self._release()
 
-    aclose = stop
+    async def stop(self) -> None:
+        """:meth:`aclose` under its older name."""
+        await self.aclose()
 
     async def _release(self) -> None:
         listener, self._listener = self._listener, None
