@@ -68,5 +68,5 @@ STATUS_CODES = {
 
 class RequestReadTimeout(TimeoutError):
     """Set on a request body that did not arrive within the read deadline: the handler reading
-    it answers 408 (:meth:`_App.answer`). A ``TimeoutError`` so that aiohttp's lingering read of
+    it answers 408 (``ServerState.answer``). A ``TimeoutError`` so that aiohttp's lingering read of
     an answered request's unread body ends quietly."""
