@@ -32,7 +32,7 @@ from anyio.abc import AsyncResource
 
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._app import SESSIONS, STATE, fast_path, make_app
-from ._connections import FD_RESERVE, OVERFLOW, LogLimiter, listen_backlog
+from ._connections import LogLimiter, connection_room, listen_backlog
 from ._limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MAX_WATCH_STREAMS
 from ._persist import DataDir, FsyncPolicy
 from ._protocol import connection_factory
@@ -56,16 +56,6 @@ DEFAULT_READ_TIMEOUT = 30.0
 #: default; the bare ``RequestHandler`` would keep one for an hour). Clients of this package drop
 #: idle connections after 30 s themselves, so they never reuse one the server is closing.
 KEEPALIVE_TIMEOUT = 75.0
-
-
-def _open_file_limit() -> int:
-    """The soft limit of open files (a large number where there is none)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Windows
-        return 1 << 20
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
 
 
 def _checked_read_timeout(read_timeout: float | None) -> float | None:
@@ -283,8 +273,8 @@ class HttpStoreServer(AsyncResource):
     @property
     def max_connections(self) -> int:
         """The connection limit: the one given, or what the open-file limit allows, less
-        descriptors kept for the rest (:data:`FD_RESERVE`) and the overflow answered 503."""
-        room = max(1, _open_file_limit() - FD_RESERVE - OVERFLOW)
+        descriptors kept for the rest and for the overflow answered 503 (``connection_room``)."""
+        room = connection_room()
         if self._max_connections is None:
             return room
         return min(self._max_connections, room)
