@@ -183,3 +183,34 @@ def test_the_etcd_client_imports_nothing_above_it() -> None:
     assert found & above == set()
     assert found <= ETCD_CLIENT_MAY_IMPORT, sorted(found - ETCD_CLIENT_MAY_IMPORT)
     assert "errors" in found  # the scan sees the imports that are there
+
+
+def _names_a_client(node: ast.expr) -> bool:
+    """``client`` or ``<anything>.client``: how the etcd store and ``EtcdServer`` hold theirs."""
+    return (isinstance(node, ast.Name) and node.id == "client") or (
+        isinstance(node, ast.Attribute) and node.attr == "client"
+    )
+
+
+def test_the_etcd_client_is_used_through_its_public_surface() -> None:
+    """``store/etcd.py`` read the client's private ``_token`` (to re-authenticate a refused
+    watch); it reads ``EtcdClient.token`` now."""
+    tree = ast.parse((PACKAGE / "_etcd" / "client.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EtcdClient")
+    private = {
+        n.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+    }
+    assert "_token" in private  # the scan sees the client's private state
+    reached = [
+        (rel, node.attr, node.lineno)
+        for rel in ("store/etcd.py", "etcd_server.py")
+        for node in ast.walk(ast.parse((PACKAGE / rel).read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in private and _names_a_client(node.value)
+    ]
+    assert reached == []

@@ -407,6 +407,14 @@ class EtcdClient:
 
     # -- auth
 
+    @property
+    def token(self) -> str | None:
+        """The auth token the calls carry now (None before the first authentication, or without
+        auth). A caller whose call was refused passes the token it used back as
+        ``authenticate(stale=...)``, so a token another task already replaced is not replaced
+        twice. A secret: never log it."""
+        return self._token
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Metadata for a call: the auth token, and ``hasleader`` so that a member cut off from
         its leader refuses at once instead of hanging until the deadline."""
