@@ -83,6 +83,23 @@ def test_parse_endpoint_rejects_bad_input(text: str) -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_client_is_an_async_resource() -> None:
+    """``async with EtcdClient(...)`` closes it, as every long-lived object (no etcd needed:
+    channels open on first use)."""
+    from anyio.abc import AsyncResource
+
+    from aioelastic._etcd.client import EtcdClient
+    from aioelastic.errors import StoreClosedError
+
+    async with EtcdClient(["127.0.0.1:1"]) as client:
+        assert isinstance(client, AsyncResource)
+        assert not client.closed
+    assert client.closed
+    with pytest.raises(StoreClosedError):
+        await client.call("Range", rpc_pb2.RangeRequest(key=b"k"), write=False)
+
+
+@pytest.mark.asyncio
 async def test_url_options_and_errors() -> None:
     store = await open_etcd_store(urlsplit("etcd://127.0.0.1:1,127.0.0.1:2?timeout=2.5"), {})
     try:
@@ -333,7 +350,7 @@ async def test_a_client_opens_a_channel_to_the_member_it_uses_only(etcd: EtcdSer
     dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     async with EtcdStore([*etcd.endpoints, *dead]) as store:
         await store.put(f"lazy/{uuid.uuid4().hex}", b"v")
-        channels = store.client._all()
+        channels = store.client._channels.members()
         assert [ch.opened for ch in channels] == [True, False, False]
 
 
