@@ -27,7 +27,7 @@ from aioelastic.errors import (
 )
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import RESULT, pack, unpack_all
+from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
 
 
@@ -324,6 +324,59 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
             await events.__anext__()
         assert time.monotonic() - started < 5
         assert seen.connections >= 2  # it did reconnect, and still gave up
+
+
+@pytest.mark.asyncio
+async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None:
+    # The connection's watchdog counts silence only while it has watches: a store idle for
+    # longer than 3 progress intervals, then opening a watch the server is slow to confirm,
+    # keeps its connection (the silence since the watch began is under the bound).
+    async def slow_then_progress(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            await asyncio.sleep(0.2)
+            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+                await ws.send_bytes(pack([PROGRESS, frame[1], 0]))
+
+    async with (
+        _fake_session_server(slow_then_progress) as (url, seen),
+        open_store(url, progress_interval=0.1) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        await store.session.connection()
+        await asyncio.sleep(0.5)  # idle, no watches: longer than the 0.3 s bound
+        async with store.watch("x") as events:
+            await events.start()
+            await asyncio.sleep(0.5)
+        assert seen.connections == 1
+
+
+@pytest.mark.asyncio
+async def test_a_lone_write_held_up_by_back_pressure_still_meets_its_deadline() -> None:
+    # A server that stops reading: the socket buffers fill, and a lone request (written by its
+    # caller, not the writer task) waits for the transport to drain; its deadline still ends it.
+    async def stop_reading(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        await asyncio.sleep(60)
+
+    async with (
+        _fake_session_server(stop_reading) as (url, seen),
+        open_store(url, timeout=0.2) as store,
+    ):
+        big = b"x" * (900 << 10)  # under the fake server's message bound
+        after_reconnect = 0
+        for _ in range(60):  # until the socket buffers are full: a few times 10 MiB
+            started = time.monotonic()
+            with pytest.raises(WriteTimeoutError, match="may or may not have applied"):
+                await asyncio.wait_for(store.put("big", big), 10)
+            assert time.monotonic() - started < 5
+            if seen.connections > 1:
+                # the blocked write ended its connection (aiohttp leaves the drain waiter
+                # cancelled); the next one goes on a new connection, as any request would
+                after_reconnect += 1
+                if after_reconnect == 3:
+                    break
+        assert after_reconnect == 3
 
 
 @pytest.mark.asyncio
