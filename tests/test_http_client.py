@@ -28,6 +28,7 @@ from aioelastic.errors import (
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
+from aioelastic.store.http._session_client import _Slots
 from aioelastic.store.http.server import HttpStoreServer
 
 
@@ -576,6 +577,36 @@ async def test_pipelined_requests_go_in_one_message_with_the_token_at_the_upgrad
     assert seen.headers[0]["Authorization"] == "Bearer s3cret"
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
+
+
+@pytest.mark.asyncio
+async def test_request_slots_go_to_waiters_in_order_and_none_is_lost_to_a_cancel() -> None:
+    slots = _Slots(1)
+    assert slots.try_take()
+    assert not slots.try_take()
+    got: list[int] = []
+
+    async def wait(n: int) -> None:
+        await slots.take()
+        got.append(n)
+
+    waiters = [asyncio.ensure_future(wait(n)) for n in range(4)]
+    await asyncio.sleep(0)
+    waiters[1].cancel()  # gives up while waiting: skipped
+    slots.give()  # to waiter 0...
+    waiters[0].cancel()  # ...cancelled before it ran: the slot passes on to waiter 2
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert got == [2]
+    assert not slots.try_take()  # waiter 2 holds it
+    slots.give()
+    await asyncio.sleep(0)
+    assert got == [2, 3]
+    slots.give()
+    assert slots.free == 1  # every slot came back
+    assert slots.try_take()
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert [type(r) for r in results[:2]] == [asyncio.CancelledError] * 2
 
 
 @pytest.mark.asyncio

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import ssl as _ssl
+from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
@@ -181,7 +182,7 @@ class SessionClient:
         self.progress_interval = progress_interval
         self.reconnect_timeout = reconnect_timeout
         self.read_retries = read_retries
-        self._limit = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._limit = _Slots(max_in_flight) if max_in_flight else None
         self._conn: _Connection | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -410,24 +411,22 @@ class SessionClient:
         return self._call_limited(self._limit, op, args, write, what)
 
     async def _call_limited(
-        self, limit: asyncio.Semaphore, op: str, args: list[Any], write: bool, what: str
+        self, limit: _Slots, op: str, args: list[Any], write: bool, what: str
     ) -> Any:
-        if limit.locked():
+        if not limit.try_take():
             try:
                 async with asyncio.timeout(self.request_timeout):
-                    await limit.acquire()
+                    await limit.take()
             except TimeoutError:
                 # nothing was sent: the outcome is known (not applied), even for a write
                 raise StoreConnectionError(
                     f"{what}: no request slot within {self.request_timeout:g}s "
                     "(max_connections requests in flight)"
                 ) from None
-        else:
-            await limit.acquire()  # a free slot: taken at once, no deadline needed
         try:
             return await self._call(op, args, write, what)
         finally:
-            limit.release()
+            limit.give()
 
     async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
         attempts = 1 if write else 1 + self.read_retries
@@ -504,6 +503,45 @@ class SessionClient:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self.dialer.aclose()
+
+
+class _Slots:
+    """At most ``size`` requests in flight, waiters served in order: ``asyncio.Semaphore``
+    without its cost per call (its ``locked()`` scans the waiters on every acquire)."""
+
+    __slots__ = ("_waiters", "free")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Wait for a slot (given by :meth:`give` straight to the first waiter)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self.give()  # handed a slot as we were cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(future)
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
 
 
 class _Deadline:
