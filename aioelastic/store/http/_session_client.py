@@ -152,6 +152,24 @@ class _Connection:
                 await ws.send_bytes(chunk[0] if len(chunk) == 1 else b"".join(chunk))
                 start = end
 
+    def check_silence(self, silence: float) -> None:
+        """The watchdog: a connection with watches hears from the server at least every
+        progress interval, so ``silence`` (3 intervals) without a message while it has watches
+        ends it. One timer per connection, not a receive timeout per message."""
+        if self.lost:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self.watches:
+            self.unwatched_at = now  # silence counts only while there are watches
+        elif now - max(self.last_received, self.unwatched_at) >= silence:
+            self.abort(f"nothing received for {silence:g}s (3 progress intervals)")
+            return
+        since = max(self.last_received, self.unwatched_at)
+        self.watchdog = loop.call_later(
+            max(since + silence - now, 0.01), self.check_silence, silence
+        )
+
     def abort(self, reason: str) -> None:
         if not self.reason:
             self.reason = reason
@@ -253,7 +271,7 @@ class SessionClient:
     async def _read(self, conn: _Connection) -> None:
         loop = asyncio.get_running_loop()
         silence = 3 * self.progress_interval
-        conn.watchdog = loop.call_later(silence, self._watchdog, conn, silence)
+        conn.watchdog = loop.call_later(silence, conn.check_silence, silence)
         try:
             while True:
                 # (no receive timeout: a timer per message costs more than the watchdog's one)
@@ -277,23 +295,6 @@ class SessionClient:
             if conn.watchdog is not None:
                 conn.watchdog.cancel()
             self._lost(conn)
-
-    def _watchdog(self, conn: _Connection, silence: float) -> None:
-        """A connection with watches hears from the server at least every progress interval:
-        ``silence`` (3 intervals) without a message while it has watches ends it."""
-        if conn.lost:
-            return
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if not conn.watches:
-            conn.unwatched_at = now  # silence counts only while there are watches
-        elif now - max(conn.last_received, conn.unwatched_at) >= silence:
-            conn.abort(f"nothing received for {silence:g}s (3 progress intervals)")
-            return
-        since = max(conn.last_received, conn.unwatched_at)
-        conn.watchdog = loop.call_later(
-            max(since + silence - now, 0.01), self._watchdog, conn, silence
-        )
 
     def _on_frame(self, conn: _Connection, frame: list[Any]) -> None:
         kind, rid = frame[0], frame[1]
