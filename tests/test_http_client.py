@@ -27,7 +27,8 @@ from aioelastic.errors import (
 )
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import RESULT, pack, unpack_all
+from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
+from aioelastic.store.http._session_client import _Slots
 from aioelastic.store.http.server import HttpStoreServer
 
 
@@ -327,6 +328,59 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
 
 
 @pytest.mark.asyncio
+async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None:
+    # The connection's watchdog counts silence only while it has watches: a store idle for
+    # longer than 3 progress intervals, then opening a watch the server is slow to confirm,
+    # keeps its connection (the silence since the watch began is under the bound).
+    async def slow_then_progress(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            await asyncio.sleep(0.2)
+            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+                await ws.send_bytes(pack([PROGRESS, frame[1], 0]))
+
+    async with (
+        _fake_session_server(slow_then_progress) as (url, seen),
+        open_store(url, progress_interval=0.1) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        await store.session.connection()
+        await asyncio.sleep(0.5)  # idle, no watches: longer than the 0.3 s bound
+        async with store.watch("x") as events:
+            await events.start()
+            await asyncio.sleep(0.5)
+        assert seen.connections == 1
+
+
+@pytest.mark.asyncio
+async def test_a_lone_write_held_up_by_back_pressure_still_meets_its_deadline() -> None:
+    # A server that stops reading: the socket buffers fill, and a lone request (written by its
+    # caller, not the writer task) waits for the transport to drain; its deadline still ends it.
+    async def stop_reading(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        await asyncio.sleep(60)
+
+    async with (
+        _fake_session_server(stop_reading) as (url, seen),
+        open_store(url, timeout=0.2) as store,
+    ):
+        big = b"x" * (900 << 10)  # under the fake server's message bound
+        after_reconnect = 0
+        for _ in range(60):  # until the socket buffers are full: a few times 10 MiB
+            started = time.monotonic()
+            with pytest.raises(WriteTimeoutError, match="may or may not have applied"):
+                await asyncio.wait_for(store.put("big", big), 10)
+            assert time.monotonic() - started < 5
+            if seen.connections > 1:
+                # the blocked write ended its connection (aiohttp leaves the drain waiter
+                # cancelled); the next one goes on a new connection, as any request would
+                after_reconnect += 1
+                if after_reconnect == 3:
+                    break
+        assert after_reconnect == 3
+
+
+@pytest.mark.asyncio
 async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() -> None:
     engine = MemoryEngine()
     port = _free_port()
@@ -523,6 +577,36 @@ async def test_pipelined_requests_go_in_one_message_with_the_token_at_the_upgrad
     assert seen.headers[0]["Authorization"] == "Bearer s3cret"
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
+
+
+@pytest.mark.asyncio
+async def test_request_slots_go_to_waiters_in_order_and_none_is_lost_to_a_cancel() -> None:
+    slots = _Slots(1)
+    assert slots.try_take()
+    assert not slots.try_take()
+    got: list[int] = []
+
+    async def wait(n: int) -> None:
+        await slots.take()
+        got.append(n)
+
+    waiters = [asyncio.ensure_future(wait(n)) for n in range(4)]
+    await asyncio.sleep(0)
+    waiters[1].cancel()  # gives up while waiting: skipped
+    slots.give()  # to waiter 0...
+    waiters[0].cancel()  # ...cancelled before it ran: the slot passes on to waiter 2
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert got == [2]
+    assert not slots.try_take()  # waiter 2 holds it
+    slots.give()
+    await asyncio.sleep(0)
+    assert got == [2, 3]
+    slots.give()
+    assert slots.free == 1  # every slot came back
+    assert slots.try_take()
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert [type(r) for r in results[:2]] == [asyncio.CancelledError] * 2
 
 
 @pytest.mark.asyncio

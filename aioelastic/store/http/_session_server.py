@@ -57,6 +57,9 @@ CLOSE_TOO_SLOW = 4408
 CLOSE_REPLACED = 4409
 
 
+#: What ``receive()`` returns once the WebSocket has ended (its async iterator stops at these).
+_ENDED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+
 #: The HTTP status an error code is metered as (the ``code`` label of the request metrics).
 _STATUS = {
     "bad_request": 400,
@@ -353,9 +356,12 @@ class Connection:
         loop = asyncio.get_running_loop()
         writer = asyncio.ensure_future(self._writer())
         self._ticker = loop.call_later(self.progress_interval, self._tick)
+        ws = self.ws
         try:
-            async for message in self.ws:
-                if message.type is WSMsgType.BINARY:
+            while True:
+                message = await ws.receive()  # (the async iterator is this, one call deeper)
+                kind = message.type
+                if kind is WSMsgType.BINARY:
                     self._dispatching = True
                     try:
                         self._received(message.data)
@@ -365,9 +371,11 @@ class Connection:
                         # every frame of the message handled: its answers go out as one
                         # message, from here (no hand-over to the writer task)
                         batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-                        await self.ws.send_bytes(b"".join(batch))
-                elif message.type is WSMsgType.TEXT:
+                        await ws.send_bytes(batch[0] if len(batch) == 1 else b"".join(batch))
+                elif kind is WSMsgType.TEXT:
                     self._bad_frame("session frames are binary messages (msgpack), not text")
+                elif kind in _ENDED:
+                    break
         finally:
             self._ticker.cancel()
             self._closing = True
