@@ -218,8 +218,10 @@ def test_the_etcd_client_is_used_through_its_public_surface() -> None:
 
 
 def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
-    """``agent/`` (``ElasticAgent`` was one 760-line class) and ``_etcd/`` (``EtcdClient`` 381
-    lines) were cut along their seams: no class over 300 lines, no function over 60."""
+    """The rooms cut along their seams stay cut: no class over 300 lines, no function over 60.
+
+    ``agent/`` (``ElasticAgent`` was one 760-line class), ``_etcd/`` (``EtcdClient`` 381 lines),
+    the http store's OpenAPI document (one 410-line function)."""
     spec = importlib.util.spec_from_file_location(
         "room_sizes", PACKAGE.parent / "scripts" / "room_sizes.py"
     )
@@ -227,7 +229,13 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
     assert spec.loader is not None
     room_sizes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(room_sizes)
-    assert room_sizes.oversized([PACKAGE / "agent", PACKAGE / "_etcd"]) == []
+    rooms = [
+        PACKAGE / "agent",
+        PACKAGE / "_etcd",
+        PACKAGE / "store" / "http" / "_openapi.py",
+        PACKAGE / "store" / "http" / "_openapi_txn.py",
+    ]
+    assert room_sizes.oversized(rooms) == []
     # the measure sees a big room where there is one
     big = tmp_path / "big.py"
     big.write_text("def f() -> None:\n" + "    pass\n" * 60)
