@@ -221,7 +221,8 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
     """The rooms cut along their seams stay cut: no class over 300 lines, no function over 60.
 
     ``agent/`` (``ElasticAgent`` was one 760-line class), ``_etcd/`` (``EtcdClient`` 381 lines),
-    the http store's OpenAPI document (one 410-line function)."""
+    the http store's OpenAPI document (one 410-line function), ``serve``'s flags and
+    ``open_http_store`` (101 and 61 lines)."""
     spec = importlib.util.spec_from_file_location(
         "room_sizes", PACKAGE.parent / "scripts" / "room_sizes.py"
     )
@@ -234,6 +235,8 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
         PACKAGE / "_etcd",
         PACKAGE / "store" / "http" / "_openapi.py",
         PACKAGE / "store" / "http" / "_openapi_txn.py",
+        PACKAGE / "store" / "http" / "_cli.py",
+        PACKAGE / "store" / "http" / "client.py",
     ]
     assert room_sizes.oversized(rooms) == []
     # the measure sees a big room where there is one
