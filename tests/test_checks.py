@@ -223,7 +223,7 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
     ``agent/`` (``ElasticAgent`` was one 760-line class), ``_etcd/`` (``EtcdClient`` 381 lines),
     the http store's OpenAPI document (one 410-line function), ``serve``'s flags and
     ``open_http_store`` (101 and 61 lines), ``DataDir`` (315 lines),
-    ``timer/`` (``TimerServer`` 339 lines)."""
+    ``timer/`` (``TimerServer`` 339 lines), the run status reader (``_read`` 102 lines)."""
     spec = importlib.util.spec_from_file_location(
         "room_sizes", PACKAGE.parent / "scripts" / "room_sizes.py"
     )
@@ -240,6 +240,7 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
         PACKAGE / "store" / "http" / "client.py",
         *(PACKAGE / "store" / "http").glob("_persist*.py"),
         PACKAGE / "timer",
+        PACKAGE / "rendezvous" / "_status.py",
     ]
     assert room_sizes.oversized(rooms) == []
     # the measure sees a big room where there is one
