@@ -18,6 +18,8 @@ from anyio.abc import AsyncResource
 
 from .._checks import check_ttl
 from ..errors import StoreClosedError
+
+# (re-exported: the backends and _txn/_stm import the checks from here)
 from ._args import check_int as check_int
 from ._args import check_key as check_key
 from ._args import check_prefix as check_prefix
