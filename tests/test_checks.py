@@ -218,8 +218,13 @@ def test_the_etcd_client_is_used_through_its_public_surface() -> None:
 
 
 def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
-    """``agent/`` (``ElasticAgent`` was one 760-line class) and ``_etcd/`` (``EtcdClient`` 381
-    lines) were cut along their seams: no class over 300 lines, no function over 60."""
+    """The rooms cut along their seams stay cut: no class over 300 lines, no function over 60.
+
+    ``agent/`` (``ElasticAgent`` was one 760-line class), ``_etcd/`` (``EtcdClient`` 381 lines),
+    the http store's OpenAPI document (one 410-line function), ``serve``'s flags and
+    ``open_http_store`` (101 and 61 lines), ``DataDir`` (315 lines),
+    ``timer/`` (``TimerServer`` 339 lines), the run status reader (``_read`` 102 lines),
+    the store protocol (``Store`` 357 lines)."""
     spec = importlib.util.spec_from_file_location(
         "room_sizes", PACKAGE.parent / "scripts" / "room_sizes.py"
     )
@@ -227,7 +232,17 @@ def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
     assert spec.loader is not None
     room_sizes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(room_sizes)
-    assert room_sizes.oversized([PACKAGE / "agent", PACKAGE / "_etcd"]) == []
+    http = ("_openapi", "_openapi_txn", "_cli", "client", "_persist", "_persist_open")
+    rooms = [
+        PACKAGE / "agent",
+        PACKAGE / "_etcd",
+        *(PACKAGE / "store" / "http" / f"{name}.py" for name in http),
+        PACKAGE / "timer",
+        PACKAGE / "rendezvous" / "_status.py",
+        *(PACKAGE / "store" / f"{name}.py" for name in ("_base", "_args", "_conveniences")),
+    ]
+    assert all(room.exists() for room in rooms)
+    assert room_sizes.oversized(rooms) == []
     # the measure sees a big room where there is one
     big = tmp_path / "big.py"
     big.write_text("def f() -> None:\n" + "    pass\n" * 60)

@@ -284,7 +284,7 @@ async def test_blocking_client(socket_path: str) -> None:
             with BlockingUnixTimerClient(socket_path) as client:
                 scopes.append(f"{__file__}#{sys._getframe().f_lineno + 1}")
                 with client.expires(after=30):
-                    scopes.append(next(iter(server._by_worker[os.getpid()])))
+                    scopes.append(server._timers.of_worker(os.getpid())[0].scope_id)
                 with pytest.raises(ValueError, match="after"):
                     client.acquire("s", -1)
                 client.acquire("overrun", 0.05)

@@ -12,12 +12,25 @@ HELP = "run the HTTP store server (single-host coordination, like torch's TCPSto
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` flags."""
+    _bind_flags(parser)
+    _data_dir_flags(parser)
+    _security_flags(parser)
+    _limit_flags(parser)
+    _serving_flags(parser)
+
+
+def _bind_flags(parser: argparse.ArgumentParser) -> None:
+    """Where to listen."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)"
     )
     parser.add_argument(
         "--port", type=int, default=29400, help="port to bind (default: 29400; 0 picks a free one)"
     )
+
+
+def _data_dir_flags(parser: argparse.ArgumentParser) -> None:
+    """Keeping the store on disk (``--data-dir`` and what tunes it)."""
     parser.add_argument(
         "--data-dir",
         metavar="DIR",
@@ -48,6 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "files are kept aside and the loss is logged. Without it such a directory is refused "
         "with what is damaged and how many records that affects.",
     )
+
+
+def _security_flags(parser: argparse.ArgumentParser) -> None:
+    """The bearer token and TLS."""
     parser.add_argument(
         "--token-file",
         metavar="F",
@@ -56,6 +73,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", metavar="F", help="serve HTTPS with this PEM certificate")
     parser.add_argument("--tls-key", metavar="F", help="the PEM private key of --tls-cert")
+
+
+def _limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The largest key and value accepted."""
     parser.add_argument(
         "--max-value-bytes",
         type=int,
@@ -70,6 +91,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest key accepted, in UTF-8 bytes (default: 4096)",
     )
+
+
+def _serving_flags(parser: argparse.ArgumentParser) -> None:
+    """The event loop, timeouts, connections and sessions."""
     parser.add_argument(
         "--loop",
         choices=("auto", "asyncio", "uvloop"),
