@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import (
+from helpers.agent import (
     PY,
     ROOT,
     WORKER,
@@ -23,7 +23,6 @@ from agent_helpers import (
     _env,
     _lines,
     _parent_of,
-    out,
 )
 
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
@@ -31,8 +30,6 @@ from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.store.http.server import HttpStoreServer
 
 pytestmark = pytest.mark.timeout(120)
-
-__all__ = ["out"]  # the fixture
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _env, _lines
 
 from aioelastic.agent import ElasticAgent, WorkerSpec
 from aioelastic.agent import _agent as agent_module
 from aioelastic.agent._agent import AgentState, WorkerFailure
 from aioelastic.rendezvous import RendezvousParameters, create_handler
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,11 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _env, _lines
 
 from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

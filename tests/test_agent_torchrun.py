@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of, out
+from helpers.agent import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of
 
 from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.store.http.server import HttpStoreServer
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = [
     pytest.mark.timeout(180),

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _alive_with, _assert_no_orphans, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _alive_with, _assert_no_orphans, _lines
 
 from aioelastic.agent import AgentState, ElasticAgent, Std, WorkerSpec, parse_std
 from aioelastic.agent._cli import build_entrypoint, parse_nnodes, parse_nproc
@@ -22,8 +22,6 @@ from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
 from aioelastic.store import MemoryStore
 from aioelastic.testing.faults import FaultInjectingStore
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

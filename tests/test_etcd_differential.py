@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,6 @@ from aioelastic import (
     WatchEvent,
 )
 from aioelastic.etcd_server import EtcdServer
-from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -58,12 +56,6 @@ operations = st.one_of(
     st.tuples(st.just("compact"), st.integers(1, 12)),
     st.tuples(st.just("watch_from"), st.integers(1, 12)),
 )
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, out
+from helpers.agent import PY, ROOT, WORKER, _env
 
 from aioelastic import events
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
@@ -36,8 +36,6 @@ from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
 from aioelastic.store import MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual, virtual_time_loop
 from aioelastic.timer import StoreTimerClient, StoreTimerServer
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

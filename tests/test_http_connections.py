@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, ServerProcess, self_signed_cert
+from helpers.http import ROOT, ServerProcess, self_signed_cert
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import open_store

@@ -446,7 +446,7 @@ async def test_serve_refuses_a_damaged_dir_unless_told_to_accept_the_loss(tmp_pa
     import subprocess
     import sys
 
-    from http_helpers import ROOT, ServerProcess
+    from helpers.http import ROOT, ServerProcess
 
     await _written(tmp_path)
     _delete_middle_line(tmp_path)

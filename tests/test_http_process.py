@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, Store, WatchEvent, open_store
@@ -152,7 +152,7 @@ async def test_in_flight_requests_finish_on_graceful_stop() -> None:
 @pytest.mark.asyncio
 async def test_serve_with_token_file_and_tls(tmp_path: Path) -> None:
     pytest.importorskip("cryptography")
-    from http_helpers import self_signed_cert
+    from helpers.http import self_signed_cert
 
     token = tmp_path / "token"
     token.write_text("t0ken\n")
@@ -193,7 +193,7 @@ def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:
     import subprocess
     import sys
 
-    from http_helpers import ROOT
+    from helpers.http import ROOT
 
     done = subprocess.run(
         [sys.executable, "-m", "aioelastic", "serve", *args],

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from http_helpers import ServerThread, self_signed_cert
+from helpers.http import ServerThread, self_signed_cert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict

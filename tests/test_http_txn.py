@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

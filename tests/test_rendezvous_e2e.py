@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = Path(__file__).resolve().parent / "rdzv_node.py"

