@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import finish
 from helpers.agent import (
     PY,
     ROOT,
@@ -57,17 +58,6 @@ async def _spawn_agent(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int, str]:
-    try:
-        _stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        _stdout, stderr = await proc.communicate()
-        raise AssertionError(f"agent did not finish in {timeout}s:\n{stderr.decode()}") from None
-    assert proc.returncode is not None
-    return proc.returncode, stderr.decode()
-
-
 async def _wait_lines(path: Path, n: int, timeout: float, **match: str) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
@@ -93,8 +83,8 @@ async def test_two_agents_two_workers_each(out: Path) -> None:
             str(out),
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
-        results = [await _finish(agent, 60) for agent in agents]
-    for code, stderr in results:
+        results = [await finish(agent, 60, "agent") for agent in agents]
+    for code, _, stderr in results:
         assert code == 0, stderr
         assert "SUCCEEDED" in stderr
     starts = _lines(out / "starts.jsonl")
@@ -128,9 +118,9 @@ async def test_no_restart_left_closes_the_run_for_every_node(out: Path) -> None:
             str(out),
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
-        results = [await _finish(agent, 60) for agent in agents]
-    assert sorted(code for code, _ in results) == [1, 1]
-    messages = sorted(stderr for _, stderr in results)
+        results = [await finish(agent, 60, "agent") for agent in agents]
+    assert sorted(code for code, _, _ in results) == [1, 1]
+    messages = sorted(stderr for _, _, stderr in results)
     assert any("max restarts (0) exhausted" in m for m in messages), messages
     assert any("the run was closed by another node" in m for m in messages), messages
 
@@ -250,7 +240,7 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
             (survivor,) = [a for a in agents if a is not victim]
             killed_at = time.time()
             victim.kill()
-            code, stderr = await _finish(survivor, 60)
+            code, _, stderr = await finish(survivor, 60, "agent")
             await victim.wait()
         finally:
             for agent in agents:
@@ -303,7 +293,7 @@ async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int)
             killed_at = time.monotonic()
             victim.kill()
             (out / "killed").touch()
-            code, stderr = await _finish(survivor, 60)
+            code, _, stderr = await finish(survivor, 60, "agent")
             took = time.monotonic() - killed_at
             await victim.wait()
         finally:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import finish
 from helpers.agent import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of
 
 from aioelastic.store import MemoryEngine, MemoryStore, Store
@@ -49,17 +50,6 @@ async def _torchrun(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int, str, str]:
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        stdout, stderr = await proc.communicate()
-        raise AssertionError(f"torchrun did not finish in {timeout}s:\n{stderr.decode()}") from None
-    assert proc.returncode is not None
-    return proc.returncode, stdout.decode(), stderr.decode()
-
-
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
@@ -73,7 +63,7 @@ async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
             example,
         )
         nodes = [await _torchrun(*args) for _ in range(2)]
-        results = [await _finish(node, 120) for node in nodes]
+        results = [await finish(node, 120, "torchrun") for node in nodes]
     for code, _stdout, stderr in results:
         assert code == 0, stderr
     outputs = "".join(stdout for _code, stdout, _stderr in results)
@@ -110,7 +100,7 @@ async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
             (victim,) = [n for n in nodes if n.pid in parents]
             (survivor,) = [n for n in nodes if n is not victim]
             victim.send_signal(signal.SIGKILL)
-            code, _stdout, stderr = await _finish(survivor, 120)
+            code, _stdout, stderr = await finish(survivor, 120, "torchrun")
             await victim.wait()
         finally:
             for node in nodes:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import pytest
+from helpers import free_port
 
 from aioelastic.errors import (
     CompactedError,
@@ -29,13 +29,6 @@ from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._frames import RESULT, pack, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +92,7 @@ async def _never_answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> 
 
 @pytest.mark.asyncio
 async def test_unreachable_server_is_a_connection_error_even_for_writes() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     async with open_store(url, read_retries=1) as store:
         for call in (store.get("k"), store.put("k", b"v"), store.compare_and_swap("k", 0, b"v")):
             with pytest.raises(StoreConnectionError) as info:
@@ -329,7 +322,7 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
 @pytest.mark.asyncio
 async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -368,7 +361,7 @@ async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() ->
 @pytest.mark.asyncio
 async def test_watch_resuming_into_compacted_history_raises_compacted() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -426,7 +419,7 @@ async def test_open_store_options_are_checked() -> None:
 
 @pytest.mark.asyncio
 async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> None:
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port)
     await server.start()
     store = await open_store(server.url, progress_interval=0.2, reconnect_timeout=30)
@@ -448,7 +441,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
 @pytest.mark.asyncio
 async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path / "data")
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, data_dir=data_dir)
     await server.start()
     try:

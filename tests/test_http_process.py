@@ -5,23 +5,16 @@ graceful SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, Store, WatchEvent, open_store
 from aioelastic.store.http.server import HttpStoreServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _start(*args: str) -> ServerProcess:
@@ -31,7 +24,7 @@ async def _start(*args: str) -> ServerProcess:
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_kill_9_then_restart_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     args = ("--port", str(port), "--data-dir", str(tmp_path / "data"))
     first = await _start(*args)
     acknowledged: dict[str, int] = {}

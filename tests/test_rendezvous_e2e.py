@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ROOT
 from helpers.http import ServerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 NODE = Path(__file__).resolve().parent / "rdzv_node.py"
 TTL = 2.0
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 from helpers.agent import PY, ROOT, _env
 
 from aioelastic import cli
@@ -66,13 +66,6 @@ def _envs(stdout: str) -> list[dict[str, str | None]]:
         if line.startswith("{"):
             found.append(json.loads(line))
     return sorted(found, key=lambda e: int(e["RANK"] or 0))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- usage errors ---------------------------------------------------------------------------
@@ -254,7 +247,7 @@ def test_signals_to_handle_forwards_the_signal(script: Path, tmp_path: Path) -> 
 
 
 def test_static_backend_with_node_rank_and_master_port(script: Path) -> None:
-    port = _free_port()
+    port = free_port()
     common = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}", str(script)]
     nodes = [
         subprocess.Popen(

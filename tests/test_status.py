@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ROOT, settle, subprocess_env
 
 from aioelastic.errors import RendezvousNotFoundError, RendezvousStateError
 from aioelastic.rendezvous import DynamicRendezvousHandler
@@ -27,7 +26,6 @@ from aioelastic.testing import virtual_test
 from aioelastic.testing.http import ServerThread
 from aioelastic.timer import StoreTimerClient, run_prefix
 
-ROOT = Path(__file__).resolve().parent.parent
 TTL = 6.0
 
 
@@ -49,11 +47,6 @@ def handler(
         node_id=node_id,
         local_addr="127.0.0.1",
     )
-
-
-async def settle() -> None:
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 @virtual
@@ -256,17 +249,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "aioelastic", "status", *args]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 async def _run(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *_cli(*args),
         cwd=ROOT,
-        env=_env(),
+        env=subprocess_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -419,7 +406,7 @@ def test_cli_watch_prints_a_new_frame_after_a_change(server: ServerThread) -> No
             proc = await asyncio.create_subprocess_exec(
                 *_cli("--endpoint", server.url, "--run-id", "cli-watch", "--watch", "--json"),
                 cwd=ROOT,
-                env=_env(),
+                env=subprocess_env(),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )

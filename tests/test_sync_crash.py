@@ -18,10 +18,10 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
+from helpers import ROOT
 
 from aioelastic.store import open_store
 from aioelastic.sync import Election, LeaseConfig, store_lock
@@ -29,7 +29,6 @@ from aioelastic.testing.etcd import running_etcd
 from aioelastic.testing.http import ServerThread
 
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _slack(url: str) -> float:

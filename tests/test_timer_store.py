@@ -19,7 +19,7 @@ from helpers.http import ServerThread
 from aioelastic.errors import TimerExpiredError
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import MemoryStore, Store, open_store
-from aioelastic.testing import virtual_time_loop
+from aioelastic.testing import run_virtual
 from aioelastic.timer import (
     ExpiredTimer,
     StoreTimerClient,
@@ -74,8 +74,7 @@ class StoreTimerChecks:
                 await body(self, store, f"test-timers/{uuid.uuid4().hex}/")
 
         if self.virtual_time:
-            with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-                runner.run(main())
+            run_virtual(main)
         else:
             asyncio.run(main())
 
@@ -300,8 +299,7 @@ def test_server_rereads_the_store_after_losing_its_watch() -> None:
                 assert server.running
         assert sorted(reaps.scopes) == ["acquired-during-outage", "kept"]
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_server_resyncs_after_its_watch_is_compacted() -> None:
@@ -321,8 +319,7 @@ def test_server_resyncs_after_its_watch_is_compacted() -> None:
                 assert server.running
         assert reaps.scopes == ["b"]
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCaptureFixture) -> None:
@@ -335,14 +332,12 @@ def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCapture
         assert not server.running
         await server.aclose()
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
     assert "StoreTimerServer stopped" in caplog.text
 
 
 def run_in_virtual_time(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_claim_survives_store_errors() -> None:
@@ -364,7 +359,7 @@ def test_claim_survives_store_errors() -> None:
                 assert (await inner.range("t/")).kvs == ()
         assert reaps.scopes == ["s"]
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_server_catches_up_after_a_partition() -> None:
@@ -392,7 +387,7 @@ def test_server_catches_up_after_a_partition() -> None:
                 await asyncio.sleep(30)
         assert reaps.scopes == ["acquired-while-cut-off"]
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
@@ -408,7 +403,7 @@ def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
                 await server.start()
             assert not server.running
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_run_prefix_quotes_the_run_id_and_refuses_a_bad_one() -> None:
@@ -449,4 +444,4 @@ def test_a_claim_of_unknown_outcome_reads_back_and_backs_off_while_it_cannot() -
         assert len(reaped_at) == 1
         assert reaped_at[0] - started == pytest.approx(1 + 0.2 + 0.4 + 0.8, abs=0.05)
 
-    run_in_virtual_time(body)
+    run_virtual(body)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from aioelastic.errors import TimerError
 from aioelastic.timer import (
@@ -27,8 +28,6 @@ from aioelastic.timer import (
     expires,
     unix,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import asyncio, signal, sys, time

@@ -14,12 +14,12 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
+from helpers import ROOT
 
 from aioelastic._overview import changes, read_overview
 from aioelastic.rendezvous import DynamicRendezvousHandler
@@ -28,7 +28,6 @@ from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.sync import Election, store_lock
 from aioelastic.timer import StoreTimerClient, run_prefix
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
 
