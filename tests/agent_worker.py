@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def record(out: str, name: str, **extra: object) -> None:
@@ -62,7 +63,7 @@ def wait_forever(out: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     while True:
-        time.sleep(3600)
+        signal.pause()  # until a signal: SIGTERM's handler exits
 
 
 def main() -> None:
@@ -75,7 +76,7 @@ def main() -> None:
     if mode in ("fail-once", "fail-always"):
         if mode == "fail-always" or attempt == 0:
             if rank == 1:
-                time.sleep(0.2)
+                time.sleep(0.2)  # deliberate: the failure comes after the group is up and running
                 print("rank 1 fails on purpose", file=sys.stderr, flush=True)
                 record(out, "failures.jsonl")
                 sys.exit(3)
@@ -104,8 +105,10 @@ def main() -> None:
     if mode == "fragile":
         if os.environ["WORLD_SIZE"] != "4":
             return
-        while not os.path.exists(os.path.join(out, "killed")):
-            time.sleep(0.02)
+        from helpers.waiting import until_file_sync  # (this script's folder is on sys.path)
+
+        killed = os.path.join(out, "killed")
+        until_file_sync(Path(out), lambda: os.path.exists(killed), 3600, "no peer was killed")
         print("Connection closed by peer", file=sys.stderr, flush=True)
         sys.exit(1)
     if mode == "sleep":

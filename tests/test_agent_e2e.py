@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import finish
@@ -24,6 +23,8 @@ from helpers.agent import (
     _env,
     _lines,
     _parent_of,
+    wait_records,
+    wait_records_sync,
 )
 
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
@@ -56,16 +57,6 @@ async def _spawn_agent(*args: str) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-
-
-async def _wait_lines(path: Path, n: int, timeout: float, **match: str) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [x for x in _lines(path) if all(x.get(k) == v for k, v in match.items())]
-        if len(lines) >= n:
-            return lines
-        assert time.monotonic() < deadline, f"only {lines} in {path} after {timeout}s"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.asyncio
@@ -230,7 +221,7 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
         try:
-            big = await _wait_lines(out / "starts.jsonl", 4, 30, WORLD_SIZE="4")
+            big = await wait_records(out / "starts.jsonl", 4, 30, "the big round", WORLD_SIZE="4")
             (out / "shrink").touch()
             victim_group = big[-1]["GROUP_RANK"]
             victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == victim_group}
@@ -285,7 +276,7 @@ async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int)
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
         try:
-            big = await _wait_lines(out / "starts.jsonl", 4, 60, WORLD_SIZE="4")
+            big = await wait_records(out / "starts.jsonl", 4, 60, "the big round", WORLD_SIZE="4")
             victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == "1"}
             parents = {_parent_of(pid) for pid in victim_pids}
             (victim,) = [a for a in agents if a.pid in parents]
@@ -330,10 +321,7 @@ def test_sigterm_stops_workers_and_leaves(out: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(_lines(out / "starts.jsonl")) < 2:
-            assert time.monotonic() < deadline, "workers did not start"
-            time.sleep(0.05)
+        wait_records_sync(out / "starts.jsonl", 2, 30, "workers did not start")
         proc.send_signal(signal.SIGTERM)
         _stdout, stderr = proc.communicate(timeout=30)
     finally:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.agent import PY, ROOT, WORKER, _env, _lines
+from helpers.agent import PY, ROOT, WORKER, _env, wait_records
+from helpers.waiting import until_logged
 
 from aioelastic.agent import ElasticAgent, WorkerSpec
 from aioelastic.agent import _agent as agent_module
@@ -120,17 +121,11 @@ async def test_a_standby_node_says_it_is_standing_by_and_why(
     monkeypatch.setattr(agent_module, "STANDBY_CHECK", 0.2)
     member = ElasticAgent(_spec("sleep", out), _params("full"))
     running = asyncio.create_task(member.run())
-    deadline = time.monotonic() + 30
-    while not _lines(out / "starts.jsonl"):
-        assert time.monotonic() < deadline, "the member's worker did not start"
-        await asyncio.sleep(0.05)
+    await wait_records(out / "starts.jsonl", 1, 30, "the member's worker did not start")
     standby = ElasticAgent(_spec("sleep", out), _params("full"))
     with caplog.at_level(logging.INFO, logger="aioelastic.agent"):
-        waiting = asyncio.create_task(standby.run())
-        deadline = time.monotonic() + 30
-        while "standing by" not in caplog.text:
-            assert time.monotonic() < deadline, caplog.text
-            await asyncio.sleep(0.05)
+        async with until_logged("aioelastic.agent", "standing by", 30, lambda: caplog.text):
+            waiting = asyncio.create_task(standby.run())
     assert "the job is full" in caplog.text
     standby.request_stop(15)
     member.request_stop(15)

@@ -9,12 +9,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.agent import PY, ROOT, WORKER, _env, _lines
+from helpers.agent import PY, ROOT, WORKER, _env, wait_records_sync
 
 from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
 
@@ -82,10 +81,7 @@ def test_a_sigkilled_agent_leaves_nothing_once_another_starts(short_tmp: Path, o
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _lines(out / "starts.jsonl"):
-            assert time.monotonic() < deadline, "the worker did not start"
-            time.sleep(0.05)
+        wait_records_sync(out / "starts.jsonl", 1, 30, "the worker did not start")
         left = [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)]
         assert len(left) == 1
         assert left[0].startswith(f"{PREFIX}{agent.pid}-")

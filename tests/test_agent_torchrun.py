@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 from helpers import finish
-from helpers.agent import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of
+from helpers.agent import (
+    PY,
+    ROOT,
+    WORKER,
+    _assert_no_orphans,
+    _env,
+    _lines,
+    _parent_of,
+    wait_records,
+)
 
 from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.store.http.server import HttpStoreServer
@@ -87,12 +96,9 @@ async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
         nodes = [await _torchrun(*args) for _ in range(2)]
         victim_workers: set[int] = set()
         try:
-            deadline = time.monotonic() + 60
-            while (
-                len(big := [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "4"]) < 4
-            ):
-                assert time.monotonic() < deadline, "the 2-node round did not start"
-                await asyncio.sleep(0.05)
+            big = await wait_records(
+                out / "starts.jsonl", 4, 60, "the 2-node round did not start", WORLD_SIZE="4"
+            )
             (out / "shrink").touch()
             group = big[-1]["GROUP_RANK"]
             victim_workers = {s["pid"] for s in big if s["GROUP_RANK"] == group}

@@ -95,7 +95,7 @@ async def test_join_returns_when_the_members_exit() -> None:
     _binary_or_skip()
     async with EtcdServer() as server:
         joined = asyncio.ensure_future(server.join())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # under test: join() waits while the members run
         assert not joined.done()
         await server.kill_member(0)
         with anyio.fail_after(5):
@@ -259,7 +259,7 @@ from aioelastic.etcd_server import EtcdServer
 server = EtcdServer()
 asyncio.run(server.start())
 print(server._member(0).process.pid, server.data_dir, flush=True)
-time.sleep(600)
+time.sleep(600)  # stays up until the test kills it (its member must not outlive it)
 """
 
 

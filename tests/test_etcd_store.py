@@ -191,7 +191,7 @@ async def test_anyio_scopes_cancel_a_pending_unary_call() -> None:
             with anyio.fail_after(0.2):
                 await store.get("k")
         task = asyncio.ensure_future(store.get("k"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # deliberate: the call is pending inside grpc when cancelled
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -53,6 +53,7 @@ async def _fake_session_server(
             seen.messages.append(len(frames))
             for frame in frames:
                 seen.ops.append(frame[2])
+                seen.arrived.set()
                 if await answer(ws, frame) == "hang up":
                     assert request.transport is not None
                     request.transport.close()
@@ -80,6 +81,7 @@ class _Seen:
         self.messages: list[int] = []  # frames per message
         self.headers: list[dict[str, str]] = []
         self.release = asyncio.Event()
+        self.arrived = asyncio.Event()  # set on each request frame
 
 
 async def _hang_up(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> str:
@@ -287,8 +289,9 @@ async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -
         async with open_store(url, timeout=0.3, max_connections=1) as single:
             assert isinstance(single, HttpStore)
             single.session.request_timeout = 30.0
+            seen.arrived.clear()
             hung = asyncio.ensure_future(single.get("slow"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(seen.arrived.wait(), 10)  # it holds the one slot now
             single.session.request_timeout = 0.3
             with pytest.raises(StoreConnectionError) as connect_info:
                 await asyncio.wait_for(single.put("k", b"v"), 10)
@@ -428,7 +431,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
         await watch.start()
         await server.stop()  # the watch now retries in the background of __anext__
         pending = asyncio.ensure_future(watch.__anext__())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # under test: meanwhile the watch retries, it does not end
         assert not pending.done()
         await store.aclose()
         with pytest.raises(StoreClosedError):
@@ -451,10 +454,10 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
         ):
             await store.put("held", b"1", lease=keeper.id)
             await server.stop()
-            await asyncio.sleep(0.5)  # keep-alives fail meanwhile
+            await asyncio.sleep(0.5)  # the outage under test: keep-alives fail meanwhile
             server = HttpStoreServer(port=port, data_dir=data_dir)
             await server.start()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # under test: the lease outlives the restart (not lost)
             assert not keeper.lost
             assert keeper.statistics().failed_renewals >= 1
             assert (await store.get("held")) is not None

@@ -132,7 +132,7 @@ async def test_in_flight_requests_finish_on_graceful_stop() -> None:
     await server.start()
     async with open_store(server.url) as store:
         puts = [asyncio.ensure_future(store.put(f"f/{i}", b"v")) for i in range(50)]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # deliberate: one loop pass, so the stop meets puts in flight
         await server.stop()
         results = await asyncio.gather(*puts, return_exceptions=True)
     for i, result in enumerate(results):

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from helpers.http import ServerThread, self_signed_cert
+from helpers.waiting import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
@@ -588,10 +589,8 @@ async def test_watch_streams_are_limited() -> None:
         with pytest.raises(StoreConnectionError, match="at most 3"):
             await store.watch("x").start()
         await watches[0].aclose()
-        for _ in range(100):  # the server notices the closed stream at its next progress frame
-            if srv.statistics()["watch_streams"] < 3:
-                break
-            await asyncio.sleep(0.05)
+        # the server notices the closed stream at its next progress frame
+        await eventually(lambda: srv.statistics()["watch_streams"] < 3, 5, "a stream kept")
         async with store.watch("y/"):
             pass
         for watch in watches[1:]:
@@ -756,7 +755,7 @@ async def test_the_read_timeout_spares_idle_connections_and_silent_watches() -> 
             )
             head = await asyncio.wait_for(watch_reader.readuntil(b"\r\n\r\n"), 10)
             assert head.startswith(b"HTTP/1.1 200"), head
-            await asyncio.sleep(READ_TIMEOUT * 4)
+            await asyncio.sleep(READ_TIMEOUT * 4)  # under test: idle past the read timeout
             writer.write(put)
             assert await _read_answer(reader) == 200
             srv.engine.put("w/1", b"x")
@@ -767,7 +766,7 @@ async def test_the_read_timeout_spares_idle_connections_and_silent_watches() -> 
                 seen += chunk
             # a body that arrives in pieces, within the deadline, is read
             writer.write(b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
-            await asyncio.sleep(READ_TIMEOUT / 3)
+            await asyncio.sleep(READ_TIMEOUT / 3)  # deliberate: the body's pieces apart
             writer.write(b"a")
             await asyncio.sleep(READ_TIMEOUT / 3)
             writer.write(b"b")

@@ -7,12 +7,12 @@ import argparse
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from helpers import free_port
 from helpers.agent import PY, ROOT, _env
+from helpers.waiting import until_file_sync
 
 from aioelastic import cli
 from aioelastic.agent import _cli
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 # prints one JSON line of the worker's environment; no .py suffix on purpose
 SCRIPT = """\
-import json, os, signal, sys, time
+import json, os, signal, sys
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES")
 print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
@@ -35,7 +35,7 @@ if len(sys.argv) > 1:  # wait for a signal, record it
         signal.signal(s, got)
     with open(sys.argv[1] + ".up", "a") as f:
         f.write("up\\n")
-    time.sleep(60)
+    signal.pause()  # until the signal: its handler records it and exits
 """
 
 
@@ -232,10 +232,8 @@ def test_signals_to_handle_forwards_the_signal(script: Path, tmp_path: Path) -> 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not Path(f"{record}.up").exists():
-            assert time.monotonic() < deadline, "the worker did not start"
-            time.sleep(0.05)
+        up = Path(f"{record}.up")
+        until_file_sync(up.parent, up.exists, 30, "the worker did not start")
         proc.send_signal(signal.SIGUSR1)
         _out, err = proc.communicate(timeout=30)
     finally:

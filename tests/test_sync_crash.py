@@ -105,7 +105,7 @@ async def _crash_and_take_over(url: str, kind: str) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_it)
-                await anyio.sleep(0.5)  # queued behind the child
+                await anyio.sleep(0.5)  # under test: queued behind the child, not acquired
                 assert not acquired.done()
                 killed = time.monotonic()
                 child.send_signal(signal.SIGKILL)

@@ -102,7 +102,7 @@ class StoreTimerChecks:
             client = StoreTimerClient(store, "w", prefix=prefix)
             await client.acquire("s", self.short)
             await client.release("s")
-            await asyncio.sleep(self.short * 3)
+            await asyncio.sleep(self.short * 3)  # under test: past the deadline, no reap
             assert server.armed == 0
             await client.release("s")  # releasing again is fine
         assert reaps.timers == []
@@ -118,7 +118,7 @@ class StoreTimerChecks:
             await client.acquire("s", self.short * 3)
             await server.wait_reaped(1)
             assert loop.time() - start >= self.short * 3 - 0.05
-            await asyncio.sleep(self.short)
+            await asyncio.sleep(self.short)  # under test: no second reap follows
         assert reaps.scopes == ["s"]
 
     @store_test
@@ -144,6 +144,8 @@ class StoreTimerChecks:
             clients = [StoreTimerClient(store, f"w{i}", prefix=prefix) for i in range(5)]
             for i, client in enumerate(clients):
                 await client.acquire("s", self.short + i * 0.01)
+            # under test: every timer reaped, and by one server only (a second reap would come
+            # within this time), so the wait is not for the first five reaps alone
             await asyncio.sleep(self.short * 4)
         assert sorted(str(t.worker_id) for t in reaps.timers) == [f"w{i}" for i in range(5)]
 
@@ -177,7 +179,7 @@ class StoreTimerChecks:
             await client.acquire("a", self.short)
             await client.acquire("b", self.short)
             await store.lease_revoke(grant.id)  # the worker died: its lease went with it
-            await asyncio.sleep(self.short * 3)
+            await asyncio.sleep(self.short * 3)  # under test: past the deadline, no reap
             assert server.armed == 0
         assert reaps.timers == []
 
@@ -190,7 +192,7 @@ class StoreTimerChecks:
                 pass
             with pytest.raises(TimerExpiredError):
                 async with expires(after=self.short, scope="slow", client=client):
-                    await asyncio.sleep(30)
+                    await asyncio.sleep(30)  # overruns on purpose: the timer ends it
             await server.wait_reaped(1)
             assert (await store.range(prefix)).kvs == ()
         assert reaps.scopes == ["slow"]
@@ -207,7 +209,7 @@ class StoreTimerChecks:
             for i in range(0, 100, 2):
                 await client.release(f"s{i}")
             await server.wait_reaped(50)
-            await asyncio.sleep(self.short)
+            await asyncio.sleep(self.short)  # under test: no released timer is reaped after
             assert server.armed == 0
         assert sorted(reaps.scopes) == sorted(f"s{i}" for i in range(1, 100, 2))
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import PY, ROOT
 from . import subprocess_env as _env
-from .waiting import until_exited
+from .waiting import until_exited, until_file, until_file_sync
 
 __all__ = [
     "PY",
@@ -21,15 +22,45 @@ __all__ = [
     "_env",
     "_lines",
     "_parent_of",
+    "wait_records",
+    "wait_records_sync",
 ]
 
 WORKER = str(ROOT / "tests" / "agent_worker.py")
+Records = list[dict[str, Any]]
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _enough(path: Path, n: int, match: dict[str, str]) -> Callable[[], Records | None]:
+    def check() -> Records | None:
+        lines = [x for x in _lines(path) if all(x.get(k) == v for k, v in match.items())]
+        return lines if len(lines) >= n else None
+
+    return check
+
+
+def _failed(path: Path, n: int, within: float, what: str, match: dict[str, str]) -> str:
+    which = f" with {match}" if match else ""
+    return f"{what}: fewer than {n} records{which} in {path} after {within}s"
+
+
+async def wait_records(path: Path, n: int, within: float, what: str, **match: str) -> Records:
+    """The records of ``path`` once it holds ``n`` (those whose fields equal ``match``),
+    re-read when its directory changes (the workers write it); the test fails with ``what``
+    after ``within`` seconds."""
+    failed = _failed(path, n, within, what, match)
+    return await until_file(path.parent, _enough(path, n, match), within, failed)
+
+
+def wait_records_sync(path: Path, n: int, within: float, what: str, **match: str) -> Records:
+    """:func:`wait_records` for a plain (blocking) test."""
+    failed = _failed(path, n, within, what, match)
+    return until_file_sync(path.parent, _enough(path, n, match), within, failed)
 
 
 def _alive_with(marker: str) -> list[tuple[int, str]]:

@@ -4,7 +4,9 @@
   another process writes (the agent's workers' records), re-checked when inotify reports a change
   in that directory, never on a timer;
 - :func:`until_exited`: processes (not necessarily our children) have exited, on pidfds;
-- :func:`until_logged`: a log record containing some text was emitted (a handler sets an event).
+- :func:`until_logged`: a log record containing some text was emitted (a handler sets an event);
+- :func:`eventually`: the one poll, for state that announces no change (a server's statistics):
+  wherever the code under test offers an event, wait on that instead.
 
 A wait that runs out raises ``AssertionError`` with the message it was given, as the
 ``assert time.monotonic() < deadline, ...`` loops these replace did.
@@ -23,7 +25,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["DirectoryWatch", "until_exited", "until_file", "until_file_sync", "until_logged"]
+__all__ = [
+    "DirectoryWatch",
+    "eventually",
+    "until_exited",
+    "until_file",
+    "until_file_sync",
+    "until_logged",
+]
 
 T = TypeVar("T")
 
@@ -149,3 +158,14 @@ async def until_logged(
             raise AssertionError(what()) from None
     finally:
         target.removeHandler(seen)
+
+
+async def eventually(check: Callable[[], bool], within: float, what: str) -> None:
+    """Return once ``check()`` is true, looking every 10 ms: only for state that has no event
+    to wait on (counters in ``statistics()``); the test fails with ``what`` after ``within``."""
+    try:
+        async with asyncio.timeout(within):
+            while not check():  # noqa: ASYNC110 - the state polled announces no change
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(what) from None
