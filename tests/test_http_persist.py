@@ -58,8 +58,8 @@ async def test_replay_restores_everything(tmp_path: Path) -> None:
     engine.put("p/2", b"y")
     engine.delete("p/", prefix=True)
     engine.compact(3)
-    watcher = MemoryStore(engine)  # shares the engine: closing it leaves the engine open
-    async with watcher, watcher.watch("c", start_revision=engine.revision + 1) as events:
+    store = MemoryStore(engine)  # shares the engine: closing it leaves the engine open
+    async with store, store.watch("c", start_revision=engine.revision + 1) as events:
         # the short lease expires: its key is deleted (a watch sees it, or the get sees it gone)
         if engine.get("c") is not None:
             event = await asyncio.wait_for(events.__anext__(), 10)
