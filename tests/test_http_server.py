@@ -13,12 +13,10 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
-from helpers.http import ServerThread, self_signed_cert
+from helpers.http import ServerThread, self_signed_cert, watcher_removed
 from helpers.waiting import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,12 +31,6 @@ from aioelastic.errors import (
 from aioelastic.store import open_store
 from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.testing.strategies import any_keys
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[HttpStoreServer]:
-    async with HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv:
-        yield srv
 
 
 async def _raw(
@@ -162,14 +154,7 @@ async def test_openapi_healthz_and_metrics(server: HttpStoreServer) -> None:
 @pytest.mark.asyncio
 async def test_a_watch_the_client_closed_is_not_a_server_error(server: HttpStoreServer) -> None:
     # the server learns of the close asynchronously: wait until its stream removes its watcher
-    removed = asyncio.Event()
-    remove_watcher = server.engine.remove_watcher
-
-    def remove(watcher: Any) -> None:
-        remove_watcher(watcher)
-        removed.set()
-
-    server.engine.remove_watcher = remove  # type: ignore[method-assign]
+    removed = watcher_removed(server.engine)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{server.url}/v1/watch/w/?progress_interval=0.1") as stream:
             assert json.loads(await stream.content.readline())["type"] == "created"

@@ -3,6 +3,7 @@ certificate (a server on its own thread and loop is the public kit's ``ServerThr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -11,12 +12,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from aioelastic.store import MemoryEngine
 from aioelastic.testing.http import ServerThread
 
 from . import ROOT
 
-__all__ = ["ROOT", "ServerProcess", "ServerThread", "self_signed_cert"]
+__all__ = ["ROOT", "ServerProcess", "ServerThread", "self_signed_cert", "watcher_removed"]
 
 
 class ServerProcess:
@@ -126,3 +129,17 @@ def self_signed_cert(directory: Path) -> Iterator[tuple[Path, Path]]:
         )
     )
     yield cert_path, key_path
+
+
+def watcher_removed(engine: MemoryEngine) -> asyncio.Event:
+    """An event set once ``engine`` removes a watcher: a server learns of a client's close or
+    hang-up asynchronously, and a test waits on this for it (the engine stays patched)."""
+    removed = asyncio.Event()
+    remove_watcher = engine.remove_watcher
+
+    def remove(watcher: Any) -> None:
+        remove_watcher(watcher)
+        removed.set()
+
+    engine.remove_watcher = remove  # type: ignore[method-assign]
+    return removed
