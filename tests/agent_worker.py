@@ -7,7 +7,8 @@ mode decides what it does:
 - ``fail-once``: rank 1 exits 3 on the first attempt; the others wait to be stopped; exit 0 after.
 - ``fail-always``: rank 1 exits 3; the others wait to be stopped.
 - ``hang-once``: rank 0 arms a 0.5 s watchdog timer on the agent's server and hangs (first
-  attempt only); the others wait to be stopped; exit 0 after.
+  attempt only); the others wait to be stopped; exit 0 after (once ``OUT_DIR/$HOLD_UNTIL``
+  exists, if that variable is set: a test that looks at the running workers says when).
 - ``elastic``: wait while WORLD_SIZE is 4 (or no ``OUT_DIR/shrink`` marker exists); exit 0 in a
   smaller world once the marker exists.
 - ``grow``: wait while WORLD_SIZE is below 4; exit 0 at 4.
@@ -66,6 +67,16 @@ def wait_forever(out: str) -> None:
         signal.pause()  # until a signal: SIGTERM's handler exits
 
 
+def hold(out: str) -> None:
+    """Stay up until ``OUT_DIR/$HOLD_UNTIL`` exists (at once without ``HOLD_UNTIL``)."""
+    name = os.environ.get("HOLD_UNTIL")
+    if name:
+        from helpers.waiting import until_file_sync  # (this script's folder is on sys.path)
+
+        marker = os.path.join(out, name)
+        until_file_sync(Path(out), lambda: os.path.exists(marker), 60, f"no {name}")
+
+
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
     record(out, "starts.jsonl")
@@ -93,6 +104,7 @@ def main() -> None:
                 time.sleep(60)  # hangs: the agent's timer server kills this process
                 sys.exit(0)
             wait_forever(out)
+        hold(out)
         return
     if mode == "elastic":
         if os.environ["WORLD_SIZE"] != "4" and os.path.exists(os.path.join(out, "shrink")):

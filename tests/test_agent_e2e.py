@@ -26,23 +26,13 @@ from helpers.agent import (
     wait_records,
     wait_records_sync,
 )
+from helpers.agent import run_agent as _run
 
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
 from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.store.http.server import HttpStoreServer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "aioelastic", "run", *args],
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 async def _spawn_agent(*args: str) -> asyncio.subprocess.Process:

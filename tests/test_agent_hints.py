@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.agent import PY, ROOT, WORKER, _env, wait_records
+from helpers.agent import PY, ROOT, WORKER, _env, run_agent, wait_records
 from helpers.waiting import until_logged
 
 from aioelastic.agent import ElasticAgent, WorkerSpec
@@ -157,14 +157,7 @@ def test_no_metrics_notice_when_no_metrics_were_asked_for(tmp_path: Path) -> Non
     blocker.write_text("raise ImportError('not installed (test)')\n")
     env = _env()
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    proc = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--no-python", "true"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_agent("--standalone", "--no-python", "true", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "standalone: HTTP store" in proc.stderr
     assert "prometheus" not in proc.stderr

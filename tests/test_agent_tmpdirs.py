@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.agent import PY, ROOT, WORKER, _env, wait_records_sync
+from helpers.agent import PY, ROOT, WORKER, _env, run_agent, wait_records_sync
 
 from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
 
@@ -91,14 +91,7 @@ def test_a_sigkilled_agent_leaves_nothing_once_another_starts(short_tmp: Path, o
         agent.kill()
         agent.wait()
     assert [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)] == left  # stale
-    done = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--no-python", "true"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_agent("--standalone", "--no-python", "true", env=env)
     assert done.returncode == 0, done.stderr
     assert "removed 1 temporary directory(ies) of dead aioelastic-agent-*" in done.stderr
     assert [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)] == []

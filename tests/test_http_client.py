@@ -457,9 +457,12 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
             await asyncio.sleep(0.5)  # the outage under test: keep-alives fail meanwhile
             server = HttpStoreServer(port=port, data_dir=data_dir)
             await server.start()
+            restarted = asyncio.get_running_loop().time()
             await asyncio.sleep(1.0)  # under test: the lease outlives the restart (not lost)
             assert not keeper.lost
             assert keeper.statistics().failed_renewals >= 1
+            # and is renewed again (1.5 s is inside the 3 s TTL: not lost alone proves nothing)
+            assert keeper.statistics().last_renewal > restarted
             assert (await store.get("held")) is not None
             status = await store.lease_time_to_live(keeper.id)
             assert status.keys == ("held",)

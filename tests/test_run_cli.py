@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from helpers.agent import PY, ROOT, _env
+from helpers.agent import run_agent as _run
 from helpers.waiting import until_file_sync
 
 from aioelastic import cli
@@ -44,19 +45,6 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "show_env"
     path.write_text(SCRIPT)
     return path
-
-
-def _run(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "aioelastic", "run", *args],
-        env={**_env(), **(env or {})},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _envs(stdout: str) -> list[dict[str, str | None]]:

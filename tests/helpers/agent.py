@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +23,27 @@ __all__ = [
     "_env",
     "_lines",
     "_parent_of",
+    "run_agent",
     "wait_records",
     "wait_records_sync",
 ]
 
 WORKER = str(ROOT / "tests" / "agent_worker.py")
 Records = list[dict[str, Any]]
+
+
+def run_agent(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m aioelastic run ARGS`` to its end (``env`` over :func:`subprocess_env`'s)."""
+    return subprocess.run(
+        [PY, "-m", "aioelastic", "run", *args],
+        env={**_env(), **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
