@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -25,8 +24,6 @@ from helpers import ROOT
 
 from aioelastic.store import open_store
 from aioelastic.sync import Election, LeaseConfig, store_lock
-from aioelastic.testing.etcd import running_etcd
-from aioelastic.testing.http import ServerThread
 
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
 
@@ -43,14 +40,11 @@ def _slack(url: str) -> float:
         pytest.param("etcd", marks=pytest.mark.etcd),
     ],
 )
-def shared_url(request: pytest.FixtureRequest) -> Iterator[str]:
+def shared_url(request: pytest.FixtureRequest) -> str:
     """The URL of a store that the child process and this one both reach."""
-    if request.param == "http":
-        with ServerThread() as server:
-            yield server.url
-    else:
-        with running_etcd() as etcd:
-            yield etcd.url
+    server = request.getfixturevalue("http_server" if request.param == "http" else "etcd")
+    url: str = server.url
+    return url
 
 
 CHILD = """
