@@ -17,7 +17,7 @@ from helpers.agent import PY, ROOT, WORKER, _env, run_agent, wait_records
 from helpers.waiting import until_logged
 
 from aioelastic.agent import ElasticAgent, WorkerSpec
-from aioelastic.agent import _agent as agent_module
+from aioelastic.agent import _membership as membership_module
 from aioelastic.agent._agent import AgentState, WorkerFailure
 from aioelastic.rendezvous import RendezvousParameters, create_handler
 
@@ -118,7 +118,7 @@ def test_the_torchrun_plugin_on_a_closed_run_suggests_the_same() -> None:
 async def test_a_standby_node_says_it_is_standing_by_and_why(
     out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(agent_module, "STANDBY_CHECK", 0.2)
+    monkeypatch.setattr(membership_module, "STANDBY_CHECK", 0.2)
     member = ElasticAgent(_spec("sleep", out), _params("full"))
     running = asyncio.create_task(member.run())
     await wait_records(out / "starts.jsonl", 1, 30, "the member's worker did not start")

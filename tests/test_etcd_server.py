@@ -94,6 +94,9 @@ async def test_single_member_options_and_cleanup(tmp_path: Path) -> None:
 async def test_join_returns_when_the_members_exit() -> None:
     _binary_or_skip()
     async with EtcdServer() as server:
+        (pid,) = server.pids
+        assert pid is not None
+        os.kill(pid, 0)  # it exists
         joined = asyncio.ensure_future(server.join())
         await asyncio.sleep(0.05)  # under test: join() waits while the members run
         assert not joined.done()
@@ -101,6 +104,7 @@ async def test_join_returns_when_the_members_exit() -> None:
         with anyio.fail_after(5):
             await joined
         assert not server.is_running(0)
+        assert server.pids == [None]  # a stopped member has no process
 
 
 @pytest.mark.slow

@@ -872,7 +872,7 @@ async def test_100_continue_only_after_auth_and_length_are_checked() -> None:
 async def test_json_bodies_are_bounded_by_their_own_limit_and_values_by_theirs() -> None:
     """JSON bodies (lease grant, compact) at most 64 KiB whatever the value limit (they were
     taken up to the value limit + 64 KiB); a value exactly at the limit passes, chunked too."""
-    from aioelastic.store.http.server import MAX_JSON_BODY_BYTES
+    from aioelastic.store.http._limits import MAX_JSON_BODY_BYTES
 
     async with HttpStoreServer(port=0, max_value_bytes=200_000) as srv:
         grant = b'{"ttl": 5}'

@@ -283,11 +283,11 @@ async def test_a_write_at_the_tick_is_a_snapshot_not_a_ping() -> None:
     from aiohttp import web
 
     from aioelastic.store import MemoryEngine
+    from aioelastic.store.http._app import STATE, make_app
     from aioelastic.store.http._ui import _EventStream
-    from aioelastic.store.http.server import _STATE, make_app
 
     engine = MemoryEngine()
-    state = make_app(engine)[_STATE]
+    state = make_app(engine)[STATE]
     loop = asyncio.get_running_loop()
     async with MemoryStore(engine=engine) as store:
         stream = _EventStream(state, store, None, web.StreamResponse())

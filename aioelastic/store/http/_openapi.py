@@ -49,6 +49,8 @@ _LEASE = {
 _COMMON = {
     "400": _error("malformed request (the message says what was wrong)"),
     "401": _error("missing or wrong bearer token"),
+    "408": _error("the request's head or body came too slowly (the connection is closed)"),
+    "431": _error("the request line or headers are too large"),
 }
 #: The answers of a route with a key or prefix in its path.
 _KEYED = {**_COMMON, "413": _error("key too large")}
@@ -57,6 +59,11 @@ _BODIED = {
     **_COMMON,
     "413": _error("body too large"),
     "415": _error("a content or transfer coding (the body must be sent as it is)"),
+}
+#: The answers a write adds with a data directory: the log could not take it, so it was not made.
+_WRITE = {
+    "503": _error("the server is stopping, or its data directory cannot take writes now"),
+    "507": _error("the data directory's disk is full"),
 }
 
 
@@ -294,6 +301,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         "404": _error("lease not found"),
                         "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
                         **_BODIED,
+                        **_WRITE,
                         "413": _error("key or value too large"),
                     },
                 },
@@ -308,6 +316,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         "200": _ok("Deleted"),
                         "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
                         **_KEYED,
+                        **_WRITE,
                     },
                 },
             },
@@ -326,10 +335,10 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                             },
                         }
                     ],
-                    "responses": {"200": _ok("Added"), **_KEYED},
+                    "responses": {"200": _ok("Added"), **_KEYED, **_WRITE},
                 },
             },
-            "/v1/txn": txn_path(_COMMON, _error),
+            "/v1/txn": txn_path({**_COMMON, **_WRITE}, _error),
             "/v1/range/{prefix}": {
                 "parameters": [_PREFIX],
                 "get": {
@@ -339,7 +348,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                 },
                 "delete": {
                     "summary": "delete every key under prefix at one revision",
-                    "responses": {"200": _ok("Deleted"), **_KEYED},
+                    "responses": {"200": _ok("Deleted"), **_KEYED, **_WRITE},
                 },
             },
             "/v1/watch/{prefix}": {
@@ -390,6 +399,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         "200": _ok("Compacted"),
                         "410": _error("already compacted past it"),
                         **_BODIED,
+                        **_WRITE,
                     },
                 }
             },
@@ -413,7 +423,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                             }
                         }
                     },
-                    "responses": {"200": _ok("Lease"), **_BODIED},
+                    "responses": {"200": _ok("Lease"), **_BODIED, **_WRITE},
                 }
             },
             "/v1/leases": {
@@ -449,6 +459,7 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
                         "200": _ok("Revoked"),
                         "404": _error("lease not found"),
                         **_COMMON,
+                        **_WRITE,
                     },
                 },
             },

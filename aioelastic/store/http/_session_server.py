@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from ..memory import LeaseChange, MemoryEngine, _Watcher
+from ._blob_cache import BlobCache
 from ._frames import (
     ERROR,
     EVENTS,
@@ -123,8 +124,7 @@ class SessionHub:
         self._owner: dict[int, SessionState] = {}  # lease id -> the session that owns it
         self._connections: set[Connection] = set()
         # Encoded event blobs of the current revision, shared by watchers at the same position.
-        self._blobs: dict[tuple[str, int, int, int], bytes] = {}
-        self._blobs_revision = -1
+        self._blobs = BlobCache(encode_events)
         engine.on_lease.append(self._on_lease)
 
     @property
@@ -285,17 +285,7 @@ class SessionHub:
             connection.shutdown()
 
     def blob(self, prefix: str, events: list[Any], revision: int) -> bytes:
-        # Watchers of one prefix that read the same revision range got the same events.
-        if revision != self._blobs_revision:
-            self._blobs.clear()
-            self._blobs_revision = revision
-        key = (prefix, events[0].revision, events[-1].revision, len(events))
-        blob = self._blobs.get(key)
-        if blob is None:
-            blob = self._blobs[key] = encode_events(events)
-            if len(self._blobs) > 1024:  # bounded as the REST streams' frame cache is
-                self._blobs.clear()
-        return blob
+        return self._blobs.get(prefix, events, revision)
 
 
 async def _refuse(ws: web.WebSocketResponse, code: str, message: str, **extra: Any) -> None:
