@@ -1,7 +1,8 @@
 """A worker for the agent tests: ``agent_worker.py MODE OUT_DIR``.
 
-Every start appends one JSON line (its env, pid, start time) to ``OUT_DIR/starts.jsonl``; then the
-mode decides what it does:
+Every start appends one JSON line (its env, pid, start time) to ``OUT_DIR/starts.jsonl``; a
+SIGTERM from before that line on appends one to ``OUT_DIR/terms.jsonl`` and ends the worker with
+exit 0. Then the mode decides what it does:
 
 - ``ok``: exit 0.
 - ``fail-once``: rank 1 exits 3 on the first attempt; the others wait to be stopped; exit 0 after.
@@ -57,14 +58,19 @@ _KEYS = (
 )
 
 
-def wait_forever(out: str) -> None:
+def record_terms(out: str) -> None:
+    """From now on a SIGTERM is recorded in ``terms.jsonl`` and the worker exits 0."""
+
     def on_term(signum: int, frame: object) -> None:
         record(out, "terms.jsonl")
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def wait_forever(out: str) -> None:
     while True:
-        signal.pause()  # until a signal: SIGTERM's handler exits
+        signal.pause()  # until a signal: SIGTERM's handler (record_terms) exits
 
 
 def hold(out: str) -> None:
@@ -79,6 +85,9 @@ def hold(out: str) -> None:
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
+    # before the start record: a test that has seen the start may stop the worker at once (it
+    # raced the handler's installation in wait_forever, and a SIGTERM went unrecorded)
+    record_terms(out)
     record(out, "starts.jsonl")
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
