@@ -126,11 +126,10 @@ def main() -> None:
     if mode == "fragile":
         if os.environ["WORLD_SIZE"] != "4":
             return
-        # a poll, not helpers.waiting's inotify wait: with that wait the lost-node test in
-        # test_agent_e2e failed now and then (about 1 run in 4: one of the two workers had not
-        # failed when the loss arrived), and never in 10 runs with this poll; cause not found yet
-        while not os.path.exists(os.path.join(out, "killed")):
-            time.sleep(0.02)
+        from helpers.waiting import until_file_sync  # (this script's folder is on sys.path)
+
+        killed = os.path.join(out, "killed")
+        until_file_sync(Path(out), lambda: os.path.exists(killed), 3600, "no peer was killed")
         print("Connection closed by peer", file=sys.stderr, flush=True)
         sys.exit(1)
     if mode == "sleep":
