@@ -98,7 +98,7 @@ async def test_join_returns_when_the_members_exit() -> None:
         assert pid is not None
         os.kill(pid, 0)  # it exists
         joined = asyncio.ensure_future(server.join())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # under test: join() waits while the members run
         assert not joined.done()
         await server.kill_member(0)
         with anyio.fail_after(5):
@@ -263,7 +263,7 @@ from aioelastic.etcd_server import EtcdServer
 server = EtcdServer()
 asyncio.run(server.start())
 print(server._member(0).process.pid, server.data_dir, flush=True)
-time.sleep(600)
+time.sleep(600)  # stays up until the test kills it (its member must not outlive it)
 """
 
 

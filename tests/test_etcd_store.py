@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
+from helpers import free_port
 
 from aioelastic import (
     LeaseNotFoundError,
@@ -49,15 +50,6 @@ def etcd() -> Iterator[EtcdServer]:
 async def fresh_store(server: EtcdServer, **options: Any) -> AsyncIterator[EtcdStore]:
     async with EtcdStore(server.endpoints, **options) as store:
         yield store
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- endpoints and URLs --------------------------------------------------------------------------
@@ -216,7 +208,7 @@ async def test_anyio_scopes_cancel_a_pending_unary_call() -> None:
             with anyio.fail_after(0.2):
                 await store.get("k")
         task = asyncio.ensure_future(store.get("k"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # deliberate: the call is pending inside grpc when cancelled
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

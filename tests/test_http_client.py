@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import pytest
+from helpers import free_port
 
 from aioelastic.errors import (
     CompactedError,
@@ -30,13 +30,6 @@ from aioelastic.store.http import HttpStore
 from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
 from aioelastic.store.http._session_client import _Slots
 from aioelastic.store.http.server import HttpStoreServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager
@@ -61,6 +54,7 @@ async def _fake_session_server(
             seen.messages.append(len(frames))
             for frame in frames:
                 seen.ops.append(frame[2])
+                seen.arrived.set()
                 if await answer(ws, frame) == "hang up":
                     assert request.transport is not None
                     request.transport.close()
@@ -88,6 +82,7 @@ class _Seen:
         self.messages: list[int] = []  # frames per message
         self.headers: list[dict[str, str]] = []
         self.release = asyncio.Event()
+        self.arrived = asyncio.Event()  # set on each request frame
 
 
 async def _hang_up(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> str:
@@ -100,7 +95,7 @@ async def _never_answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> 
 
 @pytest.mark.asyncio
 async def test_unreachable_server_is_a_connection_error_even_for_writes() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     async with open_store(url, read_retries=1) as store:
         for call in (store.get("k"), store.put("k", b"v"), store.compare_and_swap("k", 0, b"v")):
             with pytest.raises(StoreConnectionError) as info:
@@ -295,8 +290,9 @@ async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -
         async with open_store(url, timeout=0.3, max_connections=1) as single:
             assert isinstance(single, HttpStore)
             single.session.request_timeout = 30.0
+            seen.arrived.clear()
             hung = asyncio.ensure_future(single.get("slow"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(seen.arrived.wait(), 10)  # it holds the one slot now
             single.session.request_timeout = 0.3
             with pytest.raises(StoreConnectionError) as connect_info:
                 await asyncio.wait_for(single.put("k", b"v"), 10)
@@ -383,7 +379,7 @@ async def test_a_lone_write_held_up_by_back_pressure_still_meets_its_deadline() 
 @pytest.mark.asyncio
 async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -422,7 +418,7 @@ async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() ->
 @pytest.mark.asyncio
 async def test_watch_resuming_into_compacted_history_raises_compacted() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -480,7 +476,7 @@ async def test_open_store_options_are_checked() -> None:
 
 @pytest.mark.asyncio
 async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> None:
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port)
     await server.start()
     store = await open_store(server.url, progress_interval=0.2, reconnect_timeout=30)
@@ -489,7 +485,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
         await watch.start()
         await server.stop()  # the watch now retries in the background of __anext__
         pending = asyncio.ensure_future(watch.__anext__())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # under test: meanwhile the watch retries, it does not end
         assert not pending.done()
         await store.aclose()
         with pytest.raises(StoreClosedError):
@@ -502,7 +498,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
 @pytest.mark.asyncio
 async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path / "data")
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, data_dir=data_dir)
     await server.start()
     try:
@@ -512,12 +508,15 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
         ):
             await store.put("held", b"1", lease=keeper.id)
             await server.stop()
-            await asyncio.sleep(0.5)  # keep-alives fail meanwhile
+            await asyncio.sleep(0.5)  # the outage under test: keep-alives fail meanwhile
             server = HttpStoreServer(port=port, data_dir=data_dir)
             await server.start()
-            await asyncio.sleep(1.0)
+            restarted = asyncio.get_running_loop().time()
+            await asyncio.sleep(1.0)  # under test: the lease outlives the restart (not lost)
             assert not keeper.lost
             assert keeper.statistics().failed_renewals >= 1
+            # and is renewed again (1.5 s is inside the 3 s TTL: not lost alone proves nothing)
+            assert keeper.statistics().last_renewal > restarted
             assert (await store.get("held")) is not None
             status = await store.lease_time_to_live(keeper.id)
             assert status.keys == ("held",)

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, open_store

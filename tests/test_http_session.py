@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, ServerProcess
+from helpers.http import ROOT, ServerProcess
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import EventType, open_store
