@@ -42,6 +42,7 @@ import importlib.util
 import os
 import re
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,7 @@ class _SessionProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: Any = None  # uvloop's transports are not asyncio.Transport
+        self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -149,17 +151,45 @@ def _upgrade_route(kind: type[_SessionProtocol], data: dict[str, bytes]) -> Any:
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
         protocol = kind(request.protocol, data)
+        protocol.task = request.task  # aiohttp's task for the connection (for tests to await)
         transport.set_protocol(protocol)  # from here on, reads go to protocol
         response = web.StreamResponse(
             status=101, headers={"Upgrade": UPGRADE, "Connection": "Upgrade"}
         )
         response.force_close()
-        await response.prepare(request)
-        protocol.connection_made(transport)
-        await protocol.closed
+        sessions = request.app[SESSIONS]
+        sessions.add(protocol)
+        try:
+            await response.prepare(request)
+            protocol.connection_made(transport)
+            await protocol.closed  # aiohttp leaves a connection alone while its handler runs
+        finally:
+            sessions.discard(protocol)
         return response
 
     return handler
+
+
+SESSIONS: web.AppKey[set[_SessionProtocol]] = web.AppKey("sessions")
+
+
+async def _close_sessions(app: web.Application) -> None:
+    """On shutdown: without this, aiohttp waits for each session's handler for twice its
+    ``shutdown_timeout`` (60 s by default) before it cancels it."""
+    sessions = app[SESSIONS]
+    for protocol in list(sessions):
+        protocol.transport.close()
+
+
+def build_app(data: dict[str, bytes]) -> web.Application:
+    """The WebSocket echo on ``/ws``; the upgrade echo and get on ``/session/echo|get``."""
+    app = web.Application()
+    app[SESSIONS] = set()
+    app.on_shutdown.append(_close_sessions)
+    app.router.add_get("/ws", _ws_echo)
+    app.router.add_get("/session/echo", _upgrade_route(_SessionProtocol, data))
+    app.router.add_get("/session/get", _upgrade_route(_GetProtocol, data))
+    return app
 
 
 async def _serve(kind: str) -> None:
@@ -172,12 +202,7 @@ async def _serve(kind: str) -> None:
         await stop
         server.close()
         return
-    app = web.Application()
-    app.router.add_get("/ws", _ws_echo)
-    data = {"k": VALUE}
-    app.router.add_get("/session/echo", _upgrade_route(_SessionProtocol, data))
-    app.router.add_get("/session/get", _upgrade_route(_GetProtocol, data))
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(build_app({"k": VALUE}), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -258,10 +283,16 @@ class UpgradeClient(asyncio.Protocol):
         return True
 
 
-async def open_upgrade(port: int, path: str, on_frame: Callable[[memoryview], None]) -> Any:
+async def open_upgrade(
+    port: int,
+    path: str,
+    on_frame: Callable[[memoryview], None],
+    tls: ssl.SSLContext | None = None,
+) -> UpgradeClient:
+    """A session on 127.0.0.1:``port``: the upgrade request, then its 101 (or an error)."""
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(
-        lambda: UpgradeClient(on_frame), "127.0.0.1", port
+        lambda: UpgradeClient(on_frame), "127.0.0.1", port, ssl=tls
     )
     transport.write(
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: {UPGRADE}\r\n"
