@@ -1,11 +1,14 @@
 """Opening a session's WebSocket: the upgrade, the hello and its answer, every failure
-translated to aioelastic's errors (see ``docs/http-api.md``, "The session protocol")."""
+translated to aioelastic's errors (see ``docs/http-api.md``, "The session protocol"), and the
+full-jitter backoff a client that could not connect yet waits between attempts."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import ssl as _ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -22,7 +25,40 @@ from ._frames import (
     unpack_all,
 )
 
-__all__ = ["Dialer"]
+__all__ = ["Backoff", "Dialer", "NotYet"]
+
+#: Handshake statuses worth another attempt: over the server's connection limit or stopping
+#: (503), a proxy in front of it not ready (502, 504), told to slow down (429).
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Hello refusals worth another attempt (the server was too busy to read the hello in time).
+RETRY_HELLO_CODES = frozenset({"hello_timeout"})
+
+
+class NotYet(StoreConnectionError):
+    """Connecting failed in a way that may pass: refused, reset, timed out, or an HTTP status in
+    :data:`RETRY_STATUSES` (``status``). Anything else (a refused token, no session endpoint, a
+    rejected hello) will not change and is raised as it is."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Backoff:
+    """Full-jitter exponential backoff: the n-th wait (from 0) is uniform in
+    ``[0, min(cap, base * 2**n)]``, so thousands of clients refused at once come back spread
+    over the window instead of all together (a synchronised retry is the next storm)."""
+
+    def __init__(
+        self, base: float = 0.05, cap: float = 2.0, rng: Callable[[], float] = random.random
+    ) -> None:
+        self.base, self.cap, self._rng = base, cap, rng
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap, math.ldexp(self.base, min(self.attempts, 30)))
+        self.attempts += 1
+        return ceiling * self._rng()
 
 
 class Dialer:
@@ -76,17 +112,23 @@ class Dialer:
                 raise StoreConnectionError(
                     f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
                 ) from None
-            reason = await self._refusal(exc.status)
+            if exc.status in RETRY_STATUSES:  # the reason is asked for only when giving up
+                raise NotYet(
+                    f"cannot open a session to {self.url}: HTTP {exc.status}", exc.status
+                ) from None
+            reason = await self.refusal(exc.status)
             raise StoreConnectionError(
                 f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
             ) from None
         except TimeoutError:
-            raise StoreConnectionError(f"cannot connect to {self.url}: timed out") from None
-        except (aiohttp.ClientError, OSError, _ssl.SSLError) as exc:
+            raise NotYet(f"cannot connect to {self.url}: timed out") from None
+        except (_ssl.SSLError, aiohttp.ClientSSLError) as exc:  # a certificate will not change
             raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NotYet(f"cannot connect to {self.url}: {exc}") from None
         return ws, welcome
 
-    async def _refusal(self, status: int) -> str:
+    async def refusal(self, status: int) -> str:
         """Why the server refused the upgrade (over its connection limit, stopping...).
 
         aiohttp's handshake error carries no body, so the reason is asked once more with a plain
@@ -109,16 +151,15 @@ class Dialer:
         hello = {"versions": self.hello_versions, "client": "aioelastic", **fields}
         await ws.send_bytes(pack([REQUEST, 0, "hello", hello]))
         message = await ws.receive()
-        if message.type is not aiohttp.WSMsgType.BINARY:
-            raise StoreConnectionError(
-                f"{self.url}: no answer to the session hello ({message.type.name})"
-            )
+        if message.type is not aiohttp.WSMsgType.BINARY:  # closed under load, say: try again
+            raise NotYet(f"{self.url}: no answer to the session hello ({message.type.name})")
         try:
             frame = next(unpack_all(message.data, max_len=1 << 20))
         except (FrameError, StopIteration):
             raise StoreConnectionError(f"{self.url}: a malformed answer to the hello") from None
         if len(frame) == 5 and frame[0] == ERROR:
-            raise StoreConnectionError(f"{self.url} refused the session: {frame[3]} ({frame[2]})")
+            error = NotYet if frame[2] in RETRY_HELLO_CODES else StoreConnectionError
+            raise error(f"{self.url} refused the session: {frame[3]} ({frame[2]})")
         if len(frame) != 3 or frame[0] != RESULT or not isinstance(frame[2], dict):
             raise StoreConnectionError(f"{self.url}: a malformed answer to the hello")
         welcome: dict[str, Any] = frame[2]
