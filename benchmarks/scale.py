@@ -17,6 +17,7 @@ Modes (``--mode``):
     python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --plot docs/benchmarks/scale.png
     python -m benchmarks.scale --mode simulate --sizes 100000
     python -m benchmarks.scale --mode http --sizes 1000,2000
+    python -m benchmarks.scale --mode http --sizes 10000 --kill
 
 Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
 the per-round work. ``--json PATH`` writes every figure.
@@ -73,6 +74,15 @@ class RoundFigures:
     record_bytes: int
     state_bytes: int
     server_rss_bytes: int | None = None
+    #: http: bytes of the event frames the clients received, their CPU time over the round,
+    #: and the connection attempts they tried again (refused, timed out, 503)
+    event_bytes: int | None = None
+    client_cpu_seconds: float | None = None
+    connect_retries: int | None = None
+    #: http ``--kill``: SIGKILL to every other member having seen the loss, then to the last
+    #: return of the round of N - 1
+    lost_seen_seconds: float | None = None
+    new_round_seconds: float | None = None
 
     def per_node(self, value: int | None) -> float | None:
         return None if value is None else value / self.n
@@ -228,6 +238,27 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
     return "\n".join(lines)
 
 
+def http_details(figures: Sequence[RoundFigures]) -> str:
+    """The http figures beyond the table, per run: the clients' side and ``--kill``'s."""
+    lines = []
+    for f in figures:
+        line = (
+            f"  N={f.n}: t(N) {f.seconds:.3f} s; events {f.events} ({f.per_node(f.events):.2f}/N), "
+            f"event bytes {f.event_bytes:,} ({f.per_node(f.event_bytes):.0f}/N), writes "
+            f"{f.writes} ({f.per_node(f.writes):.2f}/N); clients' CPU {f.client_cpu_seconds:.2f} s "
+            f"({(f.client_cpu_seconds or 0) / f.n * 1e6:.0f} us per node); connection attempts "
+            f"tried again {f.connect_retries}"
+        )
+        if f.lost_seen_seconds is not None:
+            line += (
+                f"\n  N={f.n} --kill: every other member saw the SIGKILLed one lost "
+                f"{f.lost_seen_seconds:.3f} s after the kill; the round of {f.n - 1} returned "
+                f"{f.new_round_seconds:.3f} s after that (last-call window included)"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def plot(
     sizes: Sequence[int],
     runs: dict[int, list[RoundFigures]],
@@ -287,6 +318,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
     parser.add_argument(
+        "--kill",
+        action="store_true",
+        help="http: SIGKILL one member (a process of its own) after the round; time until every "
+        "other member saw it, then the round of N - 1",
+    )
+    parser.add_argument(
         "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
     )
     parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
@@ -315,7 +352,7 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
         figures = []
         for _ in range(args.repeat):
             try:
-                figures.append(run_http(n, args.clients))
+                figures.append(run_http(n, args.clients, kill=args.kill))
             except (RuntimeError, AssertionError, OSError) as exc:  # reported, not hidden
                 failures[n] = str(exc)
                 print(f"http: N={n} failed: {exc}", file=sys.stderr, flush=True)
@@ -350,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpu = statistics.median(f.cpu_seconds for f in runs[n])
             print(f"N={n}: server CPU {cpu:.2f} s ({cpu / n * 1e6:.0f} us per join), "
                   f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
+            print(http_details(runs[n]))
     if args.json is not None:
         data = {
             "mode": args.mode,

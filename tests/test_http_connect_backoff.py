@@ -9,6 +9,7 @@ import asyncio
 import socket
 import time
 
+import anyio
 import pytest
 
 from aioelastic.errors import StoreAuthError, StoreConnectionError
@@ -122,3 +123,21 @@ async def test_a_kept_lease_is_lost_at_its_ttl_while_connecting_is_retried() -> 
             assert "unreachable for the whole TTL" in str(error)
     finally:
         await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_caller_deadline_later_than_the_request_timeout_is_waited_for() -> None:
+    """``anyio.fail_after`` around the call (a join timeout, say): connecting is tried until
+    then, past the store's 0.5 s request timeout."""
+    port = _free_port()
+    async with open_store(f"http://127.0.0.1:{port}", timeout=0.5, read_retries=0) as store:
+
+        async def put_within(seconds: float) -> None:
+            with anyio.fail_after(seconds):
+                await store.put("k", b"v")
+
+        put = asyncio.ensure_future(put_within(SLACK + 5))
+        await asyncio.sleep(1.5)  # three request timeouts: still trying
+        assert not put.done()
+        async with HttpStoreServer(port=port):
+            await asyncio.wait_for(put, SLACK)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl as _ssl
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import anyio
 
 from ...errors import (
     CompactedError,
@@ -201,9 +203,16 @@ class SessionClient:
 
     async def connection(self) -> _Connection:
         """The live connection, connecting (once, shared by concurrent callers) if needed:
-        retrying with backoff within the request deadline while connecting fails in a way that
-        may pass (see :meth:`_connect`)."""
-        return await self._connection_within(self.request_timeout)
+        retrying with backoff while connecting fails in a way that may pass (see
+        :meth:`_connect`), within the request deadline or the caller's own (an enclosing anyio
+        cancel scope's, ``anyio.fail_after(join_timeout)`` say) if that is later."""
+        if self._conn is not None:
+            return self._conn
+        budget = self.request_timeout
+        deadline = anyio.current_effective_deadline()
+        if deadline != math.inf:
+            budget = max(budget, deadline - anyio.current_time())
+        return await self._connection_within(budget)
 
     async def _connection_within(self, budget: float) -> _Connection:
         conn = self._conn
@@ -239,7 +248,7 @@ class SessionClient:
                 "progress_interval": self.progress_interval,
             }
             try:
-                ws, welcome = await self.dialer.dial(hello)
+                ws, welcome = await self.dialer.dial(hello, max(0.0, deadline - loop.time()))
             except NotYet as exc:
                 self.connect_retries += 1
                 left = deadline - loop.time()

@@ -8,6 +8,7 @@ import asyncio
 import math
 import random
 import ssl as _ssl
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,24 @@ __all__ = ["Backoff", "Dialer", "NotYet"]
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: Hello refusals worth another attempt (the server was too busy to read the hello in time).
 RETRY_HELLO_CODES = frozenset({"hello_timeout"})
+
+
+#: Connections being opened at once from one event loop (every store of the process): more wait
+#: their turn before their connect timeout starts. A thousand participants in one process that
+#: all dial at once would otherwise time out together on a busy server, close, and try again:
+#: work the server did for nothing, and the next storm.
+DIALS_AT_ONCE = 32
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _dial_slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(DIALS_AT_ONCE)
+    return slots
 
 
 class NotYet(StoreConnectionError):
@@ -82,10 +101,29 @@ class Dialer:
         self._http: aiohttp.ClientSession | None = None
 
     async def dial(
-        self, hello: dict[str, Any]
+        self, hello: dict[str, Any], queue_timeout: float
     ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
         """A new WebSocket and the server's welcome to ``hello`` (plus our versions), or
-        ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent."""
+        ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent.
+        Waits up to ``queue_timeout`` for one of the event loop's :data:`DIALS_AT_ONCE` slots
+        first (``NotYet`` if none came)."""
+        slots = _dial_slots()
+        try:
+            async with asyncio.timeout(queue_timeout):
+                await slots.acquire()
+        except TimeoutError:
+            raise NotYet(
+                f"cannot connect to {self.url}: no dial slot within {queue_timeout:g}s "
+                f"({DIALS_AT_ONCE} connections being opened from this process)"
+            ) from None
+        try:
+            return await self._dial(hello)
+        finally:
+            slots.release()
+
+    async def _dial(
+        self, hello: dict[str, Any]
+    ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, force_close=True)
