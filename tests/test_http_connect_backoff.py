@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from aioelastic.errors import StoreAuthError, StoreConnectionError
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._session_dial import Backoff
+from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -141,3 +142,32 @@ async def test_a_caller_deadline_later_than_the_request_timeout_is_waited_for() 
         assert not put.done()
         async with HttpStoreServer(port=port):
             await asyncio.wait_for(put, SLACK)
+
+
+@pytest.mark.asyncio
+async def test_at_most_dials_at_once_connections_are_opened_at_once_per_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 stores connecting at once from one loop: the others wait for a slot (their connect
+    timeout not yet running), and every one connects."""
+    at_once = 0
+    most = 0
+    real = Dialer._dial
+
+    async def counting(self: Dialer, hello: dict[str, Any]) -> Any:
+        nonlocal at_once, most
+        at_once += 1
+        most = max(most, at_once)
+        try:
+            return await real(self, hello)
+        finally:
+            at_once -= 1
+
+    monkeypatch.setattr(Dialer, "_dial", counting)
+    async with HttpStoreServer(port=0) as server:
+        stores = [await open_store(server.url) for _ in range(200)]
+        try:
+            await asyncio.gather(*(s.put(f"k/{i}", b"x") for i, s in enumerate(stores)))
+        finally:
+            await asyncio.gather(*(s.aclose() for s in stores))
+    assert most == DIALS_AT_ONCE
