@@ -108,13 +108,20 @@ async def timed_round(
     joins: Callable[[], Sequence[Awaitable[RendezvousResult]]] | None = None,
     *,
     pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> RoundFigures:
     """All of ``handlers`` call ``next_rendezvous`` at once (or ``joins()`` starts the round's
     joins, one per handler); the figures of that round. ``pause_gc``: no cyclic garbage
     collection while it forms (what is left is the rendezvous' own work: with N participants'
-    objects alive in one process, each full collection traverses all of them)."""
+    objects alive in one process, each full collection traverses all of them). ``freeze_gc``:
+    what a user with that many participants in one process does after setting them up,
+    ``gc.freeze()``: the objects alive before the round are left out of every collection, the
+    collector still runs over what the round makes."""
     n = len(handlers)
     before = engine.work()
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
     if pause_gc:
         gc.disable()
     try:
@@ -125,6 +132,8 @@ async def timed_round(
     finally:
         if pause_gc:
             gc.enable()
+        if freeze_gc:
+            gc.unfreeze()
     after = engine.work()
     if sorted(r.rank for r in results) != list(range(n)):
         raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
@@ -146,7 +155,12 @@ async def timed_round(
 
 
 async def memory_rounds(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
     """``rounds`` rounds of the same N nodes (each later one: every member rejoins).
 
@@ -157,7 +171,10 @@ async def memory_rounds(
     engine = MemoryEngine() if history_limit is None else MemoryEngine(history_limit=history_limit)
     handlers = make_handlers(engine, n)
     try:
-        return [await timed_round(engine, handlers, pause_gc=pause_gc) for _ in range(rounds)]
+        return [
+            await timed_round(engine, handlers, pause_gc=pause_gc, freeze_gc=freeze_gc)
+            for _ in range(rounds)
+        ]
     finally:
         await asyncio.gather(*(h.aclose() for h in handlers))
         engine.close()
@@ -194,16 +211,30 @@ async def _rejoin(
 
 
 def run_memory(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
-    return asyncio.run(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
+    return asyncio.run(
+        memory_rounds(n, rounds, history_limit, pause_gc=pause_gc, freeze_gc=freeze_gc)
+    )
 
 
 def run_simulated(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
     """:func:`memory_rounds` under the virtual-time loop (``seconds`` stays real time)."""
-    return run_virtual(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
+    return run_virtual(
+        memory_rounds(n, rounds, history_limit, pause_gc=pause_gc, freeze_gc=freeze_gc)
+    )
 
 
 # -- reporting
@@ -307,7 +338,13 @@ def load_runs(path: Path) -> dict[str, dict[int, list[RoundFigures]]]:
     """The runs of a ``--json`` file, labelled for :func:`plot`."""
     data = json.loads(path.read_text())
     runs = {int(n): [RoundFigures(**f) for f in figures] for n, figures in data["runs"].items()}
-    label = "GC paused" if data.get("pause_gc") else f"{data['mode']} ({path.name})"
+    label = (
+        "GC paused"
+        if data.get("pause_gc")
+        else "gc.freeze() after set-up"
+        if data.get("freeze_gc")
+        else f"{data['mode']} ({path.name})"
+    )
     return {label: runs}
 
 
@@ -325,6 +362,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
+    )
+    parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="memory/simulate: gc.freeze() after set-up (the participants left out of every "
+        "collection; the collector still runs)",
     )
     parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
     parser.add_argument(
@@ -363,7 +406,9 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
     return [
         f
         for _ in range(args.repeat)
-        for f in run(n, args.rounds, args.history_limit, pause_gc=args.pause_gc)
+        for f in run(
+            n, args.rounds, args.history_limit, pause_gc=args.pause_gc, freeze_gc=args.freeze_gc
+        )
     ]
 
 
@@ -392,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = {
             "mode": args.mode,
             "pause_gc": args.pause_gc,
+            "freeze_gc": args.freeze_gc,
             "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
             "failures": failures,
         }
