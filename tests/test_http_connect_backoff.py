@@ -154,12 +154,12 @@ async def test_at_most_dials_at_once_connections_are_opened_at_once_per_loop(
     most = 0
     real = Dialer._dial
 
-    async def counting(self: Dialer, hello: dict[str, Any]) -> Any:
+    async def counting(self: Dialer, hello: dict[str, Any], deadline: float) -> Any:
         nonlocal at_once, most
         at_once += 1
         most = max(most, at_once)
         try:
-            return await real(self, hello)
+            return await real(self, hello, deadline)
         finally:
             at_once -= 1
 
@@ -171,3 +171,18 @@ async def test_at_most_dials_at_once_connections_are_opened_at_once_per_loop(
         finally:
             await asyncio.gather(*(s.aclose() for s in stores))
     assert most == DIALS_AT_ONCE
+
+
+@pytest.mark.asyncio
+async def test_a_rejected_hello_fails_at_once() -> None:
+    async with (
+        HttpStoreServer(port=0) as server,
+        open_store(server.url, timeout=30, read_retries=0) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        store.session.dialer.hello_versions = [0]
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError, match="unsupported_version"):
+            await store.get("k")
+        assert time.monotonic() - started < 3  # not retried until the 30 s deadline
+        assert store.session.connect_retries == 0

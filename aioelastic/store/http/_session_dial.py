@@ -101,35 +101,43 @@ class Dialer:
         self._http: aiohttp.ClientSession | None = None
 
     async def dial(
-        self, hello: dict[str, Any], queue_timeout: float
+        self, hello: dict[str, Any], budget: float
     ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
         """A new WebSocket and the server's welcome to ``hello`` (plus our versions), or
         ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent.
-        Waits up to ``queue_timeout`` for one of the event loop's :data:`DIALS_AT_ONCE` slots
-        first (``NotYet`` if none came)."""
+
+        Within ``budget`` seconds: waiting for one of the event loop's :data:`DIALS_AT_ONCE`
+        slots, then the TCP connection (at most ``connect_timeout`` of it), the upgrade and the
+        hello. A server that accepted the connection but is slow to answer (ten thousand
+        handshakes at once) is waited for, not abandoned after ``connect_timeout``: an attempt
+        given up is work the server did for nothing, and the retry is more of it.
+        """
         slots = _dial_slots()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
         try:
-            async with asyncio.timeout(queue_timeout):
+            async with asyncio.timeout_at(deadline):
                 await slots.acquire()
         except TimeoutError:
             raise NotYet(
-                f"cannot connect to {self.url}: no dial slot within {queue_timeout:g}s "
+                f"cannot connect to {self.url}: no dial slot within {budget:g}s "
                 f"({DIALS_AT_ONCE} connections being opened from this process)"
             ) from None
         try:
-            return await self._dial(hello)
+            return await self._dial(hello, deadline)
         finally:
             slots.release()
 
     async def _dial(
-        self, hello: dict[str, Any]
+        self, hello: dict[str, Any], deadline: float
     ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
         if self._http is None:
             self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True)
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
             )
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout_at(deadline):
                 ws = await self._http.ws_connect(
                     self._ws_url,
                     headers=self._headers,
@@ -143,6 +151,8 @@ class Dialer:
                 except BaseException:
                     await ws.close()
                     raise
+        except (StoreConnectionError, StoreAuthError):
+            raise  # the hello's answer, already ours (a StoreConnectionError is an OSError)
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status in (401, 403):
                 raise StoreAuthError(f"{self.url}: the server refused the token") from None
