@@ -355,6 +355,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
     parser.add_argument(
+        "--join-timeout", type=float, default=60.0, help="http: the handlers' (default 60 s)"
+    )
+    parser.add_argument(
+        "--lease-ttl", type=float, default=15.0, help="http: the handlers' (default 15 s)"
+    )
+    parser.add_argument(
         "--kill",
         action="store_true",
         help="http: SIGKILL one member (a process of its own) after the round; time until every "
@@ -395,7 +401,15 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
         figures = []
         for _ in range(args.repeat):
             try:
-                figures.append(run_http(n, args.clients, kill=args.kill))
+                figures.append(
+                    run_http(
+                        n,
+                        args.clients,
+                        kill=args.kill,
+                        join_timeout=args.join_timeout,
+                        lease_ttl=args.lease_ttl,
+                    )
+                )
             except (RuntimeError, AssertionError, OSError) as exc:  # reported, not hidden
                 failures[n] = str(exc)
                 print(f"http: N={n} failed: {exc}", file=sys.stderr, flush=True)

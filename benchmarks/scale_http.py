@@ -49,8 +49,11 @@ from aioelastic.store.http._frames import EVENTS
 from benchmarks.scale import RoundFigures
 
 ROOT = Path(__file__).resolve().parent.parent
-#: how long a client waits for its round before it gives up (the join timeout)
+#: how long a client waits for its round before it gives up (the join timeout; ``--join-timeout``)
 JOIN_TIMEOUT = 60.0
+#: the handlers' lease TTL (torch's 15 s; ``--lease-ttl``): on a machine whose cores 8 clients of
+#: 1,250 participants share with other work, a starved client's keep-alives can miss it
+LEASE_TTL = 15.0
 #: the client processes' niceness above the server's (see the module doc)
 CLIENT_NICE = 3
 #: ``--kill``: the handlers' last-call window (the round of N - 1 waits it out)
@@ -68,10 +71,13 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
-    """``aioelastic serve`` on a free port: (process, URL, the lines it printed since)."""
+def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """``aioelastic serve`` on a free port for a round of ``n``: (process, URL, the lines it
+    printed since). Its history holds 4 N events (the N registrations of a round at once, and
+    room to spare) so that no watcher falls behind a compaction and reads everything again."""
+    history = str(max(10_000, 4 * n))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
+        [sys.executable, "-m", "aioelastic", "serve", "--port", "0", "--history-limit", history],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -133,14 +139,16 @@ def _say(kind: str, **fields: Any) -> None:
     print(kind, json.dumps(fields), flush=True)
 
 
-async def _joined(handlers: list[DynamicRendezvousHandler]) -> tuple[float, list[int], str, int]:
+async def _joined(
+    handlers: list[DynamicRendezvousHandler], join_timeout: float = JOIN_TIMEOUT
+) -> tuple[float, list[int], str, int]:
     """Every handler's ``next_rendezvous``: (last return, ranks, first error, errors)."""
     last = 0.0
 
     async def join(h: DynamicRendezvousHandler) -> int:
         nonlocal last
         # the caller's deadline: the store keeps trying to connect until then
-        with anyio.fail_after(JOIN_TIMEOUT):
+        with anyio.fail_after(join_timeout):
             result = await h.next_rendezvous()
         last = max(last, time.time())
         return result.rank
@@ -152,7 +160,7 @@ async def _joined(handlers: list[DynamicRendezvousHandler]) -> tuple[float, list
     return last, ranks, first, len(errors)
 
 
-async def _lost_then_again(handlers: list[DynamicRendezvousHandler]) -> None:
+async def _lost_then_again(handlers: list[DynamicRendezvousHandler], join_timeout: float) -> None:
     """``--kill``, a survivor process: when every handler saw the loss, then the next round."""
     seen = 0.0
 
@@ -165,11 +173,19 @@ async def _lost_then_again(handlers: list[DynamicRendezvousHandler]) -> None:
     kinds = await asyncio.gather(*(watch(h) for h in handlers), return_exceptions=True)
     wrong = [k for k in kinds if k != RendezvousEventKind.PARTICIPANT_LOST.name]
     _say("LOST", at=seen, wrong=[str(k)[:200] for k in wrong[:3]], wrong_count=len(wrong))
-    last, ranks, first, failed = await _joined(handlers)
+    last, ranks, first, failed = await _joined(handlers, join_timeout)
     _say("AGAIN", at=last, ranks=ranks, error=first, failed=failed)
 
 
-async def client(url: str, run_id: str, n: int, count: int, role: str) -> None:
+async def client(
+    url: str,
+    run_id: str,
+    n: int,
+    count: int,
+    role: str,
+    join_timeout: float = JOIN_TIMEOUT,
+    lease_ttl: float = LEASE_TTL,
+) -> None:
     """One client process: ``count`` of the N handlers (see the module doc); ``role``: "all"
     (one round), "survivor" or "victim" (``--kill``)."""
     os.nice(CLIENT_NICE)
@@ -186,7 +202,8 @@ async def client(url: str, run_id: str, n: int, count: int, role: str) -> None:
             n - 1 if kill else n,
             n,
             local_addr="127.0.0.1",
-            join_timeout=JOIN_TIMEOUT,
+            join_timeout=join_timeout,
+            lease_ttl=lease_ttl,
             last_call_timeout=KILL_LAST_CALL if kill else 30.0,
             owns_store=True,
         )
@@ -196,7 +213,7 @@ async def client(url: str, run_id: str, n: int, count: int, role: str) -> None:
     t0 = float(await asyncio.to_thread(sys.stdin.readline))
     await asyncio.sleep(max(0.0, t0 - time.time()))
     cpu = time.process_time()
-    last, ranks, first, failed = await _joined(handlers)
+    last, ranks, first, failed = await _joined(handlers, join_timeout)
     cpu = time.process_time() - cpu
     retries = sum(s.session.connect_retries for s in stores if isinstance(s, HttpStore))
     _say(
@@ -211,7 +228,7 @@ async def client(url: str, run_id: str, n: int, count: int, role: str) -> None:
         connect_retries=retries,
     )
     if role == "survivor" and not failed:
-        await _lost_then_again(handlers)
+        await _lost_then_again(handlers, join_timeout)
     await asyncio.to_thread(sys.stdin.readline)  # released: every client has answered
     await asyncio.gather(*(h.aclose() for h in handlers), return_exceptions=True)
 
@@ -234,15 +251,15 @@ async def _revision(url: str) -> int:
         return await store.current_revision()
 
 
-def _spawn(url: str, run_id: str, n: int, counts: list[int], role: str) -> list[Client]:
-    return [Client(url, run_id, n, count, role) for count in counts if count]
+def _spawn(url: str, run_id: str, n: int, counts: list[int], *args: str) -> list[Client]:
+    return [Client(url, run_id, n, count, *args) for count in counts if count]
 
 
 class Client:
     """A client process and the answers it gave (the JSON after ``DONE`` and so on)."""
 
-    def __init__(self, url: str, run_id: str, n: int, count: int, role: str) -> None:
-        args = [url, run_id, str(n), str(count), role]
+    def __init__(self, url: str, run_id: str, n: int, count: int, *more: str) -> None:
+        args = [url, run_id, str(n), str(count), *more]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.scale_http", *args],
             env=_env(),
@@ -289,15 +306,23 @@ def _check(answers: list[dict[str, Any]], n: int, server_lines: list[str], what:
         )
 
 
-def run_http(n: int, clients: int, *, kill: bool = False) -> RoundFigures:
+def run_http(
+    n: int,
+    clients: int,
+    *,
+    kill: bool = False,
+    join_timeout: float = JOIN_TIMEOUT,
+    lease_ttl: float = LEASE_TTL,
+) -> RoundFigures:
     """One round of N over one ``aioelastic serve``, the handlers spread over ``clients``
     processes (``kill``: plus one process with one handler, SIGKILLed after the round)."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     spread = n - 1 if kill else n
     counts = [spread // clients + (1 if i < spread % clients else 0) for i in range(clients)]
-    with serve() as (server, url, server_lines):
-        procs = _spawn(url, run_id, n, counts, "survivor" if kill else "all")
-        victim = Client(url, run_id, n, 1, "victim") if kill else None
+    with serve(n) as (server, url, server_lines):
+        timing = (str(join_timeout), str(lease_ttl))
+        procs = _spawn(url, run_id, n, counts, "survivor" if kill else "all", *timing)
+        victim = Client(url, run_id, n, 1, "victim", *timing) if kill else None
         everyone = procs + ([victim] if victim is not None else [])
         try:
             for proc in everyone:
@@ -359,6 +384,8 @@ def _kill_and_rejoin(
 
 
 if __name__ == "__main__":
-    url_, run_id_, n_, count_ = sys.argv[1:5]
-    role_ = sys.argv[5] if len(sys.argv) > 5 else "all"
-    asyncio.run(client(url_, run_id_, int(n_), int(count_), role_))
+    url_, run_id_, n_, count_, *more = sys.argv[1:]
+    role_ = more[0] if more else "all"
+    join_ = float(more[1]) if len(more) > 1 else JOIN_TIMEOUT
+    ttl_ = float(more[2]) if len(more) > 2 else LEASE_TTL
+    asyncio.run(client(url_, run_id_, int(n_), int(count_), role_, join_, ttl_))
