@@ -241,6 +241,7 @@ class SessionClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         backoff = Backoff(cap=min(2.0, max(0.05, budget / 4)))
+        refused: NotYet | None = None  # the last attempt the server answered with a status
         while True:
             hello = {
                 "resume": self._resume,
@@ -254,8 +255,11 @@ class SessionClient:
                 left = deadline - loop.time()
                 if self.closed:
                     raise StoreClosedError(f"the store of {self.url} was closed") from None
+                # the server's refusal says more than the last attempt cut by the deadline
+                refused = exc if exc.status else refused
                 if left <= 0:
-                    raise await self._gave_up(exc, budget, backoff.attempts + 1) from None
+                    last = refused if refused is not None else exc
+                    raise await self._gave_up(last, budget, backoff.attempts + 1) from None
                 await asyncio.sleep(min(backoff.next_delay(), left))
                 continue
             if self.closed:
