@@ -17,7 +17,7 @@ __all__ = ["main"]
 
 # subcommand -> module implementing it (imported when the parser is built; keep them light)
 COMMANDS: dict[str, str] = {
-    "etcd": "aioelastic._etcd.cli",
+    "etcd": "aioelastic._etcd_server_cli",
     "run": "aioelastic.agent._cli",
     "serve": "aioelastic.store.http._cli",
     "status": "aioelastic.rendezvous._status_cli",

@@ -285,6 +285,13 @@ class EtcdServer(AsyncResource):
         return [f"http://{self._host_literal}:{m.metrics_port}/metrics" for m in self._members]
 
     @property
+    def pids(self) -> list[int | None]:
+        """The process id of every member (None for one that is not running), e.g. to read its
+        CPU time and memory from ``/proc``."""
+        self._require_started()
+        return [m.process.pid if m.running and m.process else None for m in self._members]
+
+    @property
     def data_dir(self) -> Path:
         self._require_started()
         assert self._root is not None

@@ -350,7 +350,7 @@ def load_runs(path: Path) -> dict[str, dict[int, list[RoundFigures]]]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
-    parser.add_argument("--mode", choices=("memory", "simulate", "http"), default="memory")
+    parser.add_argument("--mode", choices=("memory", "simulate", "http", "etcd"), default="memory")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
@@ -395,6 +395,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[RoundFigures]:
+    if args.mode == "etcd":
+        from benchmarks.scale_etcd import measure as measure_etcd  # a 3-member cluster
+
+        return measure_etcd(n, args.clients, args.repeat, failures)
     if args.mode == "http":
         from benchmarks.scale_http import run_http  # a module of its own: processes, serve
 

@@ -1,13 +1,15 @@
 """A worker for the agent tests: ``agent_worker.py MODE OUT_DIR``.
 
-Every start appends one JSON line (its env, pid, start time) to ``OUT_DIR/starts.jsonl``; then the
-mode decides what it does:
+Every start appends one JSON line (its env, pid, start time) to ``OUT_DIR/starts.jsonl``; a
+SIGTERM from before that line on appends one to ``OUT_DIR/terms.jsonl`` and ends the worker with
+exit 0. Then the mode decides what it does:
 
 - ``ok``: exit 0.
 - ``fail-once``: rank 1 exits 3 on the first attempt; the others wait to be stopped; exit 0 after.
 - ``fail-always``: rank 1 exits 3; the others wait to be stopped.
 - ``hang-once``: rank 0 arms a 0.5 s watchdog timer on the agent's server and hangs (first
-  attempt only); the others wait to be stopped; exit 0 after.
+  attempt only); the others wait to be stopped; exit 0 after (once ``OUT_DIR/$HOLD_UNTIL``
+  exists, if that variable is set: a test that looks at the running workers says when).
 - ``elastic``: wait while WORLD_SIZE is 4 (or no ``OUT_DIR/shrink`` marker exists); exit 0 in a
   smaller world once the marker exists.
 - ``grow``: wait while WORLD_SIZE is below 4; exit 0 at 4.
@@ -23,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def record(out: str, name: str, **extra: object) -> None:
@@ -55,18 +58,36 @@ _KEYS = (
 )
 
 
-def wait_forever(out: str) -> None:
+def record_terms(out: str) -> None:
+    """From now on a SIGTERM is recorded in ``terms.jsonl`` and the worker exits 0."""
+
     def on_term(signum: int, frame: object) -> None:
         record(out, "terms.jsonl")
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def wait_forever(out: str) -> None:
     while True:
-        time.sleep(3600)
+        signal.pause()  # until a signal: SIGTERM's handler (record_terms) exits
+
+
+def hold(out: str) -> None:
+    """Stay up until ``OUT_DIR/$HOLD_UNTIL`` exists (at once without ``HOLD_UNTIL``)."""
+    name = os.environ.get("HOLD_UNTIL")
+    if name:
+        from helpers.waiting import until_file_sync  # (this script's folder is on sys.path)
+
+        marker = os.path.join(out, name)
+        until_file_sync(Path(out), lambda: os.path.exists(marker), 60, f"no {name}")
 
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
+    # before the start record: a test that has seen the start may stop the worker at once (it
+    # raced the handler's installation in wait_forever, and a SIGTERM went unrecorded)
+    record_terms(out)
     record(out, "starts.jsonl")
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -75,7 +96,7 @@ def main() -> None:
     if mode in ("fail-once", "fail-always"):
         if mode == "fail-always" or attempt == 0:
             if rank == 1:
-                time.sleep(0.2)
+                time.sleep(0.2)  # deliberate: the failure comes after the group is up and running
                 print("rank 1 fails on purpose", file=sys.stderr, flush=True)
                 record(out, "failures.jsonl")
                 sys.exit(3)
@@ -92,6 +113,7 @@ def main() -> None:
                 time.sleep(60)  # hangs: the agent's timer server kills this process
                 sys.exit(0)
             wait_forever(out)
+        hold(out)
         return
     if mode == "elastic":
         if os.environ["WORLD_SIZE"] != "4" and os.path.exists(os.path.join(out, "shrink")):
@@ -104,8 +126,10 @@ def main() -> None:
     if mode == "fragile":
         if os.environ["WORLD_SIZE"] != "4":
             return
-        while not os.path.exists(os.path.join(out, "killed")):
-            time.sleep(0.02)
+        from helpers.waiting import until_file_sync  # (this script's folder is on sys.path)
+
+        killed = os.path.join(out, "killed")
+        until_file_sync(Path(out), lambda: os.path.exists(killed), 3600, "no peer was killed")
         print("Connection closed by peer", file=sys.stderr, flush=True)
         sys.exit(1)
     if mode == "sleep":

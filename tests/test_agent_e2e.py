@@ -12,10 +12,10 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from agent_helpers import (
+from helpers import finish
+from helpers.agent import (
     PY,
     ROOT,
     WORKER,
@@ -23,27 +23,16 @@ from agent_helpers import (
     _env,
     _lines,
     _parent_of,
-    out,
+    wait_records,
+    wait_records_sync,
 )
+from helpers.agent import run_agent as _run
 
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
 from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.store.http.server import HttpStoreServer
 
 pytestmark = pytest.mark.timeout(120)
-
-__all__ = ["out"]  # the fixture
-
-
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "aioelastic", "run", *args],
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 async def _spawn_agent(*args: str) -> asyncio.subprocess.Process:
@@ -58,27 +47,6 @@ async def _spawn_agent(*args: str) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-
-
-async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int, str]:
-    try:
-        _stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        _stdout, stderr = await proc.communicate()
-        raise AssertionError(f"agent did not finish in {timeout}s:\n{stderr.decode()}") from None
-    assert proc.returncode is not None
-    return proc.returncode, stderr.decode()
-
-
-async def _wait_lines(path: Path, n: int, timeout: float, **match: str) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [x for x in _lines(path) if all(x.get(k) == v for k, v in match.items())]
-        if len(lines) >= n:
-            return lines
-        assert time.monotonic() < deadline, f"only {lines} in {path} after {timeout}s"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.asyncio
@@ -96,8 +64,8 @@ async def test_two_agents_two_workers_each(out: Path) -> None:
             str(out),
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
-        results = [await _finish(agent, 60) for agent in agents]
-    for code, stderr in results:
+        results = [await finish(agent, 60, "agent") for agent in agents]
+    for code, _, stderr in results:
         assert code == 0, stderr
         assert "SUCCEEDED" in stderr
     starts = _lines(out / "starts.jsonl")
@@ -131,9 +99,9 @@ async def test_no_restart_left_closes_the_run_for_every_node(out: Path) -> None:
             str(out),
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
-        results = [await _finish(agent, 60) for agent in agents]
-    assert sorted(code for code, _ in results) == [1, 1]
-    messages = sorted(stderr for _, stderr in results)
+        results = [await finish(agent, 60, "agent") for agent in agents]
+    assert sorted(code for code, _, _ in results) == [1, 1]
+    messages = sorted(stderr for _, _, stderr in results)
     assert any("max restarts (0) exhausted" in m for m in messages), messages
     assert any("the run was closed by another node" in m for m in messages), messages
 
@@ -243,7 +211,7 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
         try:
-            big = await _wait_lines(out / "starts.jsonl", 4, 30, WORLD_SIZE="4")
+            big = await wait_records(out / "starts.jsonl", 4, 30, "the big round", WORLD_SIZE="4")
             (out / "shrink").touch()
             victim_group = big[-1]["GROUP_RANK"]
             victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == victim_group}
@@ -253,7 +221,7 @@ async def test_killed_agent_makes_the_other_reform_smaller(out: Path) -> None:
             (survivor,) = [a for a in agents if a is not victim]
             killed_at = time.time()
             victim.kill()
-            code, stderr = await _finish(survivor, 60)
+            code, _, stderr = await finish(survivor, 60, "agent")
             await victim.wait()
         finally:
             for agent in agents:
@@ -298,7 +266,7 @@ async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int)
         ]
         agents = [await _spawn_agent(*common) for _ in range(2)]
         try:
-            big = await _wait_lines(out / "starts.jsonl", 4, 60, WORLD_SIZE="4")
+            big = await wait_records(out / "starts.jsonl", 4, 60, "the big round", WORLD_SIZE="4")
             victim_pids = {s["pid"] for s in big if s["GROUP_RANK"] == "1"}
             parents = {_parent_of(pid) for pid in victim_pids}
             (victim,) = [a for a in agents if a.pid in parents]
@@ -306,7 +274,7 @@ async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int)
             killed_at = time.monotonic()
             victim.kill()
             (out / "killed").touch()
-            code, stderr = await _finish(survivor, 60)
+            code, _, stderr = await finish(survivor, 60, "agent")
             took = time.monotonic() - killed_at
             await victim.wait()
         finally:
@@ -343,10 +311,7 @@ def test_sigterm_stops_workers_and_leaves(out: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(_lines(out / "starts.jsonl")) < 2:
-            assert time.monotonic() < deadline, "workers did not start"
-            time.sleep(0.05)
+        wait_records_sync(out / "starts.jsonl", 2, 30, "workers did not start")
         proc.send_signal(signal.SIGTERM)
         _stdout, stderr = proc.communicate(timeout=30)
     finally:

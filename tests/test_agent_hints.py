@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _env, run_agent, wait_records
+from helpers.waiting import until_logged
 
 from aioelastic.agent import ElasticAgent, WorkerSpec
-from aioelastic.agent import _agent as agent_module
+from aioelastic.agent import _membership as membership_module
 from aioelastic.agent._agent import AgentState, WorkerFailure
 from aioelastic.rendezvous import RendezvousParameters, create_handler
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,20 +118,14 @@ def test_the_torchrun_plugin_on_a_closed_run_suggests_the_same() -> None:
 async def test_a_standby_node_says_it_is_standing_by_and_why(
     out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(agent_module, "STANDBY_CHECK", 0.2)
+    monkeypatch.setattr(membership_module, "STANDBY_CHECK", 0.2)
     member = ElasticAgent(_spec("sleep", out), _params("full"))
     running = asyncio.create_task(member.run())
-    deadline = time.monotonic() + 30
-    while not _lines(out / "starts.jsonl"):
-        assert time.monotonic() < deadline, "the member's worker did not start"
-        await asyncio.sleep(0.05)
+    await wait_records(out / "starts.jsonl", 1, 30, "the member's worker did not start")
     standby = ElasticAgent(_spec("sleep", out), _params("full"))
     with caplog.at_level(logging.INFO, logger="aioelastic.agent"):
-        waiting = asyncio.create_task(standby.run())
-        deadline = time.monotonic() + 30
-        while "standing by" not in caplog.text:
-            assert time.monotonic() < deadline, caplog.text
-            await asyncio.sleep(0.05)
+        async with until_logged("aioelastic.agent", "standing by", 30, lambda: caplog.text):
+            waiting = asyncio.create_task(standby.run())
     assert "the job is full" in caplog.text
     standby.request_stop(15)
     member.request_stop(15)
@@ -164,14 +157,7 @@ def test_no_metrics_notice_when_no_metrics_were_asked_for(tmp_path: Path) -> Non
     blocker.write_text("raise ImportError('not installed (test)')\n")
     env = _env()
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    proc = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--no-python", "true"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_agent("--standalone", "--no-python", "true", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "standalone: HTTP store" in proc.stderr
     assert "prometheus" not in proc.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import PY, ROOT, _env
+from helpers.agent import PY, ROOT, _env
 
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.rendezvous import RendezvousParameters

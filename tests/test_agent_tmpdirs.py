@@ -9,16 +9,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _env, run_agent, wait_records_sync
 
 from aioelastic.agent._tmpdirs import PREFIX, clean_stale_dirs
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,10 +81,7 @@ def test_a_sigkilled_agent_leaves_nothing_once_another_starts(short_tmp: Path, o
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _lines(out / "starts.jsonl"):
-            assert time.monotonic() < deadline, "the worker did not start"
-            time.sleep(0.05)
+        wait_records_sync(out / "starts.jsonl", 1, 30, "the worker did not start")
         left = [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)]
         assert len(left) == 1
         assert left[0].startswith(f"{PREFIX}{agent.pid}-")
@@ -97,14 +91,7 @@ def test_a_sigkilled_agent_leaves_nothing_once_another_starts(short_tmp: Path, o
         agent.kill()
         agent.wait()
     assert [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)] == left  # stale
-    done = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--no-python", "true"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_agent("--standalone", "--no-python", "true", env=env)
     assert done.returncode == 0, done.stderr
     assert "removed 1 temporary directory(ies) of dead aioelastic-agent-*" in done.stderr
     assert [p.name for p in tmp.iterdir() if p.name.startswith(PREFIX)] == []

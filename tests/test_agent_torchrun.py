@@ -12,12 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _assert_no_orphans, _env, _lines, _parent_of, out
+from helpers import finish
+from helpers.agent import (
+    PY,
+    ROOT,
+    WORKER,
+    _assert_no_orphans,
+    _env,
+    _lines,
+    _parent_of,
+    wait_records,
+)
 
 from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.store.http.server import HttpStoreServer
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -51,17 +59,6 @@ async def _torchrun(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def _finish(proc: asyncio.subprocess.Process, timeout: float) -> tuple[int, str, str]:
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        stdout, stderr = await proc.communicate()
-        raise AssertionError(f"torchrun did not finish in {timeout}s:\n{stderr.decode()}") from None
-    assert proc.returncode is not None
-    return proc.returncode, stdout.decode(), stderr.decode()
-
-
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
@@ -75,7 +72,7 @@ async def test_two_torchrun_nodes_allreduce_over_aioelastic() -> None:
             example,
         )
         nodes = [await _torchrun(*args) for _ in range(2)]
-        results = [await _finish(node, 120) for node in nodes]
+        results = [await finish(node, 120, "torchrun") for node in nodes]
     for code, _stdout, stderr in results:
         assert code == 0, stderr
     outputs = "".join(stdout for _code, stdout, _stderr in results)
@@ -99,12 +96,9 @@ async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
         nodes = [await _torchrun(*args) for _ in range(2)]
         victim_workers: set[int] = set()
         try:
-            deadline = time.monotonic() + 60
-            while (
-                len(big := [s for s in _lines(out / "starts.jsonl") if s["WORLD_SIZE"] == "4"]) < 4
-            ):
-                assert time.monotonic() < deadline, "the 2-node round did not start"
-                await asyncio.sleep(0.05)
+            big = await wait_records(
+                out / "starts.jsonl", 4, 60, "the 2-node round did not start", WORLD_SIZE="4"
+            )
             (out / "shrink").touch()
             group = big[-1]["GROUP_RANK"]
             victim_workers = {s["pid"] for s in big if s["GROUP_RANK"] == group}
@@ -112,7 +106,7 @@ async def test_killed_torchrun_node_makes_the_other_reform(out: Path) -> None:
             (victim,) = [n for n in nodes if n.pid in parents]
             (survivor,) = [n for n in nodes if n is not victim]
             victim.send_signal(signal.SIGKILL)
-            code, _stdout, stderr = await _finish(survivor, 120)
+            code, _stdout, stderr = await finish(survivor, 120, "torchrun")
             await victim.wait()
         finally:
             for node in nodes:

@@ -8,11 +8,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _alive_with, _assert_no_orphans, _lines, out
+from helpers.agent import PY, ROOT, WORKER, _alive_with, _assert_no_orphans, _lines, wait_records
 
 from aioelastic.agent import AgentState, ElasticAgent, Std, WorkerSpec, parse_std
 from aioelastic.agent._cli import build_entrypoint, parse_nnodes, parse_nproc
@@ -22,8 +21,6 @@ from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
 from aioelastic.store import MemoryStore
 from aioelastic.testing.faults import FaultInjectingStore
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -147,10 +144,7 @@ def _spec(mode: str, out: Path, **kw: object) -> WorkerSpec:
 
 
 async def _wait_starts(out: Path, n: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while len(_lines(out / "starts.jsonl")) < n:
-        assert time.monotonic() < deadline, "workers did not start"
-        await asyncio.sleep(0.05)
+    await wait_records(out / "starts.jsonl", n, timeout, "workers did not start")
 
 
 @pytest.mark.asyncio

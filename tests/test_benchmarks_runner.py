@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from benchmarks.run import GROUPS, Row, main, markdown, parse_args
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _check_summary(summary: dict[str, object], n: int) -> None:

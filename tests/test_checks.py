@@ -4,6 +4,7 @@ the key; and no package reaching into another's private modules."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -127,3 +128,122 @@ def test_no_private_imports_across_packages() -> None:
     found = set(_private_imports())
     assert sorted(found - KNOWN) == []
     assert found >= KNOWN  # a fixed one leaves the list
+
+
+#: all that the private etcd client may import from aioelastic: the error hierarchy. It sits
+#: below the etcd store and ``EtcdServer``; the ``etcd`` command lives above, next to the server
+ETCD_CLIENT_MAY_IMPORT = {"errors"}
+
+
+def _imported_by_name(call: ast.Call) -> bool:
+    """``importlib.import_module("aioelastic.x")`` or ``__import__("aioelastic.x")``."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = call.args[0] if call.args else None
+    return (
+        name in ("import_module", "__import__")
+        and isinstance(first, ast.Constant)
+        and isinstance(first.value, str)
+        and first.value.startswith("aioelastic.")
+    )
+
+
+def _aioelastic_imports(package: str) -> set[str]:
+    """The top-level aioelastic modules that ``package``'s files import, relatively, absolutely
+    or by name (``importlib.import_module("aioelastic.x")``), the package itself excluded."""
+    found: set[str] = set()
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        here = path.relative_to(PACKAGE).parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[list[str]] = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = list(here[: len(here) - node.level + 1])
+                names.append(base + (node.module or "").split("."))
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.append(
+                    node.module.split(".")[1:] if node.module.startswith("aioelastic") else []
+                )
+            elif isinstance(node, ast.Import):
+                names += [
+                    a.name.split(".")[1:] for a in node.names if a.name.startswith("aioelastic.")
+                ]
+            elif isinstance(node, ast.Call) and _imported_by_name(node):
+                names.append(node.args[0].value.split(".")[1:])  # type: ignore[attr-defined]
+            for target in names:
+                target = [t for t in target if t]
+                if target and target[0] != package:
+                    found.add(target[0])
+    return found
+
+
+def test_the_etcd_client_imports_nothing_above_it() -> None:
+    """``aioelastic._etcd`` is the gRPC client under the etcd store: the ``etcd`` command (which
+    lived in ``_etcd/cli.py`` and imported the ``EtcdServer`` launcher) moved out of it."""
+    found = _aioelastic_imports("_etcd")
+    above = {"agent", "cli", "etcd_server", "_etcd_server_cli", "rendezvous", "store", "timer"}
+    assert found & above == set()
+    assert found <= ETCD_CLIENT_MAY_IMPORT, sorted(found - ETCD_CLIENT_MAY_IMPORT)
+    assert "errors" in found  # the scan sees the imports that are there
+
+
+def _names_a_client(node: ast.expr) -> bool:
+    """``client`` or ``<anything>.client``: how the etcd store and ``EtcdServer`` hold theirs."""
+    return (isinstance(node, ast.Name) and node.id == "client") or (
+        isinstance(node, ast.Attribute) and node.attr == "client"
+    )
+
+
+def test_the_etcd_client_is_used_through_its_public_surface() -> None:
+    """``store/etcd.py`` read the client's private ``_token`` (to re-authenticate a refused
+    watch); it reads ``EtcdClient.token`` now."""
+    tree = ast.parse((PACKAGE / "_etcd" / "client.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EtcdClient")
+    private = {
+        n.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+    }
+    assert "_token" in private  # the scan sees the client's private state
+    reached = [
+        (rel, node.attr, node.lineno)
+        for rel in ("store/etcd.py", "etcd_server.py")
+        for node in ast.walk(ast.parse((PACKAGE / rel).read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in private and _names_a_client(node.value)
+    ]
+    assert reached == []
+
+
+def test_the_rooms_cut_stay_small(tmp_path: Path) -> None:
+    """The rooms cut along their seams stay cut: no class over 300 lines, no function over 60.
+
+    ``agent/`` (``ElasticAgent`` was one 760-line class), ``_etcd/`` (``EtcdClient`` 381 lines),
+    the http store's OpenAPI document (one 410-line function), ``serve``'s flags and
+    ``open_http_store`` (101 and 61 lines), ``DataDir`` (315 lines),
+    ``timer/`` (``TimerServer`` 339 lines), the run status reader (``_read`` 102 lines),
+    the store protocol (``Store`` 357 lines)."""
+    spec = importlib.util.spec_from_file_location(
+        "room_sizes", PACKAGE.parent / "scripts" / "room_sizes.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    room_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(room_sizes)
+    http = ("_openapi", "_openapi_txn", "_cli", "client", "_persist", "_persist_open")
+    rooms = [
+        PACKAGE / "agent",
+        PACKAGE / "_etcd",
+        *(PACKAGE / "store" / "http" / f"{name}.py" for name in http),
+        PACKAGE / "timer",
+        PACKAGE / "rendezvous" / "_status.py",
+        *(PACKAGE / "store" / f"{name}.py" for name in ("_base", "_args", "_conveniences")),
+    ]
+    assert all(room.exists() for room in rooms)
+    assert room_sizes.oversized(rooms) == []
+    # the measure sees a big room where there is one
+    big = tmp_path / "big.py"
+    big.write_text("def f() -> None:\n" + "    pass\n" * 60)
+    assert [(kind, n) for kind, _, n in room_sizes.oversized([big])] == [("function", 61)]

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import Store
 from aioelastic.testing.conformance import StoreConformance
-from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
 
 
 class TestEtcdStore(StoreConformance):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,6 @@ from aioelastic import (
     WatchEvent,
 )
 from aioelastic.etcd_server import EtcdServer
-from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -58,12 +57,6 @@ operations = st.one_of(
     st.tuples(st.just("compact"), st.integers(1, 12)),
     st.tuples(st.just("watch_from"), st.integers(1, 12)),
 )
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
 
 
 @dataclass
@@ -185,11 +178,18 @@ class _Watching:
     last: int
 
 
-async def run_both(server: EtcdServer, ops: list[tuple[Any, ...]]) -> None:
+async def run_both(
+    server: EtcdServer,
+    ops: list[tuple[Any, ...]],
+    apply_one: Callable[[Side, tuple[Any, ...]], Awaitable[Any]] = apply,
+    root: str = "diff",
+) -> None:
+    """Apply ``ops`` in turn on both sides (``apply_one``); after each, the results and the
+    watch events seen must be the same (transactions' test uses it too, with its own steps)."""
     from aioelastic.store.etcd import EtcdStore
 
     async with EtcdStore(server.endpoints) as etcd_client, MemoryStore() as memory:
-        etcd_ns = etcd_client.namespace(f"diff/{uuid.uuid4().hex}/")
+        etcd_ns = etcd_client.namespace(f"{root}/{uuid.uuid4().hex}/")
         sides = [
             Side(memory, await memory.current_revision(), []),
             Side(etcd_ns, await etcd_ns.current_revision(), []),
@@ -200,7 +200,7 @@ async def run_both(server: EtcdServer, ops: list[tuple[Any, ...]]) -> None:
             side.watch = _Watching(events, side.base)
         try:
             for step, op in enumerate(ops):
-                results = [await apply(side, op) for side in sides]
+                results = [await apply_one(side, op) for side in sides]
                 assert results[0] == results[1], (step, op, results)
                 seen = [await drain(side, step) for side in sides]
                 assert seen[0] == seen[1], (step, op, seen)

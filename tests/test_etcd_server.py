@@ -94,13 +94,17 @@ async def test_single_member_options_and_cleanup(tmp_path: Path) -> None:
 async def test_join_returns_when_the_members_exit() -> None:
     _binary_or_skip()
     async with EtcdServer() as server:
+        (pid,) = server.pids
+        assert pid is not None
+        os.kill(pid, 0)  # it exists
         joined = asyncio.ensure_future(server.join())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # under test: join() waits while the members run
         assert not joined.done()
         await server.kill_member(0)
         with anyio.fail_after(5):
             await joined
         assert not server.is_running(0)
+        assert server.pids == [None]  # a stopped member has no process
 
 
 @pytest.mark.slow
@@ -259,7 +263,7 @@ from aioelastic.etcd_server import EtcdServer
 server = EtcdServer()
 asyncio.run(server.start())
 print(server._member(0).process.pid, server.data_dir, flush=True)
-time.sleep(600)
+time.sleep(600)  # stays up until the test kills it (its member must not outlive it)
 """
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
+from helpers import free_port
 
 from aioelastic import (
     LeaseNotFoundError,
@@ -51,15 +52,6 @@ async def fresh_store(server: EtcdServer, **options: Any) -> AsyncIterator[EtcdS
         yield store
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 # -- endpoints and URLs --------------------------------------------------------------------------
 
 
@@ -80,6 +72,23 @@ def test_parse_endpoint(text: str, expected: Endpoint) -> None:
 def test_parse_endpoint_rejects_bad_input(text: str) -> None:
     with pytest.raises(ValueError, match="endpoint"):
         parse_endpoint(text)
+
+
+@pytest.mark.asyncio
+async def test_the_client_is_an_async_resource() -> None:
+    """``async with EtcdClient(...)`` closes it, as every long-lived object (no etcd needed:
+    channels open on first use)."""
+    from anyio.abc import AsyncResource
+
+    from aioelastic._etcd.client import EtcdClient
+    from aioelastic.errors import StoreClosedError
+
+    async with EtcdClient(["127.0.0.1:1"]) as client:
+        assert isinstance(client, AsyncResource)
+        assert not client.closed
+    assert client.closed
+    with pytest.raises(StoreClosedError):
+        await client.call("Range", rpc_pb2.RangeRequest(key=b"k"), write=False)
 
 
 @pytest.mark.asyncio
@@ -199,7 +208,7 @@ async def test_anyio_scopes_cancel_a_pending_unary_call() -> None:
             with anyio.fail_after(0.2):
                 await store.get("k")
         task = asyncio.ensure_future(store.get("k"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # deliberate: the call is pending inside grpc when cancelled
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -245,6 +254,96 @@ async def test_no_leader_write_moves_to_the_next_member(etcd: EtcdServer) -> Non
             with pytest.raises(StoreConnectionError, match="no leader") as info:
                 await alone.put("k", b"v")
             assert not isinstance(info.value, WriteOutcomeUnknownError)
+
+
+# -- liveness: a busy member is not a hung one ----------------------------------------------------
+
+
+def slow_member(ping: Behaviour, read_delay: float, write_delay: float) -> dict[str, Behaviour]:
+    """A member whose pings (serializable count-only ranges) get ``ping``, whose other reads
+    answer after ``read_delay`` and whose writes after ``write_delay``."""
+
+    async def range_(request: Any, context: Any) -> Any:
+        if request.serializable and request.count_only:
+            return await ping(request, context)
+        await asyncio.sleep(read_delay)
+        return rpc_pb2.RangeResponse()
+
+    async def put(request: Any, context: Any) -> Any:
+        await asyncio.sleep(write_delay)
+        return rpc_pb2.PutResponse()
+
+    return {"Range": range_, "Put": put}
+
+
+def quick_pinging(endpoint: str, dead: str) -> EtcdStore:
+    """A store that pings its member after 0.1 s of silence, hung 0.5 s later without answer."""
+    return EtcdStore([endpoint, dead], ping_after=0.1, ping_timeout=0.5)
+
+
+async def _reads_until(store: EtcdStore, done: asyncio.Future[Any]) -> int:
+    """Reads one after another (each answered in 0.15 s) until ``done``; how many."""
+    count = 0
+    while not done.done():
+        await store.get("other")
+        count += 1
+    return count
+
+
+@pytest.mark.asyncio
+async def test_a_member_answering_other_calls_while_a_ping_waits_is_busy_not_hung() -> None:
+    # A slow write (queued behind others, as when thousands join at once): its ping is
+    # queued too and misses its deadline, but the member answers the same client's reads
+    # meanwhile. It used to be taken as hung and the write reported unknown.
+    dead = f"127.0.0.1:{free_port()}"  # a second endpoint: a client with one never pings
+    async with (
+        fake_etcd(slow_member(hang, 0.15, 1.5)) as endpoint,
+        quick_pinging(endpoint, dead) as store,
+    ):
+        write = asyncio.ensure_future(store.put("k", b"v"))
+        reads = await _reads_until(store, write)
+        await write  # applied, not WriteOutcomeUnknownError
+        assert reads >= 3
+        assert store.client.current().endpoint == parse_endpoint(endpoint)
+
+
+@pytest.mark.asyncio
+async def test_clients_of_one_loop_share_what_they_hear_from_a_member() -> None:
+    # One process, many participants (a store each): a member answering any of them is alive
+    # for all, so none pings it for its own slow call, or takes it as hung.
+    dead = f"127.0.0.1:{free_port()}"
+    async with (
+        fake_etcd(slow_member(hang, 0.15, 1.5)) as endpoint,
+        quick_pinging(endpoint, dead) as writer,
+        quick_pinging(endpoint, dead) as reader,
+    ):
+        write = asyncio.ensure_future(writer.put("k", b"v"))
+        reads = await _reads_until(reader, write)
+        await write
+        assert reads >= 3
+        assert writer.client.current().liveness is reader.client.current().liveness
+
+
+@pytest.mark.asyncio
+async def test_a_member_silent_to_everyone_is_still_taken_as_hung() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with (
+        fake_etcd(slow_member(hang, 0.0, 30.0)) as endpoint,
+        quick_pinging(endpoint, dead) as store,
+    ):
+        await store.get("warm")  # connected, and heard once
+        with anyio.fail_after(5), pytest.raises(WriteOutcomeUnknownError, match="stopped"):
+            await store.put("k", b"v")
+        assert store.client.current().endpoint == parse_endpoint(dead)
+
+
+@pytest.mark.asyncio
+async def test_a_client_opens_a_channel_to_the_member_it_uses_only(etcd: EtcdServer) -> None:
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    async with EtcdStore([*etcd.endpoints, *dead]) as store:
+        await store.put(f"lazy/{uuid.uuid4().hex}", b"v")
+        channels = store.client._channels.members()
+        assert [ch.opened for ch in channels] == [True, False, False]
 
 
 # -- leases ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import PY, ROOT, WORKER, _env, out
+from helpers.agent import PY, ROOT, WORKER, _env, run_agent
 
 from aioelastic import events
 from aioelastic.agent import AgentState, ElasticAgent, WorkerSpec
@@ -36,8 +36,6 @@ from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
 from aioelastic.store import MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual, virtual_time_loop
 from aioelastic.timer import StoreTimerClient, StoreTimerServer
-
-__all__ = ["out"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -365,7 +363,9 @@ async def test_agent_timer_reap_and_metrics_over_loopback(out: Path, tmp_path: P
         nproc_per_node=2,
         max_restarts=1,
         stop_timeout=5,
-        env={"PYTHONPATH": str(ROOT)},
+        # the second attempt's workers stay up until scraped: they exited at once, and the
+        # scrape then raced their exits (workers_running was 1 now and then)
+        env={"PYTHONPATH": str(ROOT), "HOLD_UNTIL": "scraped"},
     )
     params = RendezvousParameters("memory", "", "hang", 1, 1, last_call_timeout=0)
     agent = ElasticAgent(spec, params, event_sink=sink, metrics_port=0)
@@ -374,10 +374,13 @@ async def test_agent_timer_reap_and_metrics_over_loopback(out: Path, tmp_path: P
     async def scrape_when_reaped() -> None:
         # the first attempt is hung until its 0.5 s timer fires; scrape once the restart is up
         await restarted.wait()
-        assert agent.metrics_url is not None
-        async with ClientSession() as session, session.get(agent.metrics_url) as response:
-            assert response.status == 200
-            scraped.append(await response.text())
+        try:
+            assert agent.metrics_url is not None
+            async with ClientSession() as session, session.get(agent.metrics_url) as response:
+                assert response.status == 200
+                scraped.append(await response.text())
+        finally:
+            (out / "scraped").touch()
 
     async with agent:
         scraper = asyncio.ensure_future(scrape_when_reaped())
@@ -435,14 +438,7 @@ def test_cli_metrics_port_without_prometheus_is_a_clear_error(tmp_path: Path) ->
     blocker.write_text("raise ImportError('not installed (test)')\n")
     env = _env()
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    proc = subprocess.run(
-        [PY, "-m", "aioelastic", "run", "--standalone", "--metrics-port=0", "--no-python", "true"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_agent("--standalone", "--metrics-port=0", "--no-python", "true", env=env)
     assert proc.returncode == 2
     assert "--metrics-port needs prometheus-client" in proc.stderr
     assert "aioelastic[server]" in proc.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import pytest
+from helpers import free_port
 
 from aioelastic.errors import (
     CompactedError,
@@ -27,15 +27,9 @@ from aioelastic.errors import (
 )
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import RESULT, pack, unpack_all
+from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
+from aioelastic.store.http._session_client import _Slots
 from aioelastic.store.http.server import HttpStoreServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager
@@ -60,6 +54,7 @@ async def _fake_session_server(
             seen.messages.append(len(frames))
             for frame in frames:
                 seen.ops.append(frame[2])
+                seen.arrived.set()
                 if await answer(ws, frame) == "hang up":
                     assert request.transport is not None
                     request.transport.close()
@@ -87,6 +82,7 @@ class _Seen:
         self.messages: list[int] = []  # frames per message
         self.headers: list[dict[str, str]] = []
         self.release = asyncio.Event()
+        self.arrived = asyncio.Event()  # set on each request frame
 
 
 async def _hang_up(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> str:
@@ -99,7 +95,7 @@ async def _never_answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> 
 
 @pytest.mark.asyncio
 async def test_unreachable_server_is_a_connection_error_even_for_writes() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     # connecting is retried within the request deadline (timeout): a short one fails soon
     async with open_store(url, read_retries=1, timeout=0.5) as store:
         for call in (store.get("k"), store.put("k", b"v"), store.compare_and_swap("k", 0, b"v")):
@@ -295,8 +291,9 @@ async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -
         async with open_store(url, timeout=0.3, max_connections=1) as single:
             assert isinstance(single, HttpStore)
             single.session.request_timeout = 30.0
+            seen.arrived.clear()
             hung = asyncio.ensure_future(single.get("slow"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(seen.arrived.wait(), 10)  # it holds the one slot now
             single.session.request_timeout = 0.3
             with pytest.raises(StoreConnectionError) as connect_info:
                 await asyncio.wait_for(single.put("k", b"v"), 10)
@@ -328,9 +325,62 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
 
 
 @pytest.mark.asyncio
+async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None:
+    # The connection's watchdog counts silence only while it has watches: a store idle for
+    # longer than 3 progress intervals, then opening a watch the server is slow to confirm,
+    # keeps its connection (the silence since the watch began is under the bound).
+    async def slow_then_progress(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            await asyncio.sleep(0.2)
+            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+                await ws.send_bytes(pack([PROGRESS, frame[1], 0]))
+
+    async with (
+        _fake_session_server(slow_then_progress) as (url, seen),
+        open_store(url, progress_interval=0.1) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        await store.session.connection()
+        await asyncio.sleep(0.5)  # idle, no watches: longer than the 0.3 s bound
+        async with store.watch("x") as events:
+            await events.start()
+            await asyncio.sleep(0.5)
+        assert seen.connections == 1
+
+
+@pytest.mark.asyncio
+async def test_a_lone_write_held_up_by_back_pressure_still_meets_its_deadline() -> None:
+    # A server that stops reading: the socket buffers fill, and a lone request (written by its
+    # caller, not the writer task) waits for the transport to drain; its deadline still ends it.
+    async def stop_reading(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+        await asyncio.sleep(60)
+
+    async with (
+        _fake_session_server(stop_reading) as (url, seen),
+        open_store(url, timeout=0.2) as store,
+    ):
+        big = b"x" * (900 << 10)  # under the fake server's message bound
+        after_reconnect = 0
+        for _ in range(60):  # until the socket buffers are full: a few times 10 MiB
+            started = time.monotonic()
+            with pytest.raises(WriteTimeoutError, match="may or may not have applied"):
+                await asyncio.wait_for(store.put("big", big), 10)
+            assert time.monotonic() - started < 5
+            if seen.connections > 1:
+                # the blocked write ended its connection (aiohttp leaves the drain waiter
+                # cancelled); the next one goes on a new connection, as any request would
+                after_reconnect += 1
+                if after_reconnect == 3:
+                    break
+        assert after_reconnect == 3
+
+
+@pytest.mark.asyncio
 async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -369,7 +419,7 @@ async def test_watch_resumes_after_a_server_restart_without_loss_or_repeats() ->
 @pytest.mark.asyncio
 async def test_watch_resuming_into_compacted_history_raises_compacted() -> None:
     engine = MemoryEngine()
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, engine=engine)
     await server.start()
     try:
@@ -427,7 +477,7 @@ async def test_open_store_options_are_checked() -> None:
 
 @pytest.mark.asyncio
 async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> None:
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port)
     await server.start()
     store = await open_store(server.url, progress_interval=0.2, reconnect_timeout=30)
@@ -436,7 +486,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
         await watch.start()
         await server.stop()  # the watch now retries in the background of __anext__
         pending = asyncio.ensure_future(watch.__anext__())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # under test: meanwhile the watch retries, it does not end
         assert not pending.done()
         await store.aclose()
         with pytest.raises(StoreClosedError):
@@ -449,7 +499,7 @@ async def test_closing_the_store_while_a_watch_reconnects_raises_closed() -> Non
 @pytest.mark.asyncio
 async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path / "data")
-    port = _free_port()
+    port = free_port()
     server = HttpStoreServer(port=port, data_dir=data_dir)
     await server.start()
     try:
@@ -460,13 +510,16 @@ async def test_a_kept_lease_survives_a_quick_server_restart(tmp_path: Path) -> N
             assert isinstance(store, HttpStore)
             await store.put("held", b"1", lease=keeper.id)
             await server.stop()
-            await asyncio.sleep(0.5)  # keep-alives fail meanwhile
+            await asyncio.sleep(0.5)  # the outage under test: keep-alives fail meanwhile
             server = HttpStoreServer(port=port, data_dir=data_dir)
             await server.start()
-            await asyncio.sleep(1.0)
+            restarted = asyncio.get_running_loop().time()
+            await asyncio.sleep(1.0)  # under test: the lease outlives the restart (not lost)
             assert not keeper.lost
             # the keep-alives meanwhile waited for the server (connecting with backoff)
             assert store.session.connect_retries >= 1 or keeper.statistics().failed_renewals >= 1
+            # and is renewed again (1.5 s is inside the 3 s TTL: not lost alone proves nothing)
+            assert keeper.statistics().last_renewal > restarted
             assert (await store.get("held")) is not None
             status = await store.lease_time_to_live(keeper.id)
             assert status.keys == ("held",)
@@ -526,6 +579,36 @@ async def test_pipelined_requests_go_in_one_message_with_the_token_at_the_upgrad
     assert seen.headers[0]["Authorization"] == "Bearer s3cret"
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
+
+
+@pytest.mark.asyncio
+async def test_request_slots_go_to_waiters_in_order_and_none_is_lost_to_a_cancel() -> None:
+    slots = _Slots(1)
+    assert slots.try_take()
+    assert not slots.try_take()
+    got: list[int] = []
+
+    async def wait(n: int) -> None:
+        await slots.take()
+        got.append(n)
+
+    waiters = [asyncio.ensure_future(wait(n)) for n in range(4)]
+    await asyncio.sleep(0)
+    waiters[1].cancel()  # gives up while waiting: skipped
+    slots.give()  # to waiter 0...
+    waiters[0].cancel()  # ...cancelled before it ran: the slot passes on to waiter 2
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert got == [2]
+    assert not slots.try_take()  # waiter 2 holds it
+    slots.give()
+    await asyncio.sleep(0)
+    assert got == [2, 3]
+    slots.give()
+    assert slots.free == 1  # every slot came back
+    assert slots.try_take()
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert [type(r) for r in results[:2]] == [asyncio.CancelledError] * 2
 
 
 @pytest.mark.asyncio

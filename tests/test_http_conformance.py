@@ -4,20 +4,14 @@ own thread and loop) and the real client, one client per test."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import pytest
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 
 from aioelastic.store import Store, open_store
 from aioelastic.testing.conformance import StoreConformance
-
-
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[ServerThread]:
-    with ServerThread() as server:
-        yield server
 
 
 class TestHttpStore(StoreConformance):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, ServerProcess, self_signed_cert
+from helpers.http import ROOT, ServerProcess, self_signed_cert
+from helpers.waiting import eventually
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import open_store
@@ -93,7 +94,7 @@ async def test_the_oldest_silent_connection_makes_room_once_it_was_silent_a_whil
             status, body = await _get(f"{srv.url}/v1/revision")
             if time.monotonic() - started < 0.9:  # (else the grace had passed: a loaded machine)
                 assert (status, json.loads(body)["error"]) == (503, "too_many_connections")
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(1.2)  # under test: past the grace, the oldest silent one makes room
             assert (await _get(f"{srv.url}/v1/revision"))[0] == 200
             assert await asyncio.wait_for(_closed_after(silent[0][0]), SLACK) < SLACK
         finally:
@@ -126,10 +127,8 @@ async def test_connections_beyond_the_limit_get_503_but_healthz_answers() -> Non
         finally:
             for _, writer in busy:
                 writer.close()
-        for _ in range(100):  # the server sees the hang-ups
-            if srv.statistics()["watch_streams"] == 0:
-                break
-            await asyncio.sleep(0.05)
+        # the server sees the hang-ups
+        await eventually(lambda: srv.statistics()["watch_streams"] == 0, 5, "streams kept")
         assert (await _get(f"{srv.url}/v1/revision"))[0] == 200
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, open_store
@@ -56,6 +56,9 @@ async def test_a_full_disk_refuses_writes_and_loses_nothing(
                 if len(refused) == 3:
                     break
             assert len(refused) == 3, "the disk never filled up"
+            async with http.get(f"{server.url}/openapi.json") as answer:  # the answer is documented
+                documented = (await answer.json())["paths"]["/v1/kv/{key}"]["put"]["responses"]
+            assert "507" in documented
             last = max(revision for _, revision in acknowledged.values())
             assert last == len(acknowledged)  # one revision per write, none skipped
             # reads go on; the refused writes left no trace (key, revision)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 from aioelastic.store import EventType, Store, Watch, WatchEvent, open_store
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode, checks

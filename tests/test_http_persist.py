@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioelastic.errors import CompactedError, LeaseNotFoundError
-from aioelastic.store import MemoryEngine
+from aioelastic.store import EventType, MemoryEngine, MemoryStore
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
 from aioelastic.store.http._persist_codec import encode_line, event_out, kv_out
 from aioelastic.store.memory import EngineState
@@ -58,7 +58,12 @@ async def test_replay_restores_everything(tmp_path: Path) -> None:
     engine.put("p/2", b"y")
     engine.delete("p/", prefix=True)
     engine.compact(3)
-    await asyncio.sleep(0.2)  # the short lease expires: its key is deleted
+    store = MemoryStore(engine)  # shares the engine: closing it leaves the engine open
+    async with store, store.watch("c", start_revision=engine.revision + 1) as events:
+        # the short lease expires: its key is deleted (a watch sees it, or the get sees it gone)
+        if engine.get("c") is not None:
+            event = await asyncio.wait_for(events.__anext__(), 10)
+            assert (event.type, event.kv.key) == (EventType.DELETE, "c")
     assert engine.get("c") is None
     await data.wait_durable()
     expected = engine.export_state()
@@ -446,7 +451,7 @@ async def test_serve_refuses_a_damaged_dir_unless_told_to_accept_the_loss(tmp_pa
     import subprocess
     import sys
 
-    from http_helpers import ROOT, ServerProcess
+    from helpers.http import ROOT, ServerProcess
 
     await _written(tmp_path)
     _delete_middle_line(tmp_path)

@@ -5,23 +5,16 @@ graceful SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
 import pytest
-from http_helpers import ServerProcess
+from helpers import free_port
+from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import EventType, Store, WatchEvent, open_store
 from aioelastic.store.http.server import HttpStoreServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _start(*args: str) -> ServerProcess:
@@ -31,7 +24,7 @@ async def _start(*args: str) -> ServerProcess:
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_kill_9_then_restart_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     args = ("--port", str(port), "--data-dir", str(tmp_path / "data"))
     first = await _start(*args)
     acknowledged: dict[str, int] = {}
@@ -141,7 +134,7 @@ async def test_in_flight_requests_finish_on_graceful_stop() -> None:
     await server.start()
     async with open_store(server.url) as store:
         puts = [asyncio.ensure_future(store.put(f"f/{i}", b"v")) for i in range(50)]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # deliberate: one loop pass, so the stop meets puts in flight
         await server.stop()
         results = await asyncio.gather(*puts, return_exceptions=True)
     for i, result in enumerate(results):
@@ -154,7 +147,7 @@ async def test_in_flight_requests_finish_on_graceful_stop() -> None:
 @pytest.mark.asyncio
 async def test_serve_with_token_file_and_tls(tmp_path: Path) -> None:
     pytest.importorskip("cryptography")
-    from http_helpers import self_signed_cert
+    from helpers.http import self_signed_cert
 
     token = tmp_path / "token"
     token.write_text("t0ken\n")
@@ -195,7 +188,7 @@ def test_serve_refuses_bad_flags(args: tuple[str, ...], words: str) -> None:
     import subprocess
     import sys
 
-    from http_helpers import ROOT
+    from helpers.http import ROOT
 
     done = subprocess.run(
         [sys.executable, "-m", "aioelastic", "serve", *args],

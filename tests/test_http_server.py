@@ -13,12 +13,11 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
-from http_helpers import ServerThread, self_signed_cert
+from helpers.http import ServerThread, self_signed_cert, watcher_removed
+from helpers.waiting import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
@@ -32,12 +31,6 @@ from aioelastic.errors import (
 from aioelastic.store import open_store
 from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.testing.strategies import any_keys
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[HttpStoreServer]:
-    async with HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv:
-        yield srv
 
 
 async def _raw(
@@ -161,14 +154,7 @@ async def test_openapi_healthz_and_metrics(server: HttpStoreServer) -> None:
 @pytest.mark.asyncio
 async def test_a_watch_the_client_closed_is_not_a_server_error(server: HttpStoreServer) -> None:
     # the server learns of the close asynchronously: wait until its stream removes its watcher
-    removed = asyncio.Event()
-    remove_watcher = server.engine.remove_watcher
-
-    def remove(watcher: Any) -> None:
-        remove_watcher(watcher)
-        removed.set()
-
-    server.engine.remove_watcher = remove  # type: ignore[method-assign]
+    removed = watcher_removed(server.engine)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{server.url}/v1/watch/w/?progress_interval=0.1") as stream:
             assert json.loads(await stream.content.readline())["type"] == "created"
@@ -589,10 +575,8 @@ async def test_watch_streams_are_limited() -> None:
         with pytest.raises(StoreConnectionError, match="at most 3"):
             await store.watch("x").start()
         await watches[0].aclose()
-        for _ in range(100):  # the server notices the closed stream at its next progress frame
-            if srv.statistics()["watch_streams"] < 3:
-                break
-            await asyncio.sleep(0.05)
+        # the server notices the closed stream at its next progress frame
+        await eventually(lambda: srv.statistics()["watch_streams"] < 3, 5, "a stream kept")
         async with store.watch("y/"):
             pass
         for watch in watches[1:]:
@@ -757,7 +741,7 @@ async def test_the_read_timeout_spares_idle_connections_and_silent_watches() -> 
             )
             head = await asyncio.wait_for(watch_reader.readuntil(b"\r\n\r\n"), 10)
             assert head.startswith(b"HTTP/1.1 200"), head
-            await asyncio.sleep(READ_TIMEOUT * 4)
+            await asyncio.sleep(READ_TIMEOUT * 4)  # under test: idle past the read timeout
             writer.write(put)
             assert await _read_answer(reader) == 200
             srv.engine.put("w/1", b"x")
@@ -768,7 +752,7 @@ async def test_the_read_timeout_spares_idle_connections_and_silent_watches() -> 
                 seen += chunk
             # a body that arrives in pieces, within the deadline, is read
             writer.write(b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
-            await asyncio.sleep(READ_TIMEOUT / 3)
+            await asyncio.sleep(READ_TIMEOUT / 3)  # deliberate: the body's pieces apart
             writer.write(b"a")
             await asyncio.sleep(READ_TIMEOUT / 3)
             writer.write(b"b")
@@ -889,7 +873,7 @@ async def test_100_continue_only_after_auth_and_length_are_checked() -> None:
 async def test_json_bodies_are_bounded_by_their_own_limit_and_values_by_theirs() -> None:
     """JSON bodies (lease grant, compact) at most 64 KiB whatever the value limit (they were
     taken up to the value limit + 64 KiB); a value exactly at the limit passes, chunked too."""
-    from aioelastic.store.http.server import MAX_JSON_BODY_BYTES
+    from aioelastic.store.http._limits import MAX_JSON_BODY_BYTES
 
     async with HttpStoreServer(port=0, max_value_bytes=200_000) as srv:
         grant = b'{"ttl": 5}'

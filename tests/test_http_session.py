@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, ServerProcess
+from helpers.http import ROOT, ServerProcess
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import EventType, open_store
@@ -292,6 +292,28 @@ async def test_invalid_frames_get_a_clear_error_never_a_traceback(
             assert await store.put("k", b"v") >= 1
     assert "Traceback" not in caplog.text
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+@pytest.mark.asyncio
+async def test_a_message_that_ends_inside_a_frame_is_a_bad_frame_after_its_whole_frames() -> None:
+    async with HttpStoreServer(port=0) as server:
+        # a lone truncated frame, and one behind a whole frame (answered: it came first)
+        for message, answered in (
+            (pack([REQUEST, 1, "put", ["t", b"v", 0]])[:-1], []),
+            (pack([REQUEST, 2, "get", ["t"]]) + pack([REQUEST, 3, "get", ["t"]])[:-2], [2]),
+        ):
+            async with _raw_session(server.url) as ws:
+                await ws.send_bytes(pack([REQUEST, 0, "hello", {"versions": [1]}]))
+                await _frames(ws)
+                await ws.send_bytes(message)
+                frames = await _frames(ws)
+                assert [f[1] for f in frames if f[0] == RESULT] == answered
+                assert frames[-1][:3] == [ERROR, 0, "bad_frame"]
+                assert "ends inside a frame" in frames[-1][3] or "incomplete" in frames[-1][3]
+                closing = await asyncio.wait_for(ws.receive(), 10)
+                assert closing.type is aiohttp.WSMsgType.CLOSE
+                assert closing.data == 4401
+        assert server.engine.get("t") is None  # the cut-off put was not applied
 
 
 # -- many sessions ------------------------------------------------------------------------------

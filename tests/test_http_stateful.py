@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 from hypothesis import settings
 
 from aioelastic.store import PrefixedStore, Store, open_store

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,12 +22,6 @@ from aioelastic.store.http.server import HttpStoreServer
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[HttpStoreServer]:
-    async with HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv:
-        yield srv
 
 
 async def _post(url: str, body: object) -> tuple[int, Any]:

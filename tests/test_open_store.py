@@ -61,3 +61,40 @@ async def test_register_backend_by_name_is_imported_lazily() -> None:
     assert parse_store_url("testmem://x").netloc == "x"
     with pytest.raises(ValueError, match="scheme"):
         register_backend("not a scheme", "x:y")
+
+
+# Uses the scheme (opens a store and calls it), then lists the optional backends' packages loaded.
+_USE_A_SCHEME = """
+import asyncio, sys
+from aioelastic import StoreConnectionError, open_store
+
+async def main(url):
+    async with open_store("memory://") as store:
+        await store.put("k", b"v")
+    if url:
+        try:
+            async with asyncio.timeout(30), open_store(url) as store:
+                await store.get("k")
+        except StoreConnectionError:
+            pass  # nothing listens on port 1: the backend was loaded and tried
+    print(sorted({m.split(".")[0] for m in sys.modules} & {"grpc", "aiohttp"}))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("url", "loaded"),
+    [("", "[]"), ("etcd://127.0.0.1:1", "['grpc']"), ("http://127.0.0.1:1", "['aiohttp']")],
+)
+def test_no_backend_is_loaded_unless_its_scheme_is_used(url: str, loaded: str) -> None:
+    """The memory store loads neither gRPC nor aiohttp; the etcd client loads gRPC and not
+    aiohttp; the http client aiohttp and not gRPC (the import-only check is in test_public_api)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _USE_A_SCHEME, url], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == loaded

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import pytest
+from helpers import settle
 
 from aioelastic.errors import (
     RendezvousClosedError,
@@ -62,12 +63,6 @@ def spawn(coro: Awaitable[T]) -> asyncio.Task[T]:
         return await coro
 
     return asyncio.get_running_loop().create_task(wrap())
-
-
-async def settle() -> None:
-    """Let every ready task run (virtual time does not advance while work is ready)."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 def check_round(results: Sequence[RendezvousResult]) -> None:

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import ServerProcess
+from helpers import ROOT
+from helpers.http import ServerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+from aioelastic.etcd_server import EtcdServer
+
 NODE = Path(__file__).resolve().parent / "rdzv_node.py"
 TTL = 2.0
 
@@ -30,11 +32,8 @@ def http_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def etcd_url() -> Iterator[str]:
-    from aioelastic.testing.etcd import running_etcd
-
-    with running_etcd() as server:
-        yield server.url
+def etcd_url(etcd: EtcdServer) -> str:
+    return etcd.url
 
 
 class Node:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import PY, ROOT, _env
+from helpers import free_port
+from helpers.agent import PY, ROOT, _env
+from helpers.agent import run_agent as _run
+from helpers.waiting import until_file_sync
 
 from aioelastic import cli
 from aioelastic.agent import _cli
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 # prints one JSON line of the worker's environment; no .py suffix on purpose
 SCRIPT = """\
-import json, os, signal, sys, time
+import json, os, signal, sys
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES")
 print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
@@ -35,7 +36,7 @@ if len(sys.argv) > 1:  # wait for a signal, record it
         signal.signal(s, got)
     with open(sys.argv[1] + ".up", "a") as f:
         f.write("up\\n")
-    time.sleep(60)
+    signal.pause()  # until the signal: its handler records it and exits
 """
 
 
@@ -46,19 +47,6 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def _run(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "aioelastic", "run", *args],
-        env={**_env(), **(env or {})},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _envs(stdout: str) -> list[dict[str, str | None]]:
     found = []
     for line in stdout.splitlines():
@@ -66,13 +54,6 @@ def _envs(stdout: str) -> list[dict[str, str | None]]:
         if line.startswith("{"):
             found.append(json.loads(line))
     return sorted(found, key=lambda e: int(e["RANK"] or 0))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- usage errors ---------------------------------------------------------------------------
@@ -239,10 +220,8 @@ def test_signals_to_handle_forwards_the_signal(script: Path, tmp_path: Path) -> 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not Path(f"{record}.up").exists():
-            assert time.monotonic() < deadline, "the worker did not start"
-            time.sleep(0.05)
+        up = Path(f"{record}.up")
+        until_file_sync(up.parent, up.exists, 30, "the worker did not start")
         proc.send_signal(signal.SIGUSR1)
         _out, err = proc.communicate(timeout=30)
     finally:
@@ -254,7 +233,7 @@ def test_signals_to_handle_forwards_the_signal(script: Path, tmp_path: Path) -> 
 
 
 def test_static_backend_with_node_rank_and_master_port(script: Path) -> None:
-    port = _free_port()
+    port = free_port()
     common = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}", str(script)]
     nodes = [
         subprocess.Popen(

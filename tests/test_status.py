@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ROOT, settle, subprocess_env
 
 from aioelastic.errors import RendezvousNotFoundError, RendezvousStateError
 from aioelastic.rendezvous import DynamicRendezvousHandler
@@ -27,7 +26,6 @@ from aioelastic.testing import virtual_test
 from aioelastic.testing.http import ServerThread
 from aioelastic.timer import StoreTimerClient, run_prefix
 
-ROOT = Path(__file__).resolve().parent.parent
 TTL = 6.0
 
 
@@ -49,11 +47,6 @@ def handler(
         node_id=node_id,
         local_addr="127.0.0.1",
     )
-
-
-async def settle() -> None:
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 @virtual
@@ -256,17 +249,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "aioelastic", "status", *args]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 async def _run(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *_cli(*args),
         cwd=ROOT,
-        env=_env(),
+        env=subprocess_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -304,17 +291,11 @@ async def formed_round(
             await h.aclose()
 
 
-@pytest.fixture(scope="module")
-def server() -> Any:
-    with ServerThread() as running:
-        yield running
-
-
 @pytest.mark.timeout(120)
-def test_cli_json_against_an_http_server(server: ServerThread) -> None:
+def test_cli_json_against_an_http_server(http_server: ServerThread) -> None:
     async def body() -> None:
-        endpoint = server.url.removeprefix("http://")
-        async with formed_round(server.url, "cli-json") as (_, participants):
+        endpoint = http_server.url.removeprefix("http://")
+        async with formed_round(http_server.url, "cli-json") as (_, participants):
             code, out, err = await _run("--endpoint", endpoint, "--run-id", "cli-json", "--json")
             assert code == 0, err
             data = json.loads(out)
@@ -330,7 +311,7 @@ def test_cli_json_against_an_http_server(server: ServerThread) -> None:
             assert data["waiting"] == []
             assert data["standby"] == []
             # the full URL works too, and the table names what it shows
-            code, out, err = await _run("--endpoint", server.url, "--run-id", "cli-json")
+            code, out, err = await _run("--endpoint", http_server.url, "--run-id", "cli-json")
             assert code == 0, err
             assert "round: 0" in out
             assert "RANK" in out
@@ -341,10 +322,10 @@ def test_cli_json_against_an_http_server(server: ServerThread) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
+def test_cli_lists_the_runs_store_timers(http_server: ServerThread) -> None:
     async def body() -> None:
-        async with formed_round(server.url, "cli-timers"):
-            store = await open_store(server.url)
+        async with formed_round(http_server.url, "cli-timers"):
+            store = await open_store(http_server.url)
             try:
                 client = StoreTimerClient(
                     store, "node-a:0", prefix=run_prefix("cli-timers"), pid=1234
@@ -352,7 +333,7 @@ def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
                 await client.acquire("epoch", 120)
                 custom = StoreTimerClient(store, "w9", prefix="custom/timers/")
                 await custom.acquire("slow", 60)
-                code, out, err = await _run("--endpoint", server.url, "--run-id", "cli-timers")
+                code, out, err = await _run("--endpoint", http_server.url, "--run-id", "cli-timers")
                 assert code == 0, err
                 assert "timers (1 under aioelastic/run-timers/cli-timers/):" in out
                 row = next(line for line in out.splitlines() if "epoch" in line)
@@ -360,7 +341,7 @@ def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
                 assert "1234" in row
                 assert float(row.split()[-1].rstrip("s")) > 100  # time left
                 code, out, err = await _run(
-                    "--endpoint", server.url, "--run-id", "cli-timers", "--json"
+                    "--endpoint", http_server.url, "--run-id", "cli-timers", "--json"
                 )
                 assert code == 0, err
                 (timer,) = json.loads(out)["timers"]
@@ -372,7 +353,7 @@ def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
                 assert 100 < timer["time_left"] <= 120
                 code, out, err = await _run(
                     "--endpoint",
-                    server.url,
+                    http_server.url,
                     "--run-id",
                     "cli-timers",
                     "--json",
@@ -390,14 +371,14 @@ def test_cli_lists_the_runs_store_timers(server: ServerThread) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_cli_bad_input_is_one_line_and_exit_2(server: ServerThread) -> None:
+def test_cli_bad_input_is_one_line_and_exit_2(http_server: ServerThread) -> None:
     async def body() -> None:
         cases = [
-            ("--endpoint", server.url, "--run-id", "no-such-run"),  # unknown run id
+            ("--endpoint", http_server.url, "--run-id", "no-such-run"),  # unknown run id
             ("--endpoint", "127.0.0.1:1", "--run-id", "job"),  # nothing listens there
             ("--endpoint", "h:99999", "--run-id", "job"),  # a malformed endpoint
             ("--endpoint", "ftp://h", "--run-id", "job"),  # an unknown scheme
-            ("--endpoint", server.url, "--run-id", "a/b"),  # a malformed run id
+            ("--endpoint", http_server.url, "--run-id", "a/b"),  # a malformed run id
         ]
         for args in cases:
             code, out, err = await _run(*args)
@@ -406,20 +387,20 @@ def test_cli_bad_input_is_one_line_and_exit_2(server: ServerThread) -> None:
             assert len(lines) == 1, (args, err)
             assert lines[0].startswith("aioelastic status: "), (args, err)
             assert "Traceback" not in err
-        code, _, err = await _run("--endpoint", server.url, "--run-id", "no-such-run")
+        code, _, err = await _run("--endpoint", http_server.url, "--run-id", "no-such-run")
         assert "no-such-run" in err
 
     asyncio.run(body())
 
 
 @pytest.mark.timeout(120)
-def test_cli_watch_prints_a_new_frame_after_a_change(server: ServerThread) -> None:
+def test_cli_watch_prints_a_new_frame_after_a_change(http_server: ServerThread) -> None:
     async def body() -> None:
-        async with formed_round(server.url, "cli-watch") as (hs, _):
+        async with formed_round(http_server.url, "cli-watch") as (hs, _):
             proc = await asyncio.create_subprocess_exec(
-                *_cli("--endpoint", server.url, "--run-id", "cli-watch", "--watch", "--json"),
+                *_cli("--endpoint", http_server.url, "--run-id", "cli-watch", "--watch", "--json"),
                 cwd=ROOT,
-                env=_env(),
+                env=subprocess_env(),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )

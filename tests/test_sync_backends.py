@@ -6,7 +6,6 @@ The memory run (virtual time) is ``test_sync_memory.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import ClassVar
 
 import pytest
@@ -15,24 +14,11 @@ from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import open_store
 from aioelastic.store._url import StoreOpener
 from aioelastic.sync import LeaseConfig
-from aioelastic.testing.etcd import running_etcd
 from aioelastic.testing.http import ServerThread
 from aioelastic.testing.sync_conformance import SyncConformance
 
 #: Whole seconds (etcd grants whole seconds), short so that lease-expiry tests stay quick.
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
-
-
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[ServerThread]:
-    with ServerThread() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
 
 
 class TestSyncOnHttp(SyncConformance):

@@ -17,19 +17,15 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
+from helpers import ROOT
 
 from aioelastic.store import open_store
 from aioelastic.sync import Election, LeaseConfig, store_lock
-from aioelastic.testing.etcd import running_etcd
-from aioelastic.testing.http import ServerThread
 
 CONFIG = LeaseConfig(ttl=2.0, renew_deadline=1.5, retry_period=0.25)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _slack(url: str) -> float:
@@ -44,14 +40,11 @@ def _slack(url: str) -> float:
         pytest.param("etcd", marks=pytest.mark.etcd),
     ],
 )
-def shared_url(request: pytest.FixtureRequest) -> Iterator[str]:
+def shared_url(request: pytest.FixtureRequest) -> str:
     """The URL of a store that the child process and this one both reach."""
-    if request.param == "http":
-        with ServerThread() as server:
-            yield server.url
-    else:
-        with running_etcd() as etcd:
-            yield etcd.url
+    server = request.getfixturevalue("http_server" if request.param == "http" else "etcd")
+    url: str = server.url
+    return url
 
 
 CHILD = """
@@ -106,7 +99,7 @@ async def _crash_and_take_over(url: str, kind: str) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_it)
-                await anyio.sleep(0.5)  # queued behind the child
+                await anyio.sleep(0.5)  # under test: queued behind the child, not acquired
                 assert not acquired.done()
                 killed = time.monotonic()
                 child.send_signal(signal.SIGKILL)

@@ -28,20 +28,14 @@ from aioelastic.sync import (
     Parameters,
     store_lock,
 )
-from aioelastic.testing import FaultInjectingStore, run_virtual
+from aioelastic.testing import FaultInjectingStore, virtual_test
 from aioelastic.testing.http import ServerThread
 
 CONFIG = LeaseConfig(ttl=6, renew_deadline=4, retry_period=0.5)
 
 
-def _bounded(main: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-    """``main`` failing after 60 (virtual) seconds rather than hanging."""
-
-    async def bounded() -> None:
-        with anyio.fail_after(60):
-            await main()
-
-    return bounded
+# each scenario fails after 60 (virtual) seconds rather than hanging
+_in_virtual_time = virtual_test(timeout=60)
 
 
 def _clients(engine: MemoryEngine, count: int) -> list[FaultInjectingStore]:
@@ -87,7 +81,7 @@ def test_barrier_waiter_rides_out_an_outage_and_a_compaction() -> None:
                 await passed.wait()
         assert any(fault.kind == "watch_dropped" for fault in waiter.log)
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_barrier_outage_longer_than_the_timeout_is_a_timeout() -> None:
@@ -108,7 +102,7 @@ def test_barrier_outage_longer_than_the_timeout_is_a_timeout() -> None:
             assert anyio.current_time() - started == pytest.approx(3, abs=0.1)
         store.heal()
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_double_barrier_leave_rides_out_an_outage() -> None:
@@ -135,7 +129,7 @@ def test_double_barrier_leave_rides_out_an_outage() -> None:
                 await left.wait()
         assert (await b.range("D/")).count == 0  # the ready key was removed
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 @pytest.mark.parametrize("kind", ["lock", "election"])
@@ -172,7 +166,7 @@ def test_queue_waiter_rides_out_a_failed_first_read_and_dropped_watches(kind: st
             with anyio.fail_after(5):
                 await got.wait()
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_a_timed_out_wait_is_not_held_by_a_store_that_stops_answering() -> None:
@@ -199,7 +193,7 @@ def test_a_timed_out_wait_is_not_held_by_a_store_that_stops_answering() -> None:
             waiter_store.release()
         await holder.release()
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_event_wait_rides_out_random_failures_and_hangs_but_not_other_errors() -> None:
@@ -234,7 +228,7 @@ def test_event_wait_rides_out_random_failures_and_hangs_but_not_other_errors() -
         with pytest.raises(StoreAuthError):
             await channel.wait("saved", after_revision=event.revision, timeout=30)
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_job_state_wait_rides_out_an_outage() -> None:
@@ -253,7 +247,7 @@ def test_job_state_wait_rides_out_an_outage() -> None:
                 status = await JobStateRecord(waiter).wait_final(timeout=30)
         assert status.state is JobState.SUCCEEDED
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 # -- long-lived observers --------------------------------------------------------------------------
@@ -285,7 +279,7 @@ def test_event_stream_never_skips_or_duplicates_across_breaks() -> None:
                         break
         assert seen == published
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_event_stream_after_compaction_reports_what_it_missed_once() -> None:
@@ -309,7 +303,7 @@ def test_event_stream_after_compaction_reports_what_it_missed_once() -> None:
             later = await channel.publish("b", 2)
             assert await stream.__anext__() == later
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_parameter_watch_resumes_in_the_middle_of_a_revision() -> None:
@@ -331,7 +325,7 @@ def test_parameter_watch_resumes_in_the_middle_of_a_revision() -> None:
         assert all(c.deleted for c in [first, *rest])
         assert (after.name, after.value) == ("e", 5)
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_parameter_watch_after_compaction_reports_values_and_deletions() -> None:
@@ -358,7 +352,7 @@ def test_parameter_watch_after_compaction_reports_values_and_deletions() -> None
             ("new", 7, False),
         ]
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_job_state_watch_resumes_and_rereads_after_compaction() -> None:
@@ -381,7 +375,7 @@ def test_job_state_watch_resumes_and_rereads_after_compaction() -> None:
             await record.set("succeeded")
             assert (await statuses.__anext__()).state is JobState.SUCCEEDED
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def test_leader_observer_reports_every_leader_once_across_an_outage() -> None:
@@ -409,7 +403,7 @@ def test_leader_observer_reports_every_leader_once_across_an_outage() -> None:
             seen.append(_text(await leaders.__anext__()))
         assert seen == ["a", "b", "b2", None]
 
-    run_virtual(_bounded(main))
+    _in_virtual_time(main)()
 
 
 def _text(leader: object) -> str | None:

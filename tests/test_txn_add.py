@@ -13,6 +13,7 @@ import pytest
 from aioelastic import StoreConnectionError
 from aioelastic.store import MemoryStore
 from aioelastic.store._add import CounterAdder
+from aioelastic.testing import virtual_test
 from aioelastic.testing.faults import FaultInjectingStore
 
 
@@ -42,7 +43,7 @@ async def test_a_conflict_reads_the_key_back_in_the_same_transaction() -> None:
         assert totals == [102, 104, 107]  # in call order
 
 
-@pytest.mark.asyncio
+@virtual_test  # its waits for the hung transaction to be in flight take no real time
 async def test_an_add_cancelled_before_it_was_sent_is_not_applied() -> None:
     async with FaultInjectingStore(MemoryStore()) as store:
         adder = CounterAdder(store)

@@ -6,17 +6,14 @@ revision offset and lease ids). etcd is the oracle."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_etcd_differential import KEYS, PREFIXES, Side, _Watching, apply, drain, lease_ref
+from test_etcd_differential import KEYS, PREFIXES, Side, apply, lease_ref, run_both
 
-from aioelastic import LeaseNotFoundError, MemoryStore
+from aioelastic import LeaseNotFoundError
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import (
     Compare,
@@ -30,7 +27,6 @@ from aioelastic.store import (
     Range,
     RangeResult,
 )
-from aioelastic.testing.etcd import running_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -126,39 +122,6 @@ async def apply_step(side: Side, step: tuple[Any, ...]) -> Any:
     return (result.succeeded, side.rev(result.revision), [_result(side, r) for r in result])
 
 
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
-
-
-async def run_both(server: EtcdServer, plan: list[tuple[Any, ...]]) -> None:
-    from aioelastic.store.etcd import EtcdStore
-
-    async with EtcdStore(server.endpoints) as etcd_client, MemoryStore() as memory:
-        etcd_ns = etcd_client.namespace(f"txndiff/{uuid.uuid4().hex}/")
-        sides = [
-            Side(memory, await memory.current_revision(), []),
-            Side(etcd_ns, await etcd_ns.current_revision(), []),
-        ]
-        for side in sides:
-            events = side.store.watch("")
-            await events.start()
-            side.watch = _Watching(events, side.base)
-        try:
-            for number, step in enumerate(plan):
-                results = [await apply_step(side, step) for side in sides]
-                assert results[0] == results[1], (number, step, results)
-                seen = [await drain(side, number) for side in sides]
-                assert seen[0] == seen[1], (number, step, seen)
-        finally:
-            for side in sides:
-                await side.watch.events.aclose()
-            for lease_id in sides[1].leases:  # leave nothing to expire during a later example
-                with contextlib.suppress(LeaseNotFoundError):
-                    await etcd_client.lease_revoke(lease_id)
-
-
 @settings(
     max_examples=40,
     deadline=None,
@@ -168,4 +131,4 @@ async def run_both(server: EtcdServer, plan: list[tuple[Any, ...]]) -> None:
 def test_memory_and_etcd_agree_on_transactions(
     etcd: EtcdServer, plan: list[tuple[Any, ...]]
 ) -> None:
-    asyncio.run(run_both(etcd, plan))
+    asyncio.run(run_both(etcd, plan, apply_step, "txndiff"))

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import ROOT, ServerProcess, self_signed_cert
+from helpers import free_port
+from helpers.http import ROOT, ServerProcess, self_signed_cert
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,13 +69,6 @@ def browser() -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _node(url: str, out: Path, **env_vars: str) -> subprocess.Popen[str]:
@@ -200,7 +193,7 @@ def _members(page: Any) -> Any:
 def test_page_follows_a_job_live(browser: Any, side: _Loop, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    port = _free_port()
+    port = free_port()
     server = ServerProcess("--port", str(port)).start()
     outs = [tmp_path / "node0.out", tmp_path / "node1.out"]
     nodes = [_node(server.url, out) for out in outs]

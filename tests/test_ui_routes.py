@@ -14,12 +14,13 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
+from helpers import ROOT
+from helpers.http import watcher_removed
 
 from aioelastic._overview import changes, read_overview
 from aioelastic.rendezvous import DynamicRendezvousHandler
@@ -28,7 +29,6 @@ from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.sync import Election, store_lock
 from aioelastic.timer import StoreTimerClient, run_prefix
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -283,11 +283,11 @@ async def test_a_write_at_the_tick_is_a_snapshot_not_a_ping() -> None:
     from aiohttp import web
 
     from aioelastic.store import MemoryEngine
+    from aioelastic.store.http._app import STATE, make_app
     from aioelastic.store.http._ui import _EventStream
-    from aioelastic.store.http.server import _STATE, make_app
 
     engine = MemoryEngine()
-    state = make_app(engine)[_STATE]
+    state = make_app(engine)[STATE]
     loop = asyncio.get_running_loop()
     async with MemoryStore(engine=engine) as store:
         stream = _EventStream(state, store, None, web.StreamResponse())
@@ -304,14 +304,7 @@ async def test_a_write_at_the_tick_is_a_snapshot_not_a_ping() -> None:
 @pytest.mark.asyncio
 async def test_events_stream_ends_its_watch_when_the_page_goes(server: HttpStoreServer) -> None:
     # the server learns of the hang-up asynchronously: wait until its stream removes its watcher
-    removed = asyncio.Event()
-    remove_watcher = server.engine.remove_watcher
-
-    def remove(watcher: Any) -> None:
-        remove_watcher(watcher)
-        removed.set()
-
-    server.engine.remove_watcher = remove  # type: ignore[method-assign]
+    removed = watcher_removed(server.engine)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{server.url}/v1/ui/events") as resp:
             await asyncio.wait_for(anext(_events(resp)), 10)

@@ -1,8 +1,11 @@
 """Private: the thin etcd v3 gRPC client behind the etcd store backend and EtcdServer.
 
 ``protos/`` holds the minimal, renamed ``.proto`` files; ``_pb/`` the messages generated from them
-(``python scripts/gen_etcd_protos.py``); ``_rpc.py`` the hand-written gRPC bindings; ``client.py``
-the channel, call, error-mapping and auth layer. Importing any of it needs grpcio and protobuf
+(``python scripts/gen_etcd_protos.py``); ``_rpc.py`` the hand-written gRPC bindings;
+``_endpoints.py`` the members' addresses and TLS; ``_channels.py`` and ``_liveness.py`` the
+channels and the pings that find a hung member; ``_errors.py`` the error mapping; ``client.py``
+the call, auth and stream layer. It imports nothing of aioelastic but ``errors``: the ``etcd``
+command and ``EtcdServer`` live above it. Importing any of it needs grpcio and protobuf
 (``pip install 'aioelastic[etcd]'``).
 """
 

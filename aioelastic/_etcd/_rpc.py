@@ -37,16 +37,34 @@ def _types(service: str, method: str) -> tuple[Any, Any]:
 
 
 class EtcdStub:
-    """Callables for every etcd method we use, by method name, on one ``grpc.aio`` channel."""
+    """Callables for every etcd method we use, by method name, on one ``grpc.aio`` channel
+    (each made on first use: a client uses a handful of the methods)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.methods: dict[str, Any] = {}
-        for kind, table in (("unary_unary", _UNARY), ("stream_stream", _STREAM)):
-            for service, methods in table.items():
-                for method in methods:
-                    request, response = _types(service, method)
-                    self.methods[method] = getattr(channel, kind)(
-                        f"/etcdserverpb.{service}/{method}",
-                        request_serializer=request.SerializeToString,
-                        response_deserializer=response.FromString,
-                    )
+        self.methods = _Methods(channel)
+
+
+_KINDS = {
+    method: (kind, service)
+    for kind, table in (("unary_unary", _UNARY), ("stream_stream", _STREAM))
+    for service, methods in table.items()
+    for method in methods
+}
+
+
+class _Methods(dict[str, Any]):
+    """``method name -> multicallable`` of one channel, filled in on first use."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        super().__init__()
+        self._channel = channel
+
+    def __missing__(self, method: str) -> Any:
+        kind, service = _KINDS[method]
+        request, response = _types(service, method)
+        callable_ = self[method] = getattr(self._channel, kind)(
+            f"/etcdserverpb.{service}/{method}",
+            request_serializer=request.SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        return callable_

@@ -33,6 +33,25 @@ log = logging.getLogger("aioelastic.agent")
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` flags (torchrun's names, both ``-`` and ``_`` spellings)."""
     parser.usage = "%(prog)s [options] [--] COMMAND [ARGS...]"
+    _add_size_flags(parser)
+    _add_rendezvous_flags(parser)
+    _add_secret_flags(parser)
+    _add_restart_flags(parser)
+    _add_output_flags(parser)
+    _add_node_flags(parser)
+    _add_observability_flags(parser)
+    _add_command_flags(parser)
+    add_torchrun_flags(parser)
+    apply_env_defaults(parser)  # last: every flag above reads PET_<NAME>, as torchrun's do
+    parser.epilog = (
+        "Every flag can also come from the environment as PET_<FLAG> (PET_NPROC_PER_NODE=8, "
+        "PET_STANDALONE=1), as torchrun's; the command line wins."
+    )
+    parser.set_defaults(run_parser=parser)
+
+
+def _add_size_flags(parser: argparse.ArgumentParser) -> None:
+    """--standalone, the node count and the workers per node."""
     parser.add_argument(
         "--standalone",
         action="store_true",
@@ -53,6 +72,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="workers per node: an integer, or 'cpu'/'auto' for the number of CPUs (default: 1)",
     )
+
+
+def _add_rendezvous_flags(parser: argparse.ArgumentParser) -> None:
+    """Where and how the nodes rendezvous."""
     parser.add_argument(
         "--rdzv-backend",
         "--rdzv_backend",
@@ -89,6 +112,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="rendezvous config: k=v,k2=v2 (join_timeout, last_call_timeout, close_timeout, "
         "keep_alive_interval, keep_alive_max_attempt, lease_ttl, node_id, ...)",
     )
+
+
+def _add_secret_flags(parser: argparse.ArgumentParser) -> None:
+    """The store's secrets: files, never argv."""
     parser.add_argument(
         "--token-file",
         "--token_file",
@@ -115,6 +142,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(AIOELASTIC_TOKEN_FILE / AIOELASTIC_ETCD_PASSWORD_FILE), so that open_worker_store() "
         "can authenticate; the secret itself never goes to them (default: on)",
     )
+
+
+def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
+    """How many restarts, and torchrun's (unused) monitor interval."""
     parser.add_argument(
         "--max-restarts",
         "--max_restarts",
@@ -134,6 +165,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="accepted for torchrun compatibility: the agent waits on worker exits and "
         "rendezvous events instead of polling, so failures are seen at once",
     )
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the workers' output goes."""
     parser.add_argument(
         "-r",
         "--redirects",
@@ -157,6 +192,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory for the workers' log files (default: a temporary directory)",
     )
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """This node's address, the workers' role, the stop and exit timeouts."""
     parser.add_argument(
         "--local-addr",
         "--local_addr",
@@ -187,6 +226,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         help="seconds a node whose workers succeeded waits for the other nodes (default: 300)",
     )
+
+
+def _add_observability_flags(parser: argparse.ArgumentParser) -> None:
+    """Structured events and Prometheus metrics."""
     parser.add_argument(
         "--events",
         default=None,
@@ -210,6 +253,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help="the address --metrics-port binds (default: 127.0.0.1)",
     )
+
+
+def _add_command_flags(parser: argparse.ArgumentParser) -> None:
+    """What the workers run."""
     parser.add_argument(
         "-m",
         "--module",
@@ -231,13 +278,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a python script (run with this interpreter, whatever its name, as torchrun "
         "does), or with --no-python any executable, and its arguments",
     )
-    add_torchrun_flags(parser)
-    apply_env_defaults(parser)  # last: every flag above reads PET_<NAME>, as torchrun's do
-    parser.epilog = (
-        "Every flag can also come from the environment as PET_<FLAG> (PET_NPROC_PER_NODE=8, "
-        "PET_STANDALONE=1), as torchrun's; the command line wins."
-    )
-    parser.set_defaults(run_parser=parser)
 
 
 def _usage_error(args: argparse.Namespace, error: UsageError) -> int:
@@ -313,11 +353,10 @@ async def _serve(plan: LaunchPlan) -> Any:
     return server
 
 
-async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
-    from . import ElasticAgent, WorkerSpec
-    from ._secrets import RunSecrets
+def _worker_spec(args: argparse.Namespace, plan: LaunchPlan) -> Any:
+    from . import WorkerSpec
 
-    spec = WorkerSpec(
+    return WorkerSpec(
         entrypoint=plan.entrypoint,
         nproc_per_node=plan.nproc,
         max_restarts=args.max_restarts,
@@ -331,6 +370,12 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
         local_ranks_filter=plan.local_ranks,
         virtual_local_rank=args.virtual_local_rank,
     )
+
+
+async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
+    from ._secrets import RunSecrets
+
+    spec = _worker_spec(args, plan)  # checked before anything starts
     server: Any = None
     opened: Any = None  # the --events file, closed at the end
     secrets = RunSecrets(args.token_file, args.password_file)
@@ -351,39 +396,48 @@ async def _run(args: argparse.Namespace, plan: LaunchPlan) -> int:
         sink = open_sink(plan.events) if plan.events is not None else default_sink()
         if isinstance(sink, JsonLinesSink) and plan.events is not None:
             opened = sink
-        agent = ElasticAgent(
-            spec,
-            params,
-            event_sink=sink,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-            worker_store_secrets=args.worker_store_secrets,
-        )
-        loop = asyncio.get_running_loop()
-        for sig in plan.signals:
-            loop.add_signal_handler(sig, agent.request_stop, sig)
-        try:
-            log.info(
-                "starting %d worker(s) per node, nodes %d:%d, max restarts %d: %s",
-                plan.nproc,
-                plan.min_nodes,
-                plan.max_nodes,
-                args.max_restarts,
-                " ".join(plan.entrypoint),
-            )
-            result = await agent.run()
-        finally:
-            for sig in plan.signals:
-                loop.remove_signal_handler(sig)
-        level = logging.INFO if result.exit_code == 0 else logging.ERROR
-        log.log(level, "%s", result.summary())
-        return result.exit_code
+        return await _run_agent(args, plan, spec, params, sink)
     finally:
         secrets.close()
         if server is not None:
             await server.stop()
         if opened is not None:
             opened.close()
+
+
+async def _run_agent(
+    args: argparse.Namespace, plan: LaunchPlan, spec: Any, params: Any, sink: Any
+) -> int:
+    """Run the agent with the signals of ``--signals-to-handle`` stopping it; its exit code."""
+    from . import ElasticAgent
+
+    agent = ElasticAgent(
+        spec,
+        params,
+        event_sink=sink,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        worker_store_secrets=args.worker_store_secrets,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in plan.signals:
+        loop.add_signal_handler(sig, agent.request_stop, sig)
+    try:
+        log.info(
+            "starting %d worker(s) per node, nodes %d:%d, max restarts %d: %s",
+            plan.nproc,
+            plan.min_nodes,
+            plan.max_nodes,
+            args.max_restarts,
+            " ".join(plan.entrypoint),
+        )
+        result = await agent.run()
+    finally:
+        for sig in plan.signals:
+            loop.remove_signal_handler(sig)
+    level = logging.INFO if result.exit_code == 0 else logging.ERROR
+    log.log(level, "%s", result.summary())
+    return result.exit_code
 
 
 def _apply_secrets(params: Any, secrets: Any) -> None:

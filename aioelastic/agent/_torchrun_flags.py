@@ -48,6 +48,13 @@ def _comma_list(value: str) -> list[str]:
 def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
     """The torchrun flags beyond the core ones: the static backend, output and signal options."""
     group = parser.add_argument_group("torchrun compatibility")
+    _add_static_flags(group)
+    _add_launch_flags(group)
+    _add_refused_flags(group)
+
+
+def _add_static_flags(group: argparse._ArgumentGroup) -> None:
+    """torchrun's static backend: this node's rank, node rank 0's store address."""
     group.add_argument(
         "--node-rank",
         "--node_rank",
@@ -75,6 +82,10 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="static backend without --rdzv-endpoint: the port of that store (default: 29500)",
     )
+
+
+def _add_launch_flags(group: argparse._ArgumentGroup) -> None:
+    """How the workers start and are shown, which signals stop them, the event log."""
     group.add_argument(
         "--start-method",
         "--start_method",
@@ -125,6 +136,10 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
         help="'null' (default) or 'console' (structured events to stderr, as --events -); use "
         "--events FILE for a file",
     )
+
+
+def _add_refused_flags(group: argparse._ArgumentGroup) -> None:
+    """torchrun's flags for torch plugins and bindings: refused, each saying why."""
     group.add_argument(
         "--logs-specs",
         "--logs_specs",

@@ -143,14 +143,8 @@ async def spawn_worker(
     stdout_path = None if out_log is None else out_log.name
     stderr_path = None if err_log is None else err_log.name
     files = [f for f in (out_log, err_log) if f is not None]
-    stdout: Any = None
-    stderr: Any = None
+    stdout, stderr = _child_streams(out_log, err_log, tee, console)
     try:
-        stdout = asyncio.subprocess.PIPE if tee & Std.OUT else out_log
-        stderr = asyncio.subprocess.PIPE if tee & Std.ERR else err_log
-        if not console:
-            stdout = asyncio.subprocess.DEVNULL if stdout is None else stdout
-            stderr = asyncio.subprocess.DEVNULL if stderr is None else stderr
         proc = await asyncio.create_subprocess_exec(
             *argv,
             env=dict(env),
@@ -174,7 +168,30 @@ async def spawn_worker(
         started_at=loop.time(),
         waiter=loop.create_task(proc.wait(), name=f"aioelastic-worker-{rank}"),
     )
-    prefix = f"[rank{rank}]: ".encode()
+    _tee_streams(worker, out_log, err_log, tee)
+    return worker
+
+
+def _child_streams(
+    out_log: IO[bytes] | None, err_log: IO[bytes] | None, tee: Std, console: bool
+) -> tuple[Any, Any]:
+    """The child's stdout and stderr: a pipe to copy (tee'd), its log file, the console (None),
+    or nothing (``console=False``)."""
+    stdout: Any = asyncio.subprocess.PIPE if tee & Std.OUT else out_log
+    stderr: Any = asyncio.subprocess.PIPE if tee & Std.ERR else err_log
+    if not console:
+        stdout = asyncio.subprocess.DEVNULL if stdout is None else stdout
+        stderr = asyncio.subprocess.DEVNULL if stderr is None else stderr
+    return stdout, stderr
+
+
+def _tee_streams(
+    worker: WorkerProcess, out_log: IO[bytes] | None, err_log: IO[bytes] | None, tee: Std
+) -> None:
+    """Copy the tee'd streams to their log file and the console; close the log files the
+    child writes itself (it has its own descriptors)."""
+    loop = asyncio.get_running_loop()
+    proc, prefix = worker.proc, f"[rank{worker.rank}]: ".encode()
     if tee & Std.OUT and proc.stdout is not None:
         worker.copiers.append(
             loop.create_task(_copy(proc.stdout, out_log, sys.stdout.buffer, prefix))
@@ -187,7 +204,6 @@ async def spawn_worker(
         )
     elif err_log is not None:
         err_log.close()
-    return worker
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -25,14 +25,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CompactedError, LeaseNotFoundError, RendezvousNotFoundError
 from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, RunKeys
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store import KeyValue, Store
 
 __all__ = [
     "MemberStatus",
@@ -190,80 +190,100 @@ async def _read_timers(store: Store, prefix: str) -> tuple[tuple[TimerStatus, ..
     return tuple(timers), result.revision
 
 
-async def _read(
-    store: Store, keys: RunKeys, timers_prefix: str
-) -> tuple[RunStatus | None, int, int | None]:
-    """The run's status (None if it has no records), the revision of the read of its records,
-    and that of its timers (None when they were not read)."""
-    result = await store.range(keys.root)
-    round_record: RoundRecord | None = None
+#: round -> node -> (record, create revision, lease)
+_Nodes = dict[int, dict[str, tuple[NodeRecord, int, int]]]
+
+
+@dataclass(slots=True)
+class _RunRecords:
+    """The decoded records of one run, from one range."""
+
+    round: RoundRecord | None = None
     driver: DriverRecord | None = None
     closed: ClosedRecord | None = None
-    # round -> node -> (record, create revision, lease)
-    nodes: dict[int, dict[str, tuple[NodeRecord, int, int]]] = {}
-    for kv in result.kvs:
+    nodes: _Nodes = field(default_factory=dict)
+
+
+def _decode(keys: RunKeys, kvs: Sequence[KeyValue]) -> _RunRecords:
+    found = _RunRecords()
+    for kv in kvs:
         if kv.key == keys.round:
-            round_record = RoundRecord.decode(kv.key, kv.value)
+            found.round = RoundRecord.decode(kv.key, kv.value)
         elif kv.key == keys.driver:
-            driver = DriverRecord.decode(kv.key, kv.value)
+            found.driver = DriverRecord.decode(kv.key, kv.value)
         elif kv.key == keys.closed:
-            closed = ClosedRecord.decode(kv.key, kv.value)
+            found.closed = ClosedRecord.decode(kv.key, kv.value)
         else:
             parsed = keys.parse_node_key(kv.key)
             if parsed is not None:
                 record = NodeRecord.decode(kv.key, kv.value)
-                nodes.setdefault(parsed[0], {})[parsed[1]] = (
+                found.nodes.setdefault(parsed[0], {})[parsed[1]] = (
                     record,
                     kv.create_revision,
                     kv.lease,
                 )
-    if not result.kvs:
-        return None, result.revision, None
-    timers, timers_revision = await _read_timers(store, timers_prefix)
+    return found
 
-    leases: dict[int, tuple[float | None, float | None]] = {}
 
-    async def lease_left(lease: int) -> tuple[float | None, float | None]:
+class _LeaseTimes:
+    """How long each node's lease has left, asked of the store once per lease."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._leases: dict[int, tuple[float | None, float | None]] = {}
+
+    async def left(self, lease: int) -> tuple[float | None, float | None]:
         """(seconds left, granted TTL) of ``lease``; (None, None) when it is gone or none."""
         if lease == 0:
             return None, None
-        if lease not in leases:
+        if lease not in self._leases:
             try:
-                found = await store.lease_time_to_live(lease)
-                leases[lease] = (found.remaining, found.granted_ttl)
+                found = await self._store.lease_time_to_live(lease)
+                self._leases[lease] = (found.remaining, found.granted_ttl)
             except LeaseNotFoundError:  # expired since the range: the node is gone
-                leases[lease] = (None, None)
-        return leases[lease]
+                self._leases[lease] = (None, None)
+        return self._leases[lease]
 
-    forming = 0 if round_record is None else round_record.round + 1
-    registered = nodes.get(forming, {})
+
+async def _members(
+    found: _RunRecords, registered: dict[str, tuple[NodeRecord, int, int]], leases: _LeaseTimes
+) -> tuple[list[MemberStatus], bool]:
+    """The latest round's members, and whether it is intact (all alive, none re-registered)."""
+    if found.round is None:
+        return [], False
     members: list[MemberStatus] = []
-    intact = round_record is not None
-    if round_record is not None:
-        live = nodes.get(round_record.round, {})
-        for rank, node_id in enumerate(round_record.members):
-            entry = live.get(node_id)
-            rejoined = node_id in registered
-            if entry is None or rejoined:
-                intact = False
-            left, ttl = (None, None) if entry is None else await lease_left(entry[2])
-            members.append(
-                MemberStatus(
-                    rank=rank,
-                    node_id=node_id,
-                    alive=entry is not None,
-                    lease_remaining=left,
-                    addr=None if entry is None else entry[0].addr,
-                    rejoined=rejoined,
-                    lease_ttl=ttl,
-                )
+    intact = True
+    live = found.nodes.get(found.round.round, {})
+    for rank, node_id in enumerate(found.round.members):
+        entry = live.get(node_id)
+        rejoined = node_id in registered
+        if entry is None or rejoined:
+            intact = False
+        left, ttl = (None, None) if entry is None else await leases.left(entry[2])
+        members.append(
+            MemberStatus(
+                rank=rank,
+                node_id=node_id,
+                alive=entry is not None,
+                lease_remaining=left,
+                addr=None if entry is None else entry[0].addr,
+                rejoined=rejoined,
+                lease_ttl=ttl,
             )
-    member_ids = set() if round_record is None else set(round_record.members)
+        )
+    return members, intact
+
+
+async def _candidates(
+    found: _RunRecords, registered: dict[str, tuple[NodeRecord, int, int]], leases: _LeaseTimes
+) -> list[NodeStatus]:
+    """The nodes registered for the forming round, in registration order."""
+    member_ids = set() if found.round is None else set(found.round.members)
     candidates: list[NodeStatus] = []
     for node_id, (record, revision, lease) in sorted(
         registered.items(), key=lambda item: (item[1][1], item[0])
     ):
-        left, ttl = await lease_left(lease)
+        left, ttl = await leases.left(lease)
         candidates.append(
             NodeStatus(
                 node_id=node_id,
@@ -274,6 +294,25 @@ async def _read(
                 lease_ttl=ttl,
             )
         )
+    return candidates
+
+
+async def _read(
+    store: Store, keys: RunKeys, timers_prefix: str
+) -> tuple[RunStatus | None, int, int | None]:
+    """The run's status (None if it has no records), the revision of the read of its records,
+    and that of its timers (None when they were not read)."""
+    result = await store.range(keys.root)
+    found = _decode(keys, result.kvs)
+    if not result.kvs:
+        return None, result.revision, None
+    timers, timers_revision = await _read_timers(store, timers_prefix)
+    round_record, driver, closed = found.round, found.driver, found.closed
+    forming = 0 if round_record is None else round_record.round + 1
+    registered = found.nodes.get(forming, {})
+    leases = _LeaseTimes(store)
+    members, intact = await _members(found, registered, leases)
+    candidates = await _candidates(found, registered, leases)
     status = RunStatus(
         run_id=keys.run_id,
         revision=result.revision,

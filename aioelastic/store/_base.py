@@ -3,25 +3,31 @@
 A backend subclasses :class:`Store` and implements the underscore-prefixed core
 (``_get``, ``_range``, ``_put``, ``_delete``, ``_compare_and_swap``, ``_compare_and_delete``,
 ``_txn``, ``_watch``, the ``_lease_*`` calls, ``_current_revision``, ``_compact``,
-``_aclose``). The public methods validate arguments and the closed state once, here, and the
-conveniences (``add``, ``stm``, ``wait_for``, ``lease``, ``namespace``) are built on the core.
+``_aclose``). The public methods validate arguments (:mod:`._args`) and the closed state once,
+here; the conveniences (``add``, ``stm``, ``range_and_watch``, ``wait_for``, ``lease``,
+``namespace``) are built on the core once, in :mod:`._conveniences`.
 """
 
 from __future__ import annotations
 
 import abc
-import os
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Self, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Self
 
-import anyio
 from anyio.abc import AsyncResource
 
-from .._checks import check_timeout, check_ttl
-from ..errors import CompactedError, StoreClosedError, StoreTimeoutError
+from .._checks import check_ttl
+from ..errors import StoreClosedError
+
+# (re-exported: the backends and _txn/_stm import the checks from here)
+from ._args import check_int as check_int
+from ._args import check_key as check_key
+from ._args import check_prefix as check_prefix
+from ._args import check_value as check_value
+from ._args import prefix_end as prefix_end
+from ._conveniences import StoreConveniences
 from ._types import (
     CasResult,
-    EventType,
     KeyValue,
     LeaseGrant,
     LeaseStatus,
@@ -31,69 +37,13 @@ from ._types import (
 
 if TYPE_CHECKING:
     from ._add import CounterAdder
-    from ._keeper import LeaseKeeper
-    from ._stm import StmTxn
     from ._txn import Compare, Txn, TxnOp, TxnResult
 
 __all__ = ["Store", "Watch"]
 
-T = TypeVar("T")
-
 #: Features a backend can declare. The conformance suite skips (never silently passes) the tests
 #: of a feature a backend does not declare.
 ALL_FEATURES: frozenset[str] = frozenset({"compaction", "fractional_ttl"})
-
-
-# -- argument validation (once, for every backend) ------------------------------------------------
-
-
-def check_key(key: object, name: str = "key") -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
-    if not key:
-        raise ValueError(f"{name} must not be empty")
-    return key
-
-
-def check_prefix(prefix: object, name: str = "prefix") -> str:
-    if not isinstance(prefix, str):
-        raise TypeError(f"{name} must be a str, got {type(prefix).__name__}")
-    return prefix
-
-
-def check_value(value: object, name: str = "value") -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    hint = "; encode it first (e.g. value.encode())" if isinstance(value, str) else ""
-    raise TypeError(f"{name} must be bytes, got {type(value).__name__}{hint}")
-
-
-def check_int(value: object, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def prefix_end(prefix: str) -> str | None:
-    """The smallest key greater than every key that starts with ``prefix`` (None: no bound).
-
-    Works on code points, which order like etcd's UTF-8 bytes.
-    """
-    chars = list(prefix)
-    while chars:
-        last = ord(chars[-1])
-        if last < 0x10FFFF:
-            nxt = last + 1
-            if 0xD800 <= nxt <= 0xDFFF:  # surrogates are not valid in UTF-8; skip the block
-                nxt = 0xE000
-            chars[-1] = chr(nxt)
-            return "".join(chars)
-        chars.pop()
-    return None
 
 
 # -- the watch handle ---------------------------------------------------------------------------
@@ -165,7 +115,7 @@ class Watch(AsyncResource):
 # -- the store ---------------------------------------------------------------------------------
 
 
-class Store(AsyncResource):
+class Store(StoreConveniences, AsyncResource):
     """The async key-value store protocol, modelled on etcd v3.
 
     Every key-value carries ``create_revision``, ``mod_revision``, ``version`` and ``lease``; the
@@ -296,40 +246,6 @@ class Store(AsyncResource):
         self._check_open()
         return await self._txn(checked)
 
-    async def stm(
-        self,
-        fn: Callable[[StmTxn], Awaitable[T]],
-        *,
-        keys: Iterable[str] = (),
-        max_attempts: int = 32,
-    ) -> T:
-        """Run ``fn(tx)`` as a software transaction (etcd's ``concurrency.NewSTM``) and return
-        what it returns.
-
-        ``fn`` reads through ``await tx.get(key)`` (and ``tx.rev(key)``) and stages writes with
-        ``tx.put(key, value)`` / ``tx.delete(key)``; they are committed in one transaction if
-        no key it read has changed since, else ``fn`` runs again on the new values, at most
-        ``max_attempts`` times, then :class:`~aioelastic.errors.TxnConflictError`. ``keys``
-        are read together, at one revision, before the first attempt. Commits are
-        serializable over the keys read; ``fn`` must have no other effects (it may run more
-        than once). See docs/store.md, "Software transactions".
-        """
-        from ._stm import run_stm
-
-        check_int(max_attempts, "max_attempts", minimum=1)
-        if isinstance(keys, str):
-            raise TypeError("keys must be a list of keys, not a str")
-        self._check_open()
-        return await run_stm(self, fn, keys, max_attempts)
-
-    async def add(self, key: str, delta: int = 1) -> int:
-        """Atomically add ``delta`` to the decimal integer at ``key`` (absent = 0); return it."""
-        check_key(key)
-        if isinstance(delta, bool) or not isinstance(delta, int):
-            raise TypeError(f"delta must be an int, got {type(delta).__name__}")
-        self._check_open()
-        return await self._add(key, delta)
-
     # -- watches
 
     def watch(self, prefix: str, *, start_revision: int | None = None) -> Watch:
@@ -342,35 +258,6 @@ class Store(AsyncResource):
             check_int(start_revision, "start_revision", minimum=1)
         self._check_open()
         return self._watch(prefix, start_revision)
-
-    async def range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
-        """Read every key under ``prefix`` and follow it: the range, and a started watch of every
-        change after the range's revision (``start_revision = result.revision + 1``).
-
-        The pattern every waiter on the store follows (read the state, then wait for it to
-        change), in one call: on the http backend it is one request (the watch stream opens
-        with the range), elsewhere a range and a watch. Close the watch when done (``async
-        with watch:``).
-        """
-        check_prefix(prefix)
-        self._check_open()
-        return await self._range_and_watch(prefix)
-
-    async def _range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
-        while True:
-            result = await self._range(prefix, None)
-            watch = self._watch(prefix, result.revision + 1)
-            try:
-                await watch.start()
-            except CompactedError:
-                # history compacted between the read and the watch (a rare race): read again
-                await watch.aclose()
-                continue
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await watch.aclose()
-                raise
-            return result, watch
 
     async def compact(self, revision: int) -> None:
         """Discard history before ``revision``: watches can no longer start below it."""
@@ -407,62 +294,6 @@ class Store(AsyncResource):
         check_int(lease_id, "lease_id", minimum=1)
         self._check_open()
         return await self._lease_time_to_live(lease_id)
-
-    # -- conveniences built on the core
-
-    def lease(self, ttl: float, *, keep_alive_interval: float | None = None) -> LeaseKeeper:
-        """A lease kept alive in the background while the ``async with`` block runs.
-
-        Its loss (expiry, revocation, an unreachable store past the TTL) is reported, never
-        swallowed: see :class:`~aioelastic.store.LeaseKeeper`.
-        """
-        from ._keeper import LeaseKeeper
-
-        return LeaseKeeper(self, ttl, keep_alive_interval=keep_alive_interval)
-
-    def namespace(self, prefix: str) -> Store:
-        """A view of this store in which every key lives under ``prefix`` (e.g. one run id).
-
-        Keys, ranges, watches and events of the view are relative to ``prefix``. Closing the view
-        does not close this store.
-        """
-        from ._prefixed import PrefixedStore
-
-        return PrefixedStore(self, prefix)
-
-    async def wait_for(
-        self, keys: Iterable[str], *, timeout: float | None = None
-    ) -> dict[str, KeyValue]:
-        """Wait until every key in ``keys`` exists; return their key-values.
-
-        Waits on a watch, not by polling. Raises ``StoreTimeoutError`` naming the missing keys
-        if ``timeout`` seconds pass first.
-        """
-        wanted = [check_key(k, "keys[]") for k in keys]
-        timeout = check_timeout(timeout)
-        self._check_open()
-        found: dict[str, KeyValue] = {}
-        if not wanted:
-            return found
-        missing = set(wanted)
-        common = os.path.commonprefix(wanted)  # noqa: RUF071 - a key prefix, not a path
-        with anyio.move_on_after(timeout) as scope:
-            async with self._watch(common, None) as events:
-                for key in wanted:
-                    kv = await self._get(key)
-                    if kv is not None:
-                        found[key] = kv
-                        missing.discard(key)
-                while missing:
-                    event = await events.__anext__()
-                    if event.type is EventType.PUT and event.kv.key in missing:
-                        found[event.kv.key] = event.kv
-                        missing.discard(event.kv.key)
-        if scope.cancelled_caught and missing:
-            raise StoreTimeoutError(
-                f"timed out after {timeout}s waiting for keys {sorted(missing)}"
-            )
-        return found
 
     # -- the required core
 

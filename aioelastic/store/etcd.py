@@ -586,7 +586,7 @@ class _EtcdWatch(Watch):
         """Open a stream on a reachable member and create the watch from ``_next_revision``."""
         client = self._store.client
         call, channel = await client.open_stream("Watch")
-        token = client._token
+        token = client.token
         create = rpc_pb2.WatchCreateRequest(
             key=self._key, range_end=self._end, start_revision=self._next_revision
         )
@@ -608,7 +608,7 @@ class _EtcdWatch(Watch):
             call.cancel()
             error = client.map_error(exc, "Watch", write=False, endpoint=channel.endpoint)
             if isinstance(error, StoreAuthError) and client.username is not None:
-                await client.authenticate(stale=client._token)
+                await client.authenticate(stale=client.token)
             if exc.code() is grpc.StatusCode.UNAVAILABLE:
                 client.rotate(channel)
             raise error from None
@@ -701,7 +701,7 @@ class _EtcdWatch(Watch):
                     raise self._error from None
                 self._drop()
                 if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
-                    await self._store.client.authenticate(stale=self._store.client._token)
+                    await self._store.client.authenticate(stale=self._store.client.token)
                 elif exc.code() is grpc.StatusCode.UNAVAILABLE and self._channel is not None:
                     self._store.client.rotate(self._channel)
                 continue

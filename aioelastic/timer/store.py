@@ -36,7 +36,8 @@ from ..errors import (
 )
 from ..store import EventType, KeyValue, Store, WatchEvent
 from ._client import TimerClient
-from ._server import Reaper, TimerServer, _Armed
+from ._server import Reaper, TimerServer
+from ._table import Armed
 from ._wire import TimerRequest, check_duration, check_pid, check_signal, wall_clock
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _check_prefix(prefix: object) -> str:
     return prefix
 
 
-def _token(armed: _Armed) -> tuple[str, int]:
+def _token(armed: Armed) -> tuple[str, int]:
     """The (key, mod_revision) a store timer was armed from."""
     token = armed.token
     assert isinstance(token, tuple)
@@ -243,7 +244,7 @@ class StoreTimerServer(TimerServer):
                 self._forget(key)
         for kv in kvs:
             ids = self._keys.get(kv.key)
-            armed = self._timers.get(ids) if ids is not None else None
+            armed = self._timers.get(*ids) if ids is not None else None
             if armed is None or armed.token != (kv.key, kv.mod_revision):
                 self._apply(kv)
 
@@ -255,14 +256,14 @@ class StoreTimerServer(TimerServer):
 
     # -- claiming and reaping
 
-    def _expire(self, armed: _Armed) -> None:
-        self._remove(armed)
+    def _expire(self, armed: Armed) -> None:
+        self._timers.remove(armed)
         key, _revision = _token(armed)
         if self._keys.get(key) == (armed.worker_id, armed.scope_id):
             del self._keys[key]
         self._spawn(self._claim_and_reap(armed), "claim")
 
-    async def _claim_and_reap(self, armed: _Armed) -> None:
+    async def _claim_and_reap(self, armed: Armed) -> None:
         key, revision = _token(armed)
         delay = self._retry_interval
         while True:

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TimerError
 from ._client import TimerClient
 from ._guard import _caller_scope
-from ._server import Reaper, TimerServer, _Armed
+from ._server import Reaper, TimerServer
+from ._table import Armed
 from ._wire import TimerRequest, check_duration, check_scope_id, check_signal, wall_clock
 from .reapers import SignalReaper
 
@@ -253,7 +254,7 @@ class UnixTimerServer(TimerServer):
             os.close(fd)
         self._drop_worker(pid, "its process exited")
 
-    def _expire(self, armed: _Armed) -> None:
+    def _expire(self, armed: Armed) -> None:
         # The exit of a worker may not have been seen yet (no pidfd, or its event is due in this
         # same loop iteration): a process that no longer exists is dropped, not reaped.
         pid = armed.worker_id

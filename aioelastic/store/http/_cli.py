@@ -19,12 +19,25 @@ DEFAULT_HISTORY_LIMIT = 10_000
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` flags."""
+    _bind_flags(parser)
+    _data_dir_flags(parser)
+    _security_flags(parser)
+    _limit_flags(parser)
+    _serving_flags(parser)
+
+
+def _bind_flags(parser: argparse.ArgumentParser) -> None:
+    """Where to listen."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)"
     )
     parser.add_argument(
         "--port", type=int, default=29400, help="port to bind (default: 29400; 0 picks a free one)"
     )
+
+
+def _data_dir_flags(parser: argparse.ArgumentParser) -> None:
+    """Keeping the store on disk (``--data-dir`` and what tunes it)."""
     parser.add_argument(
         "--data-dir",
         metavar="DIR",
@@ -55,6 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "files are kept aside and the loss is logged. Without it such a directory is refused "
         "with what is damaged and how many records that affects.",
     )
+
+
+def _security_flags(parser: argparse.ArgumentParser) -> None:
+    """The bearer token and TLS."""
     parser.add_argument(
         "--token-file",
         metavar="F",
@@ -63,6 +80,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", metavar="F", help="serve HTTPS with this PEM certificate")
     parser.add_argument("--tls-key", metavar="F", help="the PEM private key of --tls-cert")
+
+
+def _limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The largest key and value accepted, the watches served, the history kept."""
     parser.add_argument(
         "--max-value-bytes",
         type=int,
@@ -77,6 +98,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest key accepted, in UTF-8 bytes (default: 4096)",
     )
+    parser.add_argument(
+        "--max-watches",
+        type=int,
+        default=SERVE_MAX_WATCHES,
+        metavar="N",
+        help="serve at most N watches at once, over sessions and REST streams together: beyond, "
+        f"503 too_many_watches (default: {SERVE_MAX_WATCHES:,}, room for 10,000 sessions' "
+        "rendezvous watches)",
+    )
+    parser.add_argument(
+        "--history-limit",
+        type=int,
+        default=DEFAULT_HISTORY_LIMIT,
+        metavar="N",
+        help="keep the last N events for watches to resume from; older ones are compacted "
+        f"(default: {DEFAULT_HISTORY_LIMIT:,}; a rendezvous of N nodes writes N events at once: "
+        "below that, slow watchers fall behind a compaction and read everything again)",
+    )
+
+
+def _serving_flags(parser: argparse.ArgumentParser) -> None:
+    """The event loop, timeouts, connections and sessions."""
     parser.add_argument(
         "--loop",
         choices=("auto", "asyncio", "uvloop"),
@@ -109,24 +152,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="hold at most N client connections: beyond, the oldest one that has sent nothing "
         "is closed, or the new one is answered 503 too_many_connections (/healthz still "
         "answers). Default: what the open-file limit allows (raised to its hard limit at start)",
-    )
-    parser.add_argument(
-        "--max-watches",
-        type=int,
-        default=SERVE_MAX_WATCHES,
-        metavar="N",
-        help="serve at most N watches at once, over sessions and REST streams together: beyond, "
-        f"503 too_many_watches (default: {SERVE_MAX_WATCHES:,}, room for 10,000 sessions' "
-        "rendezvous watches)",
-    )
-    parser.add_argument(
-        "--history-limit",
-        type=int,
-        default=DEFAULT_HISTORY_LIMIT,
-        metavar="N",
-        help="keep the last N events for watches to resume from; older ones are compacted "
-        f"(default: {DEFAULT_HISTORY_LIMIT:,}; a rendezvous of N nodes writes N events at once: "
-        "below that, slow watchers fall behind a compaction and read everything again)",
     )
     parser.add_argument(
         "--session-grace",

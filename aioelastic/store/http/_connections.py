@@ -15,6 +15,7 @@ __all__ = [
     "OVERFLOW",
     "ConnectionBudget",
     "LogLimiter",
+    "connection_room",
     "listen_backlog",
     "raise_open_file_limit",
 ]
@@ -88,6 +89,20 @@ class ConnectionBudget:
             return
         self.open -= 1
         self._silent.pop(connection, None)
+
+
+def connection_room() -> int:
+    """The client connections the open-file limit has room for: the soft limit (a large number
+    where there is none) less :data:`FD_RESERVE` and :data:`OVERFLOW`, at least 1."""
+    limit = 1 << 20
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        pass
+    else:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = limit if soft == resource.RLIM_INFINITY else soft
+    return max(1, limit - FD_RESERVE - OVERFLOW)
 
 
 def raise_open_file_limit() -> tuple[int, int]:

@@ -70,11 +70,38 @@ def pack(frame: list[Any]) -> bytes:
 
 
 def unpack_all(data: bytes, *, max_len: int) -> Iterator[list[Any]]:
-    """Every frame of one message; raises :class:`FrameError` on anything but arrays."""
+    """Every frame of one message, in order; raises :class:`FrameError` (after the frames before
+    it) on anything but arrays, including a message that ends inside a frame."""
+    if not data:
+        return
+    # The first frame with one call (most messages are one frame: a sequential caller's request
+    # and its answer); only a message of several pays for an Unpacker over the rest.
+    rest = b""
+    try:
+        frame = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_len,
+            max_str_len=max_len,
+            max_array_len=1_000_000,
+            max_map_len=10_000,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData as extra:
+        frame, rest = extra.unpacked, extra.extra
+    except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        raise FrameError(f"the message is not valid msgpack: {exc or type(exc).__name__}") from None
+    yield _checked(frame)
+    if rest:
+        yield from _unpack_rest(rest, max_len)
+
+
+def _unpack_rest(data: bytes, max_len: int) -> Iterator[list[Any]]:
     unpacker = msgpack.Unpacker(
         raw=False,
         strict_map_key=True,
-        max_buffer_size=max(len(data), 1),
+        max_buffer_size=len(data),
         max_bin_len=max_len,
         max_str_len=max_len,
         max_array_len=1_000_000,
@@ -82,15 +109,23 @@ def unpack_all(data: bytes, *, max_len: int) -> Iterator[list[Any]]:
         max_ext_len=0,
     )
     unpacker.feed(data)
+    end = 0  # where the last whole frame ends (tell() counts a partial one's bytes too)
     try:
         for frame in unpacker:
-            if not isinstance(frame, list) or not frame:
-                raise FrameError(f"a frame must be a non-empty array, got {type(frame).__name__}")
-            yield frame
+            end = unpacker.tell()
+            yield _checked(frame)
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
         if isinstance(exc, FrameError):
             raise
-        raise FrameError(f"the message is not valid msgpack: {exc}") from None
+        raise FrameError(f"the message is not valid msgpack: {exc or type(exc).__name__}") from None
+    if end != len(data):
+        raise FrameError("the message is not valid msgpack: it ends inside a frame")
+
+
+def _checked(frame: Any) -> list[Any]:
+    if not isinstance(frame, list) or not frame:
+        raise FrameError(f"a frame must be a non-empty array, got {type(frame).__name__}")
+    return frame
 
 
 def kv_to_wire(kv: KeyValue) -> list[Any]:

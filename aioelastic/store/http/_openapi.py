@@ -49,6 +49,8 @@ _LEASE = {
 _COMMON = {
     "400": _error("malformed request (the message says what was wrong)"),
     "401": _error("missing or wrong bearer token"),
+    "408": _error("the request's head or body came too slowly (the connection is closed)"),
+    "431": _error("the request line or headers are too large"),
 }
 #: The answers of a route with a key or prefix in its path.
 _KEYED = {**_COMMON, "413": _error("key too large")}
@@ -58,22 +60,15 @@ _BODIED = {
     "413": _error("body too large"),
     "415": _error("a content or transfer coding (the body must be sent as it is)"),
 }
+#: The answers a write adds with a data directory: the log could not take it, so it was not made.
+_WRITE = {
+    "503": _error("the server is stopping, or its data directory cannot take writes now"),
+    "507": _error("the data directory's disk is full"),
+}
 
 
 def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]:
     """The API description, with this server's size limits filled in."""
-    kv_meta = {
-        "type": "object",
-        "required": ["key", "create_revision", "mod_revision", "version", "lease"],
-        "properties": {
-            "key": {"type": "string"},
-            "create_revision": _int(),
-            "mod_revision": _int(),
-            "version": _int(),
-            "lease": _int(),
-            "value_b64": {"type": "string", "contentEncoding": "base64"},
-        },
-    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -89,381 +84,357 @@ def openapi_document(max_key_bytes: int, max_value_bytes: int) -> dict[str, Any]
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error", "message"],
-                    "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
-                },
-                "KeyValue": kv_meta,
-                "Write": {
-                    "type": "object",
-                    "properties": {
-                        "revision": _int(),
-                        "kv": {"$ref": "#/components/schemas/KeyValue"},
-                    },
-                },
-                "Revision": {
-                    "type": "object",
-                    "required": ["revision", "compact_revision"],
-                    "properties": {"revision": _int(), "compact_revision": _int()},
-                },
-                "Added": {
-                    "type": "object",
-                    "required": ["value", "revision"],
-                    "properties": {"value": {"type": "integer"}, "revision": _int()},
-                },
-                "Compacted": {
-                    "type": "object",
-                    "required": ["compact_revision"],
-                    "properties": {"compact_revision": _int()},
-                },
-                "Revoked": {
-                    "type": "object",
-                    "required": ["revoked", "revision"],
-                    "properties": {"revoked": {"const": True}, "revision": _int()},
-                },
-                "KeepAlive": {
-                    "type": "object",
-                    "required": ["ttl"],
-                    "properties": {"ttl": {"type": "number"}},
-                },
-                "Leases": {
-                    "type": "object",
-                    "required": ["leases"],
-                    "properties": {
-                        "leases": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "id": _int(1),
-                                    "granted_ttl": {"type": "number"},
-                                    "remaining": {"type": "number"},
-                                },
-                            },
-                        }
-                    },
-                },
-                "Health": {
-                    "type": "object",
-                    "required": ["status"],
-                    "properties": {"status": {"enum": ["ok", "stopping"]}},
-                },
-                "Deleted": {
-                    "type": "object",
-                    "properties": {"deleted": _int(), "revision": _int()},
-                },
-                "Range": {
-                    "type": "object",
-                    "properties": {
-                        "revision": _int(),
-                        "count": _int(),
-                        "more": {"type": "boolean"},
-                        "kvs": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/KeyValue"},
-                        },
-                    },
-                },
+                **_kv_schemas(),
                 **txn_schemas(),
-                "PreconditionFailed": {
-                    "type": "object",
-                    "properties": {
-                        "error": {"const": "precondition_failed"},
-                        "message": {"type": "string"},
-                        "revision": _int(),
-                        "kv": {
-                            "oneOf": [{"$ref": "#/components/schemas/KeyValue"}, {"type": "null"}]
-                        },
-                    },
-                },
-                "Lease": {
-                    "type": "object",
-                    "properties": {"id": _int(1), "ttl": {"type": "number"}},
-                },
-                "LeaseStatus": {
-                    "type": "object",
-                    "properties": {
-                        "id": _int(1),
-                        "granted_ttl": {"type": "number"},
-                        "remaining": {"type": "number"},
-                        "keys": {"type": "array", "items": {"type": "string"}},
-                    },
-                },
+                **_lease_schemas(),
+                **_service_schemas(),
             },
         },
         "security": [{"bearer": []}],
         "paths": {
-            "/healthz": {
-                "get": {
-                    "summary": "liveness (never needs the token)",
-                    "security": [],
-                    "responses": {
-                        "200": _ok("Health", "serving"),
-                        "503": {
-                            "description": "stopping",
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/Health"}
-                                }
-                            },
-                        },
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": {
-                            "description": "text exposition format",
-                            "content": {"text/plain": {}},
-                        },
-                        "501": _error("prometheus-client is not installed"),
-                        **_COMMON,
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "this document",
-                    "responses": {
-                        "200": {"description": "OK", "content": {"application/json": {}}},
-                        **_COMMON,
-                    },
-                }
-            },
-            "/v1/revision": {
-                "get": {
-                    "summary": "current and compacted revisions",
-                    "responses": {"200": _ok("Revision"), **_COMMON},
-                }
-            },
-            "/v1/kv/{key}": {
-                "parameters": [_KEY],
-                "get": {
-                    "summary": "read a key: raw value, revisions in headers (ETag = mod_revision)",
-                    "parameters": [
-                        {
-                            "name": "format",
-                            "in": "query",
-                            "schema": {"enum": ["json"]},
-                            "description": "json: answer {revision, kv} instead of raw bytes",
-                        }
-                    ],
-                    "responses": {
-                        "200": {
-                            "description": "the value (raw bytes; with format=json, JSON)",
-                            "content": {
-                                "application/octet-stream": {},
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/Write"}
-                                },
-                            },
-                        },
-                        "404": _error("no such key"),
-                        **_KEYED,
-                    },
-                },
-                "put": {
-                    "summary": "write a key (body = raw value); If-Match / If-None-Match: * = CAS",
-                    "parameters": [
-                        {"name": "lease", "in": "query", "schema": _int()},
-                        {"name": "If-Match", "in": "header", "schema": {"type": "string"}},
-                        {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
-                    ],
-                    "requestBody": {
-                        "content": {
-                            "application/octet-stream": {
-                                "schema": {"type": "string", "maxLength": max_value_bytes}
-                            }
-                        }
-                    },
-                    "responses": {
-                        "200": {
-                            **_ok("Write"),
-                            "headers": {
-                                "ETag": {
-                                    "description": 'the write\'s revision, quoted ("R"): the '
-                                    "key's new mod_revision, the same number as the body's "
-                                    "revision",
-                                    "schema": {"type": "string"},
-                                }
-                            },
-                        },
-                        "404": _error("lease not found"),
-                        "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
-                        **_BODIED,
-                        "413": _error("key or value too large"),
-                    },
-                },
-                "delete": {
-                    "summary": "delete a key; If-Match: compare-and-delete; If-None-Match: * "
-                    "deletes nothing (412 when the key exists)",
-                    "parameters": [
-                        {"name": "If-Match", "in": "header", "schema": {"type": "string"}},
-                        {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
-                    ],
-                    "responses": {
-                        "200": _ok("Deleted"),
-                        "412": _ok("PreconditionFailed", "the compare failed; kv = current"),
-                        **_KEYED,
-                    },
-                },
-            },
-            "/v1/add/{key}": {
-                "parameters": [_KEY],
-                "post": {
-                    "summary": "atomically add delta to the decimal integer at key",
-                    "parameters": [
-                        {
-                            "name": "delta",
-                            "in": "query",
-                            "schema": {
-                                "type": "integer",
-                                "minimum": -(10**19 - 1),
-                                "maximum": 10**19 - 1,
-                            },
-                        }
-                    ],
-                    "responses": {"200": _ok("Added"), **_KEYED},
-                },
-            },
-            "/v1/txn": txn_path(_COMMON, _error),
-            "/v1/range/{prefix}": {
-                "parameters": [_PREFIX],
-                "get": {
-                    "summary": "every key under prefix, in key order",
-                    "parameters": [{"name": "limit", "in": "query", "schema": _int(1)}],
-                    "responses": {"200": _ok("Range"), **_KEYED},
-                },
-                "delete": {
-                    "summary": "delete every key under prefix at one revision",
-                    "responses": {"200": _ok("Deleted"), **_KEYED},
-                },
-            },
-            "/v1/watch/{prefix}": {
-                "parameters": [_PREFIX],
-                "get": {
-                    "summary": "NDJSON stream: created, events (one line per revision), progress",
-                    "parameters": [
-                        {"name": "start_revision", "in": "query", "schema": _int(1)},
-                        {
-                            "name": "progress_interval",
-                            "in": "query",
-                            "schema": {"type": "number", "minimum": 0.05, "maximum": 300},
-                        },
-                        {
-                            "name": "snapshot",
-                            "in": "query",
-                            "description": "1: the created frame carries the prefix's range "
-                            "(count, kvs) at its revision; not with start_revision",
-                            "schema": {"type": "integer", "enum": [0, 1]},
-                        },
-                    ],
-                    "responses": {
-                        "200": {
-                            "description": "the stream",
-                            "content": {"application/x-ndjson": {}},
-                        },
-                        "410": _error("start_revision was compacted"),
-                        "503": _error("too many watch streams, or the server is stopping"),
-                        **_KEYED,
-                    },
-                },
-            },
-            "/v1/compact": {
-                "post": {
-                    "summary": "discard history before revision",
-                    "requestBody": {
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["revision"],
-                                    "properties": {"revision": _int(1)},
-                                }
-                            }
-                        }
-                    },
-                    "responses": {
-                        "200": _ok("Compacted"),
-                        "410": _error("already compacted past it"),
-                        **_BODIED,
-                    },
-                }
-            },
-            "/v1/lease": {
-                "post": {
-                    "summary": "grant a lease",
-                    "requestBody": {
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["ttl"],
-                                    "properties": {
-                                        "ttl": {
-                                            "type": "number",
-                                            "exclusiveMinimum": 0,
-                                            "maximum": 1e9,
-                                        }
-                                    },
-                                }
-                            }
-                        }
-                    },
-                    "responses": {"200": _ok("Lease"), **_BODIED},
-                }
-            },
-            "/v1/leases": {
-                "get": {
-                    "summary": "every live lease",
-                    "responses": {"200": _ok("Leases"), **_COMMON},
-                }
-            },
-            "/v1/session": {
-                "get": {
-                    "summary": "open a session: a WebSocket carrying msgpack frames (requests, "
-                    "watches, keep-alives; see docs/http-api.md, 'The session protocol')",
-                    "responses": {
-                        "101": {"description": "switching to the WebSocket protocol"},
-                        "503": _error("the server is shutting down"),
-                        **_COMMON,
-                    },
-                }
-            },
-            "/v1/lease/{lease}": {
-                "parameters": [_LEASE],
-                "get": {
-                    "summary": "granted TTL, time left and keys",
-                    "responses": {
-                        "200": _ok("LeaseStatus"),
-                        "404": _error("lease not found"),
-                        **_COMMON,
-                    },
-                },
-                "delete": {
-                    "summary": "revoke (deletes its keys)",
-                    "responses": {
-                        "200": _ok("Revoked"),
-                        "404": _error("lease not found"),
-                        **_COMMON,
-                    },
-                },
-            },
-            "/v1/lease/{lease}/keepalive": {
-                "parameters": [_LEASE],
-                "post": {
-                    "summary": "restart the lease's TTL",
-                    "responses": {
-                        "200": _ok("KeepAlive"),
-                        "404": _error("lease not found"),
-                        **_COMMON,
-                    },
-                },
-            },
+            **_service_paths(),
+            **_kv_paths(max_value_bytes),
+            "/v1/txn": txn_path({**_COMMON, **_WRITE}, _error),
+            "/v1/watch/{prefix}": _watch_path(),
+            **_history_paths(),
+            **_lease_paths(),
             **_ui_paths(),
+        },
+    }
+
+
+def _object(required: list[str] | None = None, **properties: Any) -> dict[str, Any]:
+    """An object schema with these properties (and these required ones, when given)."""
+    if required is None:
+        return {"type": "object", "properties": properties}
+    return {"type": "object", "required": required, "properties": properties}
+
+
+def _kv_schemas() -> dict[str, Any]:
+    """The answers of the key-value routes: a record, a write, a range, a delete, a failed CAS."""
+    key_value = _object(
+        ["key", "create_revision", "mod_revision", "version", "lease"],
+        key={"type": "string"},
+        create_revision=_int(),
+        mod_revision=_int(),
+        version=_int(),
+        lease=_int(),
+        value_b64={"type": "string", "contentEncoding": "base64"},
+    )
+    kv_ref = {"$ref": "#/components/schemas/KeyValue"}
+    return {
+        "KeyValue": key_value,
+        "Write": _object(revision=_int(), kv=kv_ref),
+        "Added": _object(["value", "revision"], value={"type": "integer"}, revision=_int()),
+        "Deleted": _object(deleted=_int(), revision=_int()),
+        "Range": _object(
+            revision=_int(),
+            count=_int(),
+            more={"type": "boolean"},
+            kvs={"type": "array", "items": kv_ref},
+        ),
+        "PreconditionFailed": _object(
+            error={"const": "precondition_failed"},
+            message={"type": "string"},
+            revision=_int(),
+            kv={"oneOf": [kv_ref, {"type": "null"}]},
+        ),
+    }
+
+
+def _lease_schemas() -> dict[str, Any]:
+    """The answers of the lease routes."""
+    return {
+        "Lease": _object(id=_int(1), ttl={"type": "number"}),
+        "LeaseStatus": _object(
+            id=_int(1),
+            granted_ttl={"type": "number"},
+            remaining={"type": "number"},
+            keys={"type": "array", "items": {"type": "string"}},
+        ),
+        "Leases": _object(
+            ["leases"],
+            leases={
+                "type": "array",
+                "items": _object(
+                    id=_int(1), granted_ttl={"type": "number"}, remaining={"type": "number"}
+                ),
+            },
+        ),
+        "KeepAlive": _object(["ttl"], ttl={"type": "number"}),
+        "Revoked": _object(["revoked", "revision"], revoked={"const": True}, revision=_int()),
+    }
+
+
+def _service_schemas() -> dict[str, Any]:
+    """Every route's error, the health answer and the store's revisions."""
+    return {
+        "Error": _object(
+            ["error", "message"], error={"type": "string"}, message={"type": "string"}
+        ),
+        "Health": _object(["status"], status={"enum": ["ok", "stopping"]}),
+        "Revision": _object(
+            ["revision", "compact_revision"], revision=_int(), compact_revision=_int()
+        ),
+        "Compacted": _object(["compact_revision"], compact_revision=_int()),
+    }
+
+
+def _service_paths() -> dict[str, Any]:
+    """Liveness, metrics, this document and the session WebSocket."""
+    return {
+        "/healthz": {
+            "get": {
+                "summary": "liveness (never needs the token)",
+                "security": [],
+                "responses": {
+                    "200": _ok("Health", "serving"),
+                    "503": {
+                        "description": "stopping",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}
+                        },
+                    },
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {"description": "text exposition format", "content": {"text/plain": {}}},
+                    "501": _error("prometheus-client is not installed"),
+                    **_COMMON,
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document",
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": {}}},
+                    **_COMMON,
+                },
+            }
+        },
+        "/v1/session": {
+            "get": {
+                "summary": "open a session: a WebSocket carrying msgpack frames (requests, "
+                "watches, keep-alives; see docs/http-api.md, 'The session protocol')",
+                "responses": {
+                    "101": {"description": "switching to the WebSocket protocol"},
+                    "503": _error("the server is shutting down"),
+                    **_COMMON,
+                },
+            }
+        },
+    }
+
+
+#: The compare-and-swap headers of a write to one key.
+_CAS_HEADERS = [
+    {"name": "If-Match", "in": "header", "schema": {"type": "string"}},
+    {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
+]
+_CAS_FAILED = _ok("PreconditionFailed", "the compare failed; kv = current")
+
+
+def _kv_paths(max_value_bytes: int) -> dict[str, Any]:
+    """One key (read, write, delete, add) and a prefix's range."""
+    return {
+        "/v1/kv/{key}": {
+            "parameters": [_KEY],
+            "get": _key_read(),
+            "put": _key_write(max_value_bytes),
+            "delete": {
+                "summary": "delete a key; If-Match: compare-and-delete; If-None-Match: * "
+                "deletes nothing (412 when the key exists)",
+                "parameters": _CAS_HEADERS,
+                "responses": {"200": _ok("Deleted"), "412": _CAS_FAILED, **_KEYED, **_WRITE},
+            },
+        },
+        "/v1/add/{key}": {
+            "parameters": [_KEY],
+            "post": {
+                "summary": "atomically add delta to the decimal integer at key",
+                "parameters": [
+                    {
+                        "name": "delta",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": -(10**19 - 1),
+                            "maximum": 10**19 - 1,
+                        },
+                    }
+                ],
+                "responses": {"200": _ok("Added"), **_KEYED, **_WRITE},
+            },
+        },
+        "/v1/range/{prefix}": {
+            "parameters": [_PREFIX],
+            "get": {
+                "summary": "every key under prefix, in key order",
+                "parameters": [{"name": "limit", "in": "query", "schema": _int(1)}],
+                "responses": {"200": _ok("Range"), **_KEYED},
+            },
+            "delete": {
+                "summary": "delete every key under prefix at one revision",
+                "responses": {"200": _ok("Deleted"), **_KEYED, **_WRITE},
+            },
+        },
+    }
+
+
+def _key_read() -> dict[str, Any]:
+    """``GET /v1/kv/{key}``: the raw value, or ``{revision, kv}`` with ``format=json``."""
+    return {
+        "summary": "read a key: raw value, revisions in headers (ETag = mod_revision)",
+        "parameters": [
+            {
+                "name": "format",
+                "in": "query",
+                "schema": {"enum": ["json"]},
+                "description": "json: answer {revision, kv} instead of raw bytes",
+            }
+        ],
+        "responses": {
+            "200": {
+                "description": "the value (raw bytes; with format=json, JSON)",
+                "content": {
+                    "application/octet-stream": {},
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Write"}},
+                },
+            },
+            "404": _error("no such key"),
+            **_KEYED,
+        },
+    }
+
+
+def _key_write(max_value_bytes: int) -> dict[str, Any]:
+    """``PUT /v1/kv/{key}``: the body is the raw value."""
+    etag = {
+        "description": "the write's revision, quoted (\"R\"): the key's new mod_revision, the "
+        "same number as the body's revision",
+        "schema": {"type": "string"},
+    }
+    return {
+        "summary": "write a key (body = raw value); If-Match / If-None-Match: * = CAS",
+        "parameters": [{"name": "lease", "in": "query", "schema": _int()}, *_CAS_HEADERS],
+        "requestBody": {
+            "content": {
+                "application/octet-stream": {
+                    "schema": {"type": "string", "maxLength": max_value_bytes}
+                }
+            }
+        },
+        "responses": {
+            "200": {**_ok("Write"), "headers": {"ETag": etag}},
+            "404": _error("lease not found"),
+            "412": _CAS_FAILED,
+            **_BODIED,
+            **_WRITE,
+            "413": _error("key or value too large"),
+        },
+    }
+
+
+def _watch_path() -> dict[str, Any]:
+    """``GET /v1/watch/{prefix}``: an NDJSON stream of a prefix's changes."""
+    return {
+        "parameters": [_PREFIX],
+        "get": {
+            "summary": "NDJSON stream: created, events (one line per revision), progress",
+            "parameters": [
+                {"name": "start_revision", "in": "query", "schema": _int(1)},
+                {
+                    "name": "progress_interval",
+                    "in": "query",
+                    "schema": {"type": "number", "minimum": 0.05, "maximum": 300},
+                },
+                {
+                    "name": "snapshot",
+                    "in": "query",
+                    "description": "1: the created frame carries the prefix's range "
+                    "(count, kvs) at its revision; not with start_revision",
+                    "schema": {"type": "integer", "enum": [0, 1]},
+                },
+            ],
+            "responses": {
+                "200": {"description": "the stream", "content": {"application/x-ndjson": {}}},
+                "410": _error("start_revision was compacted"),
+                "503": _error("too many watch streams, or the server is stopping"),
+                **_KEYED,
+            },
+        },
+    }
+
+
+def _json_body(required: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A request body of one JSON object with one required field."""
+    return {"content": {"application/json": {"schema": _object([required], **{required: schema})}}}
+
+
+def _history_paths() -> dict[str, Any]:
+    """The store's revisions, and discarding old ones."""
+    return {
+        "/v1/revision": {
+            "get": {
+                "summary": "current and compacted revisions",
+                "responses": {"200": _ok("Revision"), **_COMMON},
+            }
+        },
+        "/v1/compact": {
+            "post": {
+                "summary": "discard history before revision",
+                "requestBody": _json_body("revision", _int(1)),
+                "responses": {
+                    "200": _ok("Compacted"),
+                    "410": _error("already compacted past it"),
+                    **_BODIED,
+                    **_WRITE,
+                },
+            }
+        },
+    }
+
+
+def _lease_paths() -> dict[str, Any]:
+    """Granting, listing, reading, revoking and keeping alive leases."""
+    not_found = _error("lease not found")
+    ttl = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}
+    return {
+        "/v1/lease": {
+            "post": {
+                "summary": "grant a lease",
+                "requestBody": _json_body("ttl", ttl),
+                "responses": {"200": _ok("Lease"), **_BODIED, **_WRITE},
+            }
+        },
+        "/v1/leases": {
+            "get": {
+                "summary": "every live lease",
+                "responses": {"200": _ok("Leases"), **_COMMON},
+            }
+        },
+        "/v1/lease/{lease}": {
+            "parameters": [_LEASE],
+            "get": {
+                "summary": "granted TTL, time left and keys",
+                "responses": {"200": _ok("LeaseStatus"), "404": not_found, **_COMMON},
+            },
+            "delete": {
+                "summary": "revoke (deletes its keys)",
+                "responses": {"200": _ok("Revoked"), "404": not_found, **_COMMON, **_WRITE},
+            },
+        },
+        "/v1/lease/{lease}/keepalive": {
+            "parameters": [_LEASE],
+            "post": {
+                "summary": "restart the lease's TTL",
+                "responses": {"200": _ok("KeepAlive"), "404": not_found, **_COMMON},
+            },
         },
     }
 

@@ -71,28 +71,33 @@ def txn_schemas() -> dict[str, Any]:
                 "failure": branch,
             },
         },
-        "TxnResult": {
-            "type": "object",
-            "required": ["succeeded", "revision", "results"],
-            "properties": {
-                "succeeded": {"type": "boolean"},
-                "revision": {"type": "integer"},
-                "results": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["op"],
-                        "description": "put: kv, prev_kv; get: kv; range: kvs, count, more; "
-                        "delete (and delete_prefix): deleted",
-                        "properties": {
-                            "op": {"enum": ["put", "get", "range", "delete"]},
-                            "kv": _nullable("KeyValue"),
-                            "prev_kv": _nullable("KeyValue"),
-                            "kvs": {"type": "array", "items": _ref("KeyValue")},
-                            "count": {"type": "integer"},
-                            "more": {"type": "boolean"},
-                            "deleted": {"type": "integer"},
-                        },
+        "TxnResult": _txn_result(),
+    }
+
+
+def _txn_result() -> dict[str, Any]:
+    """The answer of a transaction: which branch ran and each operation's result."""
+    return {
+        "type": "object",
+        "required": ["succeeded", "revision", "results"],
+        "properties": {
+            "succeeded": {"type": "boolean"},
+            "revision": {"type": "integer"},
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["op"],
+                    "description": "put: kv, prev_kv; get: kv; range: kvs, count, more; "
+                    "delete (and delete_prefix): deleted",
+                    "properties": {
+                        "op": {"enum": ["put", "get", "range", "delete"]},
+                        "kv": _nullable("KeyValue"),
+                        "prev_kv": _nullable("KeyValue"),
+                        "kvs": {"type": "array", "items": _ref("KeyValue")},
+                        "count": {"type": "integer"},
+                        "more": {"type": "boolean"},
+                        "deleted": {"type": "integer"},
                     },
                 },
             },

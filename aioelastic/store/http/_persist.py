@@ -6,11 +6,12 @@ before the request that caused it is answered: after ``kill -9`` the kernel stil
 acknowledged record. When the log holds ``snapshot_every`` records, the whole engine is written to
 ``snapshot.json`` and a new log is started after it (each file replaced atomically).
 
-Lines are checksummed and records numbered (:mod:`._persist_codec`); loading (:mod:`._persist_load`)
-cuts only a partial last record, as a torn write, after keeping its bytes aside. Any other damage
-is refused with :class:`CorruptDataDirError`, saying what and how many records, unless
-``accept_data_loss`` (then the damaged files are kept aside and the server goes on from the last
-consistent state, with revisions and lease ids moved past any on disk).
+Lines are checksummed and records numbered (:mod:`._persist_codec`); opening (:mod:`._persist_load`
+reads, :mod:`._persist_open` decides) cuts only a partial last record, as a torn write, after
+keeping its bytes aside. Any other damage is refused with :class:`CorruptDataDirError`, saying
+what and how many records, unless ``accept_data_loss`` (then the damaged files are kept aside and
+the server goes on from the last consistent state, with revisions and lease ids moved past any
+on disk).
 
 fsync policy (``fsync=``): ``"always"`` (default) — a write is answered only after an fsync covers
 it, several concurrent writes sharing one fsync (group commit): nothing acknowledged is lost even
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 from pathlib import Path
@@ -33,15 +33,15 @@ from typing import Any, Literal
 from ..memory import Commit, LeaseChange, MemoryEngine
 from ._persist_codec import (
     FORMAT,
-    LOCK,
     SNAPSHOT,
     WAL,
     encode_line,
     event_out,
     snapshot_document,
 )
-from ._persist_files import cut_file, keep_aside, replace_file, write_aside
+from ._persist_files import replace_file
 from ._persist_load import Recovery, load
+from ._persist_open import CorruptDataDirError, lock_dir, settle
 
 __all__ = ["FSYNC_POLICIES", "CorruptDataDirError", "DataDir", "FsyncPolicy", "LogWriteError"]
 
@@ -49,10 +49,6 @@ log = logging.getLogger("aioelastic.serve")
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
-
-
-class CorruptDataDirError(RuntimeError):
-    """The data directory is damaged: the message says what, and how many records it affects."""
 
 
 class LogWriteError(OSError):
@@ -121,16 +117,7 @@ class DataDir:
 
     def open(self, engine: MemoryEngine) -> None:
         """Lock the directory, load it into the fresh ``engine`` and log its changes from now."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise RuntimeError(
-                f"data directory {str(self.path)!r} is in use by another server"
-            ) from None
+        self._lock_fd = lock_dir(self.path)
         try:
             self._recover(load(self.path, engine), engine)
         except BaseException:
@@ -334,84 +321,16 @@ class DataDir:
         self._records = 0
         self._release_waiters()
 
-    # -- opening: refuse damage, or keep it aside and accept the loss; cut a torn record
+    # -- opening (:mod:`._persist_open`): start from the last consistent state
 
     def _recover(self, found: Recovery, engine: MemoryEngine) -> None:
-        rewrite = found.legacy or not found.log_exists
-        if found.damage:
-            message = _damage_message(self.path, found, engine)
-            if not self.accept_data_loss:
-                raise CorruptDataDirError(
-                    f"{message} Nothing on disk was changed. Restore the damaged files from a "
-                    "copy, or start with accept_data_loss (serve --accept-data-loss) to go on "
-                    "from that state, the damaged files kept aside."
-                )
-            kept = [
-                str(keep_aside(self.path, name, "damaged"))
-                for name in (WAL, SNAPSHOT)
-                if (self.path / name).exists()
-            ]
-            _skip_used_ids(engine, found)
-            self.data_loss = message
-            log.error(
-                "ACCEPTING DATA LOSS (--accept-data-loss): %s The damaged files are kept as %s; "
-                "the server goes on from there, at revision %d.",
-                message,
-                ", ".join(kept) or "(none)",
-                engine.revision,
-            )
-            rewrite = True
-        elif found.torn_at is not None:
-            self._cut_torn(found)
+        self.data_loss = settle(self.path, found, engine, accept_data_loss=self.accept_data_loss)
         self._seq = found.sequence
         self._records = found.records
-        if rewrite:
+        if found.damage or found.legacy or not found.log_exists:
             if found.legacy and found.log_exists and not found.damage:
                 log.info("rewriting data directory %s in format %d", self.path, FORMAT)
             self._snapshot(engine)
         else:
             self._fd = os.open(self.path / WAL, os.O_WRONLY | os.O_APPEND)
             self._size = os.fstat(self._fd).st_size
-
-    def _cut_torn(self, found: Recovery) -> None:
-        """Keep a partial last record (a write cut short by a crash) aside, then cut it off."""
-        assert found.torn_at is not None
-        wal = self.path / WAL
-        kept = write_aside(self.path, WAL, "torn", found.torn)
-        log.warning(
-            "cut a torn record (%d bytes, never acknowledged) off the end of %s at byte %d; "
-            "the bytes are kept in %s",
-            len(found.torn),
-            wal,
-            found.torn_at,
-            kept,
-        )
-        cut_file(wal, found.torn_at)
-
-
-def _records(n: int) -> str:
-    return f"{n} record" if n == 1 else f"{n} records"
-
-
-def _damage_message(path: Path, found: Recovery, engine: MemoryEngine) -> str:
-    if found.count_known:
-        verb = "is" if found.affected == 1 else "are"
-        count = f"{_records(found.affected)} {verb} affected"
-    elif found.affected:
-        count = f"An unknown number of records (at least {found.affected}) are affected"
-    else:
-        count = "An unknown number of records are affected"
-    return (
-        f"data directory {str(path)!r} is damaged: {'; '.join(found.damage)}. {count}; the "
-        f"last consistent state is record {found.sequence} (revision {engine.revision})."
-    )
-
-
-def _skip_used_ids(engine: MemoryEngine, found: Recovery) -> None:
-    """After a loss, move the revision and lease ids past any on disk: none is handed out twice
-    (a watcher or a lease holder may have seen the lost ones)."""
-    if found.high_revision > engine.revision:
-        engine.restore_commit(Commit(found.high_revision, ()))
-    if found.high_lease > engine.export_state().last_lease_id:
-        engine.restore_lease(found.high_lease, 1.0)
-        engine.restore_lease_end(found.high_lease)

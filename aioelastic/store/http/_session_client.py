@@ -15,7 +15,8 @@ import contextlib
 import logging
 import math
 import ssl as _ssl
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
@@ -96,6 +97,9 @@ class _Connection:
         self.lost = False
         self.reason = ""
         self.last_received = asyncio.get_running_loop().time()
+        #: the last watchdog check that found no watches (silence is measured from then on)
+        self.unwatched_at = self.last_received
+        self.watchdog: asyncio.TimerHandle | None = None
         self._outbox: list[bytes] = []
         self._size = 0
         self._wake = asyncio.Event()
@@ -150,6 +154,24 @@ class _Connection:
                 await ws.send_bytes(chunk[0] if len(chunk) == 1 else b"".join(chunk))
                 start = end
 
+    def check_silence(self, silence: float) -> None:
+        """The watchdog: a connection with watches hears from the server at least every
+        progress interval, so ``silence`` (3 intervals) without a message while it has watches
+        ends it. One timer per connection, not a receive timeout per message."""
+        if self.lost:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self.watches:
+            self.unwatched_at = now  # silence counts only while there are watches
+        elif now - max(self.last_received, self.unwatched_at) >= silence:
+            self.abort(f"nothing received for {silence:g}s (3 progress intervals)")
+            return
+        since = max(self.last_received, self.unwatched_at)
+        self.watchdog = loop.call_later(
+            max(since + silence - now, 0.01), self.check_silence, silence
+        )
+
     def abort(self, reason: str) -> None:
         if not self.reason:
             self.reason = reason
@@ -180,7 +202,7 @@ class SessionClient:
         self.progress_interval = progress_interval
         self.reconnect_timeout = reconnect_timeout
         self.read_retries = read_retries
-        self._limit = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._limit = _Slots(max_in_flight) if max_in_flight else None
         self._conn: _Connection | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -299,14 +321,11 @@ class SessionClient:
     async def _read(self, conn: _Connection) -> None:
         loop = asyncio.get_running_loop()
         silence = 3 * self.progress_interval
+        conn.watchdog = loop.call_later(silence, conn.check_silence, silence)
         try:
             while True:
-                timeout = silence if conn.watches else None
-                try:
-                    message = await conn.ws.receive(timeout=timeout)
-                except TimeoutError:
-                    conn.reason = f"nothing received for {silence:g}s (3 progress intervals)"
-                    break
+                # (no receive timeout: a timer per message costs more than the watchdog's one)
+                message = await conn.ws.receive()
                 if message.type is not aiohttp.WSMsgType.BINARY:
                     if message.type is aiohttp.WSMsgType.CLOSE and not conn.reason:
                         conn.reason = f"closed by the server ({message.data}: {message.extra})"
@@ -323,6 +342,8 @@ class SessionClient:
         except Exception as exc:
             conn.reason = conn.reason or repr(exc)
         finally:
+            if conn.watchdog is not None:
+                conn.watchdog.cancel()
             self._lost(conn)
 
     def _on_frame(self, conn: _Connection, frame: list[Any]) -> None:
@@ -407,8 +428,11 @@ class SessionClient:
     def register_watch(self, conn: _Connection, watch: Any, args: list[Any]) -> asyncio.Future[Any]:
         """Send a ``watch`` request; its frames go to ``watch`` from now on."""
         rid = self._take_id()
+        loop = asyncio.get_running_loop()
+        if not conn.watches:  # the watchdog's silence is counted from now on
+            conn.unwatched_at = loop.time()
         conn.watches[rid] = watch
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         conn.pending[rid] = (future, False)
         conn.send([REQUEST, rid, "watch", args])
         watch.wire_id = rid
@@ -430,24 +454,29 @@ class SessionClient:
         self._next_id = rid + 1 if rid < 2**62 else 1
         return rid
 
-    async def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Any:
+    def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
         """Send one request and return its answer's value, or raise an aioelastic error."""
-        limit = self._limit
-        if limit is None:
-            return await self._call(op, args, write, what)
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                await limit.acquire()
-        except TimeoutError:
-            # nothing was sent: the outcome is known (not applied), even for a write
-            raise StoreConnectionError(
-                f"{what}: no request slot within {self.request_timeout:g}s "
-                "(max_connections requests in flight)"
-            ) from None
+        if self._limit is None:
+            return self._call(op, args, write, what)  # (no coroutine frame of its own)
+        return self._call_limited(self._limit, op, args, write, what)
+
+    async def _call_limited(
+        self, limit: _Slots, op: str, args: list[Any], write: bool, what: str
+    ) -> Any:
+        if not limit.try_take():
+            try:
+                async with asyncio.timeout(self.request_timeout):
+                    await limit.take()
+            except TimeoutError:
+                # nothing was sent: the outcome is known (not applied), even for a write
+                raise StoreConnectionError(
+                    f"{what}: no request slot within {self.request_timeout:g}s "
+                    "(max_connections requests in flight)"
+                ) from None
         try:
             return await self._call(op, args, write, what)
         finally:
-            limit.release()
+            limit.give()
 
     async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
         attempts = 1 if write else 1 + self.read_retries
@@ -468,12 +497,11 @@ class SessionClient:
             alone = len(conn.pending) == 1 and conn.idle()
             if not alone:
                 conn.send(frame)
+            deadline = _Deadline(loop, self.request_timeout, future)
             try:
-                async with asyncio.timeout(self.request_timeout):
-                    if alone:
-                        with contextlib.suppress(Exception):  # a failed send: the reader says so
-                            await conn.send_at_once(frame)
-                    return await future
+                if alone:
+                    await deadline.send(conn, frame)
+                return await future
             except Refused as refused:
                 raise refused.error(what, write=write) from None
             except TimeoutError:
@@ -501,6 +529,8 @@ class SessionClient:
                         f"{what}: the session to {self.url} was lost ({exc})"
                     ) from None
                 await asyncio.sleep(0.05 * 2**attempt)
+            finally:
+                deadline.cancel()
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- closing
@@ -523,6 +553,97 @@ class SessionClient:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self.dialer.aclose()
+
+
+class _Slots:
+    """At most ``size`` requests in flight, waiters served in order: ``asyncio.Semaphore``
+    without its cost per call (its ``locked()`` scans the waiters on every acquire)."""
+
+    __slots__ = ("_waiters", "free")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Wait for a slot (given by :meth:`give` straight to the first waiter)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self.give()  # handed a slot as we were cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(future)
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
+class _Deadline:
+    """A request's deadline: one timer, cheaper than ``asyncio.timeout`` around every call.
+
+    When it passes, the answer's future fails with :class:`TimeoutError`; a caller still
+    writing its request (:meth:`send`: the transport is applying back-pressure) is cancelled
+    out of the write, which then raises :class:`TimeoutError` as well.
+    """
+
+    __slots__ = ("expired", "future", "handle", "sender")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, future: asyncio.Future[Any]
+    ) -> None:
+        self.future = future
+        self.expired = False
+        self.sender: asyncio.Task[Any] | None = None
+        # an infinite timeout is no deadline (and no timer: uvloop's cannot be that far off)
+        self.handle = loop.call_later(seconds, self._expire) if seconds < 1e9 else None
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.sender is not None:  # (the future is left alone: nobody would retrieve it)
+            self.sender.cancel()
+        elif not self.future.done():
+            self.future.set_exception(TimeoutError())
+
+    async def send(self, conn: _Connection, frame: list[Any]) -> None:
+        """Write ``frame`` from the caller (a lone request), within the deadline."""
+        self.sender = task = asyncio.current_task()
+        try:
+            await conn.send_at_once(frame)
+        except asyncio.CancelledError:
+            # Cancelled while the transport applied back-pressure (the frame is written, the
+            # drain is awaited). aiohttp leaves its shared drain waiter cancelled, so any later
+            # write on this WebSocket would raise CancelledError: the connection ends here.
+            self.future.cancel()  # (not awaited any more: its ConnectionLost goes nowhere)
+            conn.abort("a request was cancelled while the server was not reading")
+            if task is None or task.cancelling() == 0:  # nobody cancelled us: a stale waiter
+                raise ConnectionLost("the connection's writer was cancelled") from None
+            if self.expired and task.uncancel() == 0:
+                raise TimeoutError from None  # our cancellation, and nobody else's
+            raise
+        except Exception:  # a failed send: the reader sees the connection end and says so
+            pass
+        finally:
+            self.sender = None
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
 
 
 class Refused(Exception):

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from ..memory import LeaseChange, MemoryEngine, _Watcher
+from ._blob_cache import BlobCache
 from ._frames import (
     ERROR,
     EVENTS,
@@ -55,6 +56,9 @@ CLOSE_BAD_FRAME = 4401
 CLOSE_TOO_SLOW = 4408
 CLOSE_REPLACED = 4409
 
+
+#: What ``receive()`` returns once the WebSocket has ended (its async iterator stops at these).
+_ENDED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 
 #: The HTTP status an error code is metered as (the ``code`` label of the request metrics).
 _STATUS = {
@@ -123,8 +127,7 @@ class SessionHub:
         self._owner: dict[int, SessionState] = {}  # lease id -> the session that owns it
         self._connections: set[Connection] = set()
         # Encoded event blobs of the current revision, shared by watchers at the same position.
-        self._blobs: dict[tuple[str, int, int, int], bytes] = {}
-        self._blobs_revision = -1
+        self._blobs = BlobCache(encode_events)
         engine.on_lease.append(self._on_lease)
 
     @property
@@ -285,17 +288,7 @@ class SessionHub:
             connection.shutdown()
 
     def blob(self, prefix: str, events: list[Any], revision: int) -> bytes:
-        # Watchers of one prefix that read the same revision range got the same events.
-        if revision != self._blobs_revision:
-            self._blobs.clear()
-            self._blobs_revision = revision
-        key = (prefix, events[0].revision, events[-1].revision, len(events))
-        blob = self._blobs.get(key)
-        if blob is None:
-            blob = self._blobs[key] = encode_events(events)
-            if len(self._blobs) > 1024:  # bounded as the REST streams' frame cache is
-                self._blobs.clear()
-        return blob
+        return self._blobs.get(prefix, events, revision)
 
 
 async def _refuse(ws: web.WebSocketResponse, code: str, message: str, **extra: Any) -> None:
@@ -363,9 +356,12 @@ class Connection:
         loop = asyncio.get_running_loop()
         writer = asyncio.ensure_future(self._writer())
         self._ticker = loop.call_later(self.progress_interval, self._tick)
+        ws = self.ws
         try:
-            async for message in self.ws:
-                if message.type is WSMsgType.BINARY:
+            while True:
+                message = await ws.receive()  # (the async iterator is this, one call deeper)
+                kind = message.type
+                if kind is WSMsgType.BINARY:
                     self._dispatching = True
                     try:
                         self._received(message.data)
@@ -375,9 +371,11 @@ class Connection:
                         # every frame of the message handled: its answers go out as one
                         # message, from here (no hand-over to the writer task)
                         batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-                        await self.ws.send_bytes(b"".join(batch))
-                elif message.type is WSMsgType.TEXT:
+                        await ws.send_bytes(batch[0] if len(batch) == 1 else b"".join(batch))
+                elif kind is WSMsgType.TEXT:
                     self._bad_frame("session frames are binary messages (msgpack), not text")
+                elif kind in _ENDED:
+                    break
         finally:
             self._ticker.cancel()
             self._closing = True

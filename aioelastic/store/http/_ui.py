@@ -33,7 +33,9 @@ from ...errors import (
     StoreClosedError,
 )
 from ..memory import MemoryStore
-from .server import _ApiError, _App, _Handler, _json
+from ._encoding import json_response
+from ._errors import ApiError
+from ._state import Handler, ServerState
 
 if TYPE_CHECKING:
     from ..memory import MemoryEngine
@@ -75,7 +77,7 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class UiRoutes:
     """The page's routes over the server's state (engine, limits, watch-stream count)."""
 
-    def __init__(self, state: _App) -> None:
+    def __init__(self, state: ServerState) -> None:
         self.state = state
         self._files: dict[str, bytes] = {}
 
@@ -115,12 +117,12 @@ class UiRoutes:
         try:
             status = await read_run_status(store, run_id, timers_prefix=timers_prefix)
         except RendezvousNotFoundError as exc:
-            raise _ApiError(404, "run_not_found", str(exc), run_id=run_id) from None
+            raise ApiError(404, "run_not_found", str(exc), run_id=run_id) from None
         except RendezvousStateError as exc:
-            raise _ApiError(422, "rendezvous_state", str(exc), run_id=run_id) from None
+            raise ApiError(422, "rendezvous_state", str(exc), run_id=run_id) from None
         finally:
             await store.aclose()
-        return _json(status.to_json())
+        return json_response(status.to_json())
 
     async def snapshot(self, request: web.Request) -> web.Response:
         from ..._overview import read_overview
@@ -128,7 +130,7 @@ class UiRoutes:
         run_id = self._run_param(request)
         store = MemoryStore(engine=self.state.engine)
         try:
-            return _json(await read_overview(store, run_id))
+            return json_response(await read_overview(store, run_id))
         finally:
             await store.aclose()
 
@@ -136,9 +138,9 @@ class UiRoutes:
         run_id = self._run_param(request)
         state = self.state
         if state.closing:
-            raise _ApiError(503, "unavailable", "the server is shutting down")
+            raise ApiError(503, "unavailable", "the server is shutting down")
         if state.watch_streams >= state.limits.max_watch_streams:
-            raise _ApiError(
+            raise ApiError(
                 503,
                 "too_many_watches",
                 f"this server serves at most {state.limits.max_watch_streams} watch streams",
@@ -180,7 +182,11 @@ class _EventStream:
     :data:`MIN_GAP`, and one per :data:`TICK` without changes), until the server stops."""
 
     def __init__(
-        self, state: _App, store: MemoryStore, run_id: str | None, response: web.StreamResponse
+        self,
+        state: ServerState,
+        store: MemoryStore,
+        run_id: str | None,
+        response: web.StreamResponse,
     ) -> None:
         self.state = state
         self.engine: MemoryEngine = state.engine
@@ -249,7 +255,7 @@ class _EventStream:
         return bool(engine.read_events(watcher)) or changed
 
 
-def add_ui_routes(state: _App, route: Callable[[str, str, _Handler, str], None]) -> None:
+def add_ui_routes(state: ServerState, route: Callable[[str, str, Handler, str], None]) -> None:
     """Register the page's routes with ``route(method, path, handler, op)`` (of ``make_app``)."""
     ui = UiRoutes(state)
     route("GET", "/", ui.index, "ui")

@@ -17,6 +17,7 @@ import asyncio
 import os
 import ssl as _ssl
 from collections import deque
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult
@@ -143,9 +144,10 @@ class HttpStore(Store):
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
 
-    async def _call(self, op: str, args: list[Any], *, write: bool, what: str) -> Any:
+    def _call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
+        # not a coroutine of its own: the session's call is awaited directly (one frame less)
         self._check_open()
-        return await self.session.call(op, args, write=write, what=what)
+        return self.session.call(op, args, write=write, what=what)
 
     # -- the core
 
@@ -367,6 +369,20 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     return token
 
 
+_KNOWN_OPTIONS = frozenset(
+    {
+        "token",
+        "ssl",
+        "timeout",
+        "connect_timeout",
+        "read_retries",
+        "progress_interval",
+        "reconnect_timeout",
+        "max_connections",
+    }
+)
+
+
 async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpStore:
     """``http://host:port`` or ``https://host:port`` (optionally with a path prefix).
 
@@ -374,6 +390,21 @@ async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpSt
     https), ``verify`` (``False`` skips certificate checks; for tests only), ``ssl`` (an
     :class:`ssl.SSLContext`), and :class:`HttpStore`'s keyword arguments.
     """
+    _check_url(parts)
+    options = dict(options)
+    _resolve_token(options)
+    _resolve_ssl(parts, options)
+    unknown = set(options) - _KNOWN_OPTIONS
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) for the http store: {sorted(unknown)} "
+            f"(known: {sorted(_KNOWN_OPTIONS | {'token_file', 'cafile', 'verify'})})"
+        )
+    return HttpStore(parts.geturl(), **options)
+
+
+def _check_url(parts: SplitResult) -> None:
+    """A host, a good port, and nothing the store would ignore (query, credentials)."""
     if parts.query or parts.fragment:
         raise ValueError(
             f"http store URL takes no query or fragment (pass options as keyword arguments), "
@@ -389,7 +420,10 @@ async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpSt
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
         raise ValueError(f"url {parts.geturl()!r} has a bad port: {exc}") from None
-    options = dict(options)
+
+
+def _resolve_token(options: dict[str, Any]) -> None:
+    """Turn ``token_file`` (or the agent's token-file variable) into ``token``, in place."""
     token_file = options.pop("token_file", None)
     if token_file is not None:
         if options.get("token") is not None:
@@ -399,32 +433,20 @@ async def open_http_store(parts: SplitResult, options: dict[str, Any]) -> HttpSt
         env_file = os.environ.get(TOKEN_FILE_ENV)  # how an agent hands its workers the token
         if env_file:
             options["token"] = read_token_file(env_file)
+
+
+def _resolve_ssl(parts: SplitResult, options: dict[str, Any]) -> None:
+    """Turn ``cafile`` / ``verify`` into ``ssl``, in place (an explicit ``ssl`` wins)."""
     cafile = options.pop("cafile", None)
     verify = options.pop("verify", True)
-    if "ssl" not in options and (cafile is not None or verify is False):
-        if parts.scheme != "https":
-            raise ValueError("cafile and verify apply to https:// URLs only")
-        if verify is False:
-            options["ssl"] = False
-        else:
-            try:
-                options["ssl"] = _ssl.create_default_context(cafile=cafile)
-            except (OSError, _ssl.SSLError) as exc:
-                raise ValueError(f"cafile {cafile!r} cannot be loaded: {exc}") from None
-    known = {
-        "token",
-        "ssl",
-        "timeout",
-        "connect_timeout",
-        "read_retries",
-        "progress_interval",
-        "reconnect_timeout",
-        "max_connections",
-    }
-    unknown = set(options) - known
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) for the http store: {sorted(unknown)} "
-            f"(known: {sorted(known | {'token_file', 'cafile', 'verify'})})"
-        )
-    return HttpStore(parts.geturl(), **options)
+    if "ssl" in options or (cafile is None and verify is not False):
+        return
+    if parts.scheme != "https":
+        raise ValueError("cafile and verify apply to https:// URLs only")
+    if verify is False:
+        options["ssl"] = False
+        return
+    try:
+        options["ssl"] = _ssl.create_default_context(cafile=cafile)
+    except (OSError, _ssl.SSLError) as exc:
+        raise ValueError(f"cafile {cafile!r} cannot be loaded: {exc}") from None

@@ -1,46 +1,42 @@
-"""The HTTP store server: an aiohttp application serving one shared :class:`MemoryEngine`.
+"""The HTTP store server: ``aioelastic serve`` as an embeddable async resource.
 
-:func:`make_app` builds the application; :class:`HttpStoreServer` runs it on a socket as an async
-resource (``async with HttpStoreServer(port=0) as server: server.url``), embeddable in any asyncio
-program and in tests. ``aioelastic serve`` is a thin command around it. The routes are described
-in ``docs/http-api.md`` and by the OpenAPI document at ``/openapi.json``.
+:class:`HttpStoreServer` runs the application :func:`make_app` builds on a socket
+(``async with HttpStoreServer(port=0) as server: server.url``), embeddable in any asyncio
+program and in tests; ``aioelastic serve`` is a thin command around it. This module is the
+lifecycle only (start, listen, stop); the rest has one module each:
 
-The semantics are the engine's (the memory backend's reference implementation); this module only
-maps HTTP onto it: raw value bytes in bodies, ``ETag`` = ``mod_revision``, ``If-Match`` /
-``If-None-Match: *`` = compare-and-swap, NDJSON watch streams with progress frames.
+- ``_app.py``: ``make_app``, the route table and the fast path;
+- ``_state.py``: authentication, errors as JSON and metrics for every request;
+- ``_rest.py`` and ``_rest_watch.py``: the unary routes and the NDJSON watch stream;
+- ``_session_server.py``: ``/v1/session``, the multiplexed session transport;
+- ``_protocol.py``: aiohttp's connection handler customised (JSON errors for unparsable
+  requests, the read deadline, the connection budget): the one module that relies on aiohttp
+  internals;
+- ``_metrics.py``, ``_errors.py``, ``_encoding.py``, ``_parsing.py``, ``_limits.py``.
+
+The routes are described in ``docs/http-api.md`` and by the OpenAPI document at
+``/openapi.json``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
-import json
+import functools
 import logging
 import math
-import re
 import ssl
-import time
-from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_server import Server
+from anyio.abc import AsyncResource
 
-from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError, TxnTooLargeError
-from .._txn import MAX_TXN_BYTES, DeletePrefix, Put, Range, Txn
-from .._types import KeyValue, WatchEvent
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
-from ._connections import FD_RESERVE, OVERFLOW, ConnectionBudget, LogLimiter, listen_backlog
-from ._frames import SESSION_PATH
-from ._persist import DataDir, FsyncPolicy, LogWriteError
-from ._session_server import DEFAULT_SESSION_GRACE, SessionHub
-from ._txn_wire import result_to_json, txn_from_json
+from ._app import SESSIONS, STATE, fast_path, make_app
+from ._connections import LogLimiter, connection_room, listen_backlog
+from ._limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MAX_WATCH_STREAMS
+from ._persist import DataDir, FsyncPolicy
+from ._protocol import connection_factory
+from ._session_server import DEFAULT_SESSION_GRACE
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -54,1399 +50,41 @@ __all__ = [
 log = logging.getLogger("aioelastic.serve")
 
 DEFAULT_PORT = 29400
-DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
-DEFAULT_MAX_KEY_BYTES = 4096
-DEFAULT_MAX_WATCH_STREAMS = 10_000
-#: Largest JSON request body (``/v1/compact``, ``/v1/lease``: a few bytes each), whatever the
-#: value limit (which bounds ``PUT /v1/kv`` bodies).
-MAX_JSON_BODY_BYTES = 64 * 1024
 #: Seconds a request's head may take to arrive, and its body after its head (``read_timeout``).
 DEFAULT_READ_TIMEOUT = 30.0
 #: Seconds an idle keep-alive connection is kept between requests (aiohttp's ``web.run_app``
 #: default; the bare ``RequestHandler`` would keep one for an hour). Clients of this package drop
 #: idle connections after 30 s themselves, so they never reuse one the server is closing.
 KEEPALIVE_TIMEOUT = 75.0
-#: Bounds of the watch progress interval a client may ask for (seconds).
-MIN_PROGRESS_INTERVAL = 0.05
-MAX_PROGRESS_INTERVAL = 300.0
-DEFAULT_PROGRESS_INTERVAL = 5.0
-NDJSON = "application/x-ndjson"
 
-#: The largest ``POST /v1/txn`` body: room for MAX_TXN_BYTES in base64 with JSON around it.
-_MAX_TXN_BODY = 4 * MAX_TXN_BYTES
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_T = TypeVar("_T")
 
-
-def _call(request: web.Request, handler: _Handler) -> Awaitable[web.StreamResponse]:
-    return handler(request)
-
-
-# -- errors as JSON ------------------------------------------------------------------------------
-
-
-class _ApiError(Exception):
-    """An error answered as ``{"error": code, "message": ...}`` with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        headers = self.headers
-        if self.status == 401:
-            headers = {"WWW-Authenticate": 'Bearer realm="aioelastic"'}
-        response = _error_response(self.status, self.code, self.message, headers, **self.extra)
-        if self.status in (415, 417):
-            response.force_close()  # the refused body is not read: end the connection
-        return response
-
-
-def _bad(message: str) -> _ApiError:
-    return _ApiError(400, "bad_request", message)
-
-
-def _error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
-) -> web.Response:
-    body = {"error": code, "message": message, **extra}
-    return _json(body, status, headers)
-
-
-_STATUS_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    411: "length_required",
-    413: "too_large",
-    414: "uri_too_long",
-    415: "unsupported_media_type",
-    431: "headers_too_large",
-    503: "unavailable",
-}
-
-
-class _RequestReadTimeout(TimeoutError):
-    """Set on a request body that did not arrive within the read deadline: the handler reading
-    it answers 408 (:meth:`_App.answer`). A ``TimeoutError`` so that aiohttp's lingering read of
-    an answered request's unread body ends quietly."""
-
-
-class _JsonErrorRequestHandler(RequestHandler):
-    """aiohttp's connection handler, answering requests it cannot parse with JSON errors and
-    enforcing the server's read deadline.
-
-    The deadline (``read_timeout``, from the server): a request's head must be whole within
-    that many seconds of its first byte, and its body within that many seconds of its head;
-    otherwise the connection is closed, after a 408 JSON error where one can still be written.
-    It is kept by watching what the parser makes of each chunk received (:meth:`data_received`)
-    and one timer per connection, armed only while a request is incomplete between two chunks:
-    a request that arrives in one chunk, like almost every request, costs no timer. A new
-    connection's first request is timed from the connection (a socket that never sends a byte
-    is closed too). An idle connection between requests is left to aiohttp's
-    ``keepalive_timeout``, and a response being written (a watch stream) is not a read: neither
-    has a read deadline. The connection budget (``max_connections``): see
-    :class:`~aioelastic.store.http._connections.ConnectionBudget`.
-    """
-
-    __slots__ = (
-        "_app_state",
-        "_budget",
-        "_read_body",
-        "_read_since",
-        "_read_timeout",
-        "_read_timer",
-        "_spoke",
-        "over_limit",
-    )
-
-    def __init__(self, manager: _JsonErrorServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._read_timeout = manager.read_timeout
-        self._app_state = manager.app_state
-        self._budget = manager.budget
-        #: Accepted over max_connections: answered /healthz only (ConnectionBudget).
-        self.over_limit = False
-        self._spoke = False
-        #: When the incomplete request began (its first byte, or its head for a body), or None.
-        self._read_since: float | None = None
-        #: The body being received, when the incomplete part is a body.
-        self._read_body: StreamReader | None = None
-        self._read_timer: asyncio.TimerHandle | None = None
-
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if request.writer.output_size > 0:
-            raise ConnectionError("response already started; cannot send an error")
-        if status >= 500:
-            self.log_exception("Error handling request", exc_info=exc)
-        text = message or (str(exc) if exc is not None else "") or "malformed request"
-        code = _STATUS_CODES.get(status, "error")
-        if isinstance(exc, LineTooLong) or "Too many headers" in text:
-            status, code = 431, "headers_too_large"
-            text = f"request line or headers too large: {text[:200]}"
-        elif status == 400:
-            text = f"malformed HTTP request: {text[:200]}"
-        resp = _error_response(status, code, text)
-        resp.force_close()
-        return resp
-
-    # -- the connection budget and the read deadline
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        if self._budget is not None:
-            self._budget.opened(self, asyncio.get_running_loop().time())
-        if self._read_timeout is not None:
-            # The first request's head must arrive within the deadline of the connection (a
-            # socket that never sends a byte was kept until the keep-alive timeout).
-            self._start_read_clock()
-
-    def close_silent(self) -> None:
-        """Close a connection that never sent a byte (the budget needs its slot)."""
-        self.force_close()
-
-    def data_received(self, data: bytes) -> None:
-        if not self._spoke:
-            self._spoke = True
-            if self._budget is not None:
-                self._budget.spoke(self)
-        requests = self._request_count
-        super().data_received(data)
-        if self._read_timeout is None or self._force_close or self._close or self._upgraded:
-            return
-        if self._request_count != requests:
-            # One or more heads completed (the new messages are still queued).
-            payload = self._messages[-1][1]
-            if not payload.is_eof():
-                self._read_body = payload
-                self._start_read_clock()
-            else:
-                self._read_body = None
-                self._read_since = None
-                # A head without a body ends with a newline: bytes after it begin the next
-                # request. (After a body no such test exists, and none is made: a next request
-                # begun in the chunk that ended a body is left to the keep-alive timeout.)
-                if payload is EMPTY_PAYLOAD and data and not data.endswith(b"\n"):
-                    self._start_read_clock()
-        elif self._read_body is not None:
-            if self._read_body.is_eof():
-                self._read_body = None
-                self._read_since = None
-        elif self._read_since is None and data.strip(b"\r\n"):
-            # The first bytes of a head (blank lines between requests are ignored, as aiohttp's
-            # parser ignores them).
-            self._start_read_clock()
-
-    def _start_read_clock(self) -> None:
-        assert self._read_timeout is not None
-        loop = self._loop
-        self._read_since = now = loop.time()
-        if self._read_timer is None:
-            # An earlier timer still armed fires early and re-arms itself for this read.
-            self._read_timer = loop.call_at(now + self._read_timeout, self._read_deadline)
-
-    def _read_deadline(self) -> None:
-        self._read_timer = None
-        since, timeout = self._read_since, self._read_timeout
-        if since is None or timeout is None or self._force_close or self.transport is None:
-            return
-        loop = self._loop
-        now = loop.time()
-        if now < since + timeout:
-            self._read_timer = loop.call_at(since + timeout, self._read_deadline)
-            return
-        body = self._read_body
-        if body is not None:
-            self._read_since = self._read_body = None
-            # The handler reading it answers 408 (and closes); a handler that is not reading it
-            # (a watch given a body) is closed once it had the chance to.
-            body.set_exception(
-                _RequestReadTimeout(
-                    f"the request body did not arrive within {timeout:g}s of its headers "
-                    "(the server's read timeout)"
-                )
-            )
-            request = self._current_request
-            if request is not None:
-                loop.call_soon(self._close_if_still_answering, request)
-            return
-        waiter = self._waiter
-        if self._messages or waiter is None or waiter.done():
-            # Still answering an earlier request: the next one is judged when that is done.
-            self._read_timer = loop.call_at(now + timeout, self._read_deadline)
-            return
-        self._read_since = None
-        self._write_read_timeout(timeout, now - since)
-        self.force_close()
-
-    def _close_if_still_answering(self, request: BaseRequest) -> None:
-        if self._current_request is request:
-            self.force_close()
-
-    def _write_read_timeout(self, timeout: float, waited: float) -> None:
-        """Answer 408 on a connection waiting for the rest of a request's head."""
-        transport = self.transport
-        if transport is None:
-            return
-        body = _encode_json(
-            {
-                "error": "request_timeout",
-                "message": f"the request's head did not arrive within {timeout:g}s "
-                "(the server's read timeout); closing the connection",
-            }
-        ).encode()
-        transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        if self._app_state is not None:
-            self._app_state.metrics.observe("other", 408, waited)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
-        if self._budget is not None:
-            self._budget.closed(self)
-            self._budget = None
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
-
-
-class _JsonErrorServer(Server):
-    """aiohttp's protocol factory, making :class:`_JsonErrorRequestHandler` connections."""
-
-    #: Set by :class:`_Runner` once the server is built.
-    read_timeout: float | None = None
-    app_state: _App | None = None
-    budget: ConnectionBudget | None = None
-
-    def __call__(self) -> RequestHandler:
-        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    """An AppRunner whose server answers unparsable requests in JSON and keeps the read
-    deadline. aiohttp has no public hook for the connection handler class, so the server it
-    builds is given our subclass (which adds only three attributes, set here);
-    tests/test_http_server.py checks the JSON answers and the deadline."""
-
-    def __init__(
-        self,
-        app: web.Application,
-        *,
-        read_timeout: float | None,
-        max_connections: int | None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(app, **kwargs)
-        self._read_timeout = read_timeout
-        self._max_connections = max_connections
-
-    async def _make_server(self) -> Server:
-        server = await super()._make_server()
-        server.__class__ = _JsonErrorServer
-        assert isinstance(server, _JsonErrorServer)
-        server.read_timeout = self._read_timeout
-        server.app_state = state = self.app[_STATE]
-        if self._max_connections is not None:
-            # A connection silent for half the read timeout (at most 1 s) may go to make room.
-            grace = min(1.0, self._read_timeout / 2) if self._read_timeout is not None else 1.0
-            server.budget = ConnectionBudget(self._max_connections, grace, state.metrics.refused)
-            state.max_connections = self._max_connections
-        server.request_handler = _fast_path(state, server.request_handler)
-        return server
-
-
-def _fast_path(
-    state: _App, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
-) -> Callable[[BaseRequest], Awaitable[web.StreamResponse]]:
-    """The server's request handler: GET and PUT on ``/v1/kv/{key}`` (the hot routes) go
-    straight to their handlers, everything else through the application (``routed``: its
-    router and middleware).
-
-    The fast path skips only the routing: the key is cut from the path as the router's
-    ``{key:...}`` pattern would (``%2F`` and ``%25`` undone), and the request is
-    answered by :meth:`_App.answer` as the middleware would (authentication, JSON errors,
-    metrics). A request with ``Expect`` (``100-continue``) or anything unusual takes the routed
-    way. Fast-path requests have no ``match_info`` (and so no ``request.app``); handlers use
-    the state they are bound to.
-    """
-    answer = state.answer
-    get = state.get_raw_key
-    put = state.put_raw_key
-
-    async def handle(request: BaseRequest) -> web.StreamResponse:
-        if getattr(request.protocol, "over_limit", False):
-            assert isinstance(request, web.Request)
-            return await state.answer_over_limit(request, routed)
-        method = request.method
-        if method == "GET" or method == "PUT":
-            path = request.rel_url.path_safe
-            if path.startswith("/v1/kv/") and "Expect" not in request.headers:
-                key = path[7:]
-                if "%" in key:
-                    key = key.replace("%2F", "/").replace("%25", "%")
-                assert isinstance(request, web.Request)
-                if method == "GET":
-                    return await answer(request, "get", get, key)
-                return await answer(request, "put", put, key)
-        return await routed(request)
-
-    return handle
-
-
-# -- encoding ------------------------------------------------------------------------------------
-
-
-def kv_json(kv: KeyValue, *, value: bool = True) -> dict[str, Any]:
-    """The JSON form of a key-value (``value_b64``: the value, base64)."""
-    out: dict[str, Any] = {
-        "key": kv.key,
-        "create_revision": kv.create_revision,
-        "mod_revision": kv.mod_revision,
-        "version": kv.version,
-        "lease": kv.lease,
-    }
-    if value:
-        out["value_b64"] = base64.b64encode(kv.value).decode("ascii")
-    return out
-
-
-def _event_json(event: WatchEvent) -> dict[str, Any]:
-    return {"type": event.type.value, **kv_json(event.kv)}
-
-
-def _events_lines(events: list[WatchEvent]) -> bytes:
-    """One NDJSON line per revision: ``{"type":"events","revision":R,"events":[...]}``."""
-    lines: list[bytes] = []
-    batch: list[dict[str, Any]] = []
-    revision = events[0].revision
-    for event in events:
-        if event.revision != revision:
-            lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
-            batch, revision = [], event.revision
-        batch.append(_event_json(event))
-    lines.append(_frame({"type": "events", "revision": revision, "events": batch}))
-    return b"".join(lines)
-
-
-#: Compact JSON, with the encoder built once (``json.dumps(separators=...)`` builds one per call).
-_encode_json = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _frame(obj: dict[str, Any]) -> bytes:
-    return _encode_json(obj).encode() + b"\n"
-
-
-def _json(
-    obj: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    all_headers = {"Content-Type": "application/json"}
-    if headers:
-        all_headers.update(headers)
-    return web.Response(status=status, body=_encode_json(obj).encode(), headers=all_headers)
-
-
-def _written(revision: int, kv: KeyValue) -> web.Response:
-    """The answer to a successful put: ``{"revision": R, "kv": {...}}`` (no value), ``ETag: "R"``.
-
-    The hottest write answer, formatted directly: the same bytes as
-    ``_json({"revision": R, "kv": kv_json(kv, value=False)})`` (compact, ASCII-escaped key, the
-    fields in that order) without building two dicts and walking them with the encoder.
-    """
-    body = (
-        f'{{"revision":{revision},"kv":{{"key":{_json_str(kv.key)},'
-        f'"create_revision":{kv.create_revision},"mod_revision":{kv.mod_revision},'
-        f'"version":{kv.version},"lease":{kv.lease}}}}}'
-    )
-    return web.Response(
-        body=body.encode(),
-        headers={"Content-Type": "application/json", "ETag": f'"{revision}"'},
-    )
-
-
-#: A JSON string literal, escaped exactly as the (``ensure_ascii``) encoder above escapes it.
-_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
-
-
-# -- parsing -------------------------------------------------------------------------------------
-
-
-def _int_param(request: web.Request, name: str, *, minimum: int, default: int | None = None) -> int:
-    raw = request.query.get(name) if request.query_string else None
-    if raw is None:
-        if default is None:
-            raise _bad(f"query parameter {name!r} is required (an integer >= {minimum})")
-        return default
-    return _parse_int(raw, f"query parameter {name!r}", minimum)
-
-
-_DECIMAL = re.compile(r"-?[0-9]{1,19}")
-
-
-def _parse_int(raw: str, what: str, minimum: int) -> int:
-    raw = raw.strip()
-    if not _DECIMAL.fullmatch(raw):
-        raise _bad(f"{what} must be a decimal integer >= {minimum}, got {raw[:40]!r}")
-    value = int(raw)
-    if value < minimum or value >= 2**63:
-        raise _bad(f"{what} must be an integer in [{minimum}, 2**63), got {value}")
-    return value
-
-
-def _json_int(body: dict[str, Any], name: str, minimum: int) -> int:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"field {name!r} must be an integer >= {minimum}, got {value!r}"[:200])
-    if value < minimum or value >= 2**63:
-        raise _bad(f"field {name!r} must be an integer in [{minimum}, 2**63), got {value}")
-    return value
-
-
-def _json_number(body: dict[str, Any], name: str) -> float:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"field {name!r} must be a number of seconds > 0, got {value!r}"[:200])
-    number = float(value)
-    if not math.isfinite(number) or number <= 0 or number > 1e9:
-        raise _bad(f"field {name!r} must be a finite number of seconds in (0, 1e9], got {value!r}")
-    return number
-
-
-def _etag_revision(raw: str, header: str) -> int:
-    raw = raw.strip()
-    if raw.startswith("W/"):
-        raw = raw[2:]
-    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-        raw = raw[1:-1]
-    return _parse_int(raw, f"header {header}", 0)
-
-
-def _refuse_codings(request: web.Request) -> None:
-    """415 for a body in a content coding (gzip, deflate, ...) or a transfer coding besides
-    ``chunked``. The server does not decompress (``auto_decompress=False``): a decoded size is
-    unbounded by the body's, a part is never stored, and a compressed one never as the value."""
-    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if coding != "identity":
-        raise _ApiError(
-            415,
-            "unsupported_content_encoding",
-            f"request bodies are taken as they are (Content-Encoding: identity); "
-            f"{coding[:40]!r} is not accepted: send the body uncompressed",
-            headers={"Accept-Encoding": "identity"},
-        )
-    transfer = request.headers.get("Transfer-Encoding")
-    if transfer is not None and transfer.strip().lower() != "chunked":
-        raise _ApiError(
-            415,
-            "unsupported_transfer_encoding",
-            f"the only transfer coding accepted is chunked, got {transfer[:40]!r}",
-        )
-
-
-class _Limits:
-    def __init__(self, max_key_bytes: int, max_value_bytes: int, max_watch_streams: int) -> None:
-        self.max_key_bytes = max_key_bytes
-        self.max_value_bytes = max_value_bytes
-        self.max_watch_streams = max_watch_streams
-
-
-# -- the application -----------------------------------------------------------------------------
-
-
-class _App:
-    """The state behind the routes: the engine, limits, auth, metrics and open watch streams."""
-
-    def __init__(
-        self,
-        engine: MemoryEngine,
-        *,
-        token: str | None,
-        limits: _Limits,
-        data: DataDir | None,
-        metrics: _Metrics | _NoMetrics,
-    ) -> None:
-        self.engine = engine
-        self.token = token.encode() if token is not None else None
-        self.limits = limits
-        self.data = data
-        self.metrics = metrics
-        #: Paths served without a token: no store data behind them (the page's files, /healthz).
-        self.public_paths: set[str] = {"/healthz"}
-        self.closing = False
-        self.watch_streams = 0
-        #: watches served over sessions (they share ``max_watch_streams``), set by make_app
-        self.session_watches: Callable[[], int] = lambda: 0
-        #: Set by the runner: the connection limit (None: none).
-        self.max_connections: int | None = None
-        #: The metrics label (``op``) of each route handler, filled by :func:`make_app`.
-        self.ops: dict[Any, str] = {}
-        # Encoded event frames of the current revision, shared by watchers of the same prefix at
-        # the same position: a write seen by 1,000 watchers is encoded once, not 1,000 times.
-        self._frames: dict[tuple[str, int, int, int], bytes] = {}
-        self._frames_revision = -1
-
-    # -- plumbing
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        """Every routed request: authentication, error answers and metrics (:meth:`answer`)."""
-        return await self.answer(request, self.ops.get(handler, "other"), _call, handler)
-
-    async def answer(
-        self,
-        request: web.Request,
-        op: str,
-        call: Callable[[web.Request, _T], Awaitable[web.StreamResponse]],
-        arg: _T,
-    ) -> web.StreamResponse:
-        """``await call(request, arg)`` with authentication, errors mapped to JSON answers and
-        the request metered as ``op`` (``other`` when it fails authentication)."""
-        start = time.perf_counter()
-        metered = "other"
-        status = 500
-        try:
-            if self.token is not None and request.path not in self.public_paths:
-                self._authenticate(request)
-            if "Content-Encoding" in request.headers or "Transfer-Encoding" in request.headers:
-                _refuse_codings(request)
-            metered = op
-            response = await call(request, arg)
-            status = response.status
-            return response
-        except _ApiError as exc:
-            status = exc.status
-            return exc.response()
-        except web.HTTPException as exc:  # aiohttp's own: no route, method, body too large
-            status = exc.status
-            if status == 413:
-                return _error_response(
-                    413,
-                    "value_too_large",
-                    f"request body too large (at most {self.limits.max_value_bytes} bytes of "
-                    f"value, {MAX_JSON_BODY_BYTES} of JSON)",
-                )
-            message = exc.reason
-            if status == 404:
-                message = f"no route for {request.method} {request.path[:200]!r}; see /openapi.json"
-            elif status == 405:
-                message = f"method {request.method} is not allowed on {request.path[:200]!r}"
-            allow = exc.headers.get("Allow")
-            return _error_response(
-                status,
-                _STATUS_CODES.get(status, "error"),
-                message,
-                {"Allow": allow} if allow else None,
-            )
-        except CompactedError as exc:
-            status = 410
-            return _error_response(
-                410,
-                "compacted",
-                str(exc),
-                requested_revision=exc.requested_revision,
-                compact_revision=exc.compact_revision,
-            )
-        except LeaseNotFoundError as exc:
-            status = 404
-            return _error_response(404, "lease_not_found", str(exc), lease=exc.lease_id)
-        except StoreClosedError as exc:
-            status = 503
-            return _error_response(503, "unavailable", str(exc))
-        except ValueError as exc:  # the engine's argument errors (e.g. add on a non-integer)
-            status = 400
-            return _error_response(400, "bad_request", str(exc))
-        except _RequestReadTimeout as exc:  # the body was too slow (the read deadline)
-            status = 408
-            response = _error_response(408, "request_timeout", f"{exc}; closing the connection")
-            response.force_close()
-            return response
-        except LogWriteError as exc:  # the log cannot take the write: it was not made
-            status = 507 if exc.full else 503
-            code = "insufficient_storage" if exc.full else "storage_unavailable"
-            return _error_response(status, code, f"{exc.strerror}; the write was not applied")
-        except OSError as exc:  # the data dir failed (fsync): the write's durability is unknown
-            status = 500
-            log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
-            return _error_response(500, "storage_error", f"the data directory failed: {exc}")
-        except asyncio.CancelledError:
-            # aiohttp cancels the handler when the client goes away (a watch it closed): not a
-            # server error; counted as 499, nginx's "client closed request"
-            status = 499
-            raise
-        finally:
-            self.metrics.observe(metered, status, time.perf_counter() - start)
-
-    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
-        """``Expect: 100-continue`` (before the handler and the middleware): the token, the
-        codings and the announced length are checked first, so that a client waiting for
-        ``100 Continue`` is refused at once rather than after sending a body for nothing."""
-        start = time.perf_counter()
-        try:
-            expect = request.headers.get("Expect", "")
-            if expect.strip().lower() != "100-continue":
-                message = f"unknown Expect: {expect[:40]!r} (only 100-continue)"
-                raise _ApiError(417, "expectation_failed", message)
-            if self.token is not None and request.path not in self.public_paths:
-                self._authenticate(request)
-            _refuse_codings(request)
-            length = request.content_length
-            limit = self.limits.max_value_bytes if request.method == "PUT" else MAX_JSON_BODY_BYTES
-            if length is not None and length > limit:
-                raise _ApiError(
-                    413,
-                    "value_too_large" if request.method == "PUT" else "body_too_large",
-                    f"the body ({length} bytes) is over this route's limit ({limit} bytes)",
-                )
-        except _ApiError as exc:
-            self.metrics.observe("other", exc.status, time.perf_counter() - start)
-            response = exc.response()
-            response.force_close()
-            return response
-        if request.version >= (1, 1):
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # the answer proper has not started
+def _checked_read_timeout(read_timeout: float | None) -> float | None:
+    if read_timeout is None:
         return None
-
-    async def answer_over_limit(
-        self, request: web.Request, routed: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """A request on a connection accepted over ``max_connections`` (then closed): ``/healthz``
-        is answered as usual, so a health check works under a flood; anything else gets 503."""
-        if request.method == "GET" and request.path == "/healthz":
-            response = await routed(request)
-        else:
-            self.metrics.observe("other", 503, 0.0)
-            response = _error_response(
-                503,
-                "too_many_connections",
-                f"this server holds at most {self.max_connections} connections "
-                "(--max-connections) and all are in use; try again shortly",
-                {"Retry-After": "1"},
-            )
-        response.force_close()
-        return response
-
-    def _authenticate(self, request: web.Request) -> None:
-        assert self.token is not None
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise _ApiError(
-                401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
-            )
-        if not hmac.compare_digest(given.strip().encode(), self.token):
-            raise _ApiError(401, "unauthorized", "the bearer token is not valid")
-
-    def _key(self, request: web.Request, *, allow_empty: bool = False) -> str:
-        return self._check_key(request.match_info["key"], allow_empty=allow_empty)
-
-    def _prefix(self, request: web.Request) -> str:
-        return self._check_key(request.match_info["prefix"], allow_empty=True)
-
-    def _check_key(self, key: str, *, allow_empty: bool = False) -> str:
-        if not key and not allow_empty:
-            raise _bad("the key (the URL path after the route) must not be empty")
-        if len(key.encode("utf-8", "surrogatepass")) > self.limits.max_key_bytes:
-            raise _ApiError(
-                413,
-                "key_too_large",
-                f"keys are at most {self.limits.max_key_bytes} bytes (UTF-8)",
-            )
-        return key
-
-    async def _body_json(self, request: web.Request) -> dict[str, Any]:
-        too_large = _ApiError(
-            413, "body_too_large", f"JSON body too large: at most {MAX_JSON_BODY_BYTES} bytes"
-        )
-        length = request.content_length
-        if length is not None and length > MAX_JSON_BODY_BYTES:
-            raise too_large
-        raw = await request.read()
-        if len(raw) > MAX_JSON_BODY_BYTES:
-            raise too_large
-        if not raw:
-            return {}
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise _bad("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
-        return body
-
-    async def _durable(self) -> None:
-        data = self.data
-        if data is not None:
-            await data.wait_durable()
-
-    def _lease_id(self, request: web.Request) -> int:
-        return _parse_int(request.match_info["lease"], "the lease id in the path", 1)
-
-    # -- service routes
-
-    async def healthz(self, request: web.Request) -> web.Response:
-        if self.closing:
-            return _json({"status": "stopping"}, status=503)
-        return _json({"status": "ok"})
-
-    async def metrics_route(self, request: web.Request) -> web.Response:
-        body, content_type = self.metrics.render()
-        response = web.Response(body=body)
-        response.headers["Content-Type"] = content_type
-        return response
-
-    async def openapi(self, request: web.Request) -> web.Response:
-        from ._openapi import openapi_document
-
-        return _json(openapi_document(self.limits.max_key_bytes, self.limits.max_value_bytes))
-
-    async def revision(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        return _json({"revision": engine.revision, "compact_revision": engine.compact_revision})
-
-    # -- key-values
-
-    async def get_key(self, request: web.Request) -> web.Response:
-        return await self.get_raw_key(request, request.match_info["key"])
-
-    async def get_raw_key(self, request: web.Request, key: str) -> web.Response:
-        """GET /v1/kv/{key}, ``key`` taken from the path (the fast path calls it directly)."""
-        key = self._check_key(key)
-        kv = self.engine.get(key)
-        revision = str(self.engine.revision)
-        if kv is None:
-            return _error_response(
-                404, "key_not_found", f"no key {key[:200]!r}", {"X-Revision": revision}
-            )
-        if request.query.get("format") == "json":
-            return _json({"revision": self.engine.revision, "kv": kv_json(kv)})
-        return web.Response(
-            body=kv.value,
-            content_type="application/octet-stream",
-            headers={
-                "ETag": f'"{kv.mod_revision}"',
-                "X-Revision": revision,
-                "X-Create-Revision": str(kv.create_revision),
-                "X-Mod-Revision": str(kv.mod_revision),
-                "X-Version": str(kv.version),
-                "X-Lease": str(kv.lease),
-            },
-        )
-
-    async def put_key(self, request: web.Request) -> web.Response:
-        return await self.put_raw_key(request, request.match_info["key"])
-
-    async def put_raw_key(self, request: web.Request, key: str) -> web.Response:
-        """PUT /v1/kv/{key}, ``key`` taken from the path (the fast path calls it directly)."""
-        key = self._check_key(key)
-        lease = _int_param(request, "lease", minimum=0, default=0)
-        if_match = request.headers.get("If-Match")
-        if_none_match = request.headers.get("If-None-Match")
-        expected: int | None = None
-        if if_match is not None and if_none_match is not None:
-            raise _bad("give If-Match or If-None-Match, not both")
-        if if_none_match is not None:
-            if if_none_match.strip() != "*":
-                raise _bad("If-None-Match must be '*' (write only if the key is absent)")
-            expected = 0
-        elif if_match is not None:
-            expected = _etag_revision(if_match, "If-Match")
-        length = request.content_length
-        if length is not None and length > self.limits.max_value_bytes:
-            raise _ApiError(
-                413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
-            )
-        if length is not None:
-            # Take what has arrived in one call (a small write's whole body comes with its
-            # headers, though aiohttp may not have seen its end yet), then wait for the rest:
-            # cheaper than ``read()``'s loop of ``readany()``s.
-            content = request.content
-            value = content.read_nowait()
-            if len(value) < length:
-                try:
-                    value += await content.readexactly(length - len(value))
-                except asyncio.IncompleteReadError:
-                    raise _bad("the request body ended before its Content-Length") from None
-        else:
-            value = await request.read()
-        if len(value) > self.limits.max_value_bytes:
-            raise _ApiError(
-                413, "value_too_large", f"values are at most {self.limits.max_value_bytes} bytes"
-            )
-        if expected is None:
-            revision = self.engine.put(key, value, lease)
-            kv = self.engine.get(key)
-            assert kv is not None
-            await self._durable()
-            return _written(revision, kv)
-        result = self.engine.compare_and_swap(key, expected, value, lease)
-        if not result.succeeded:
-            return _precondition_failed(key, result.revision, result.kv)
-        assert result.kv is not None
-        await self._durable()
-        return _written(result.revision, result.kv)
-
-    async def delete_key(self, request: web.Request) -> web.Response:
-        key = self._key(request)
-        if_match = request.headers.get("If-Match")
-        if_none_match = request.headers.get("If-None-Match")
-        if if_none_match is not None:
-            if if_match is not None:
-                raise _bad("give If-Match or If-None-Match, not both")
-            if if_none_match.strip() != "*":
-                raise _bad("If-None-Match must be '*' (delete only if the key is absent)")
-            # RFC 9110: the condition holds only while no key exists, so nothing is deleted.
-            kv = self.engine.get(key)
-            if kv is not None:
-                return _precondition_failed(key, self.engine.revision, kv)
-            return _json({"deleted": 0, "revision": self.engine.revision})
-        if if_match is None:
-            deleted = self.engine.delete(key, False)
-            if deleted:
-                await self._durable()
-            return _json({"deleted": deleted, "revision": self.engine.revision})
-        expected = _etag_revision(if_match, "If-Match")
-        if expected < 1:
-            raise _bad("If-Match on DELETE must name a revision >= 1")
-        result = self.engine.compare_and_delete(key, expected)
-        if not result.succeeded:
-            return _precondition_failed(key, result.revision, result.kv)
-        await self._durable()
-        return _json({"deleted": 1, "revision": result.revision})
-
-    async def add(self, request: web.Request) -> web.Response:
-        key = self._key(request)
-        raw = request.query.get("delta", "1").strip()
-        if not _DECIMAL.fullmatch(raw):
-            raise _bad(
-                f"query parameter 'delta' must be a decimal integer (at most 19 digits), "
-                f"got {raw[:40]!r}"
-            )
-        total = self.engine.add(key, int(raw))
-        revision = self.engine.revision
-        await self._durable()
-        return _json({"value": total, "revision": revision})
-
-    async def txn(self, request: web.Request) -> web.Response:
-        """POST /v1/txn: one transaction (the JSON forms are in ``_txn_wire``)."""
-        # a txn's base64 values may exceed the body limit of other routes: read to its own
-        raw = bytearray()
-        while chunk := await request.content.read(_MAX_TXN_BODY + 1 - len(raw)):
-            raw += chunk
-            if len(raw) > _MAX_TXN_BODY:
-                raise _ApiError(
-                    413, "txn_too_large", f"txn bodies are at most {_MAX_TXN_BODY} bytes"
-                )
-        try:
-            body = json.loads(raw) if raw else {}
-        except (ValueError, RecursionError):
-            raise _bad("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
-        try:
-            txn = txn_from_json(body)
-        except TxnTooLargeError as exc:
-            raise _ApiError(
-                413, "txn_too_large", str(exc), limit=exc.limit, maximum=exc.maximum, size=exc.size
-            ) from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _bad(f"txn: {exc}"[:300]) from None
-        self._check_txn_sizes(txn)
-        before = self.engine.revision
-        result = self.engine.txn(txn)  # LeaseNotFoundError -> 404
-        if result.revision != before:
-            await self._durable()
-        return _json(result_to_json(result))
-
-    def _check_txn_sizes(self, txn: Txn) -> None:
-        for item in (*txn.compare, *txn.success, *txn.failure):
-            if isinstance(item, (Range, DeletePrefix)):
-                self._check_key(item.prefix, allow_empty=True)
-            else:
-                self._check_key(item.key)
-            if isinstance(item, Put) and len(item.value) > self.limits.max_value_bytes:
-                raise _ApiError(
-                    413,
-                    "value_too_large",
-                    f"values are at most {self.limits.max_value_bytes} bytes",
-                )
-
-    async def range(self, request: web.Request) -> web.Response:
-        prefix = self._prefix(request)
-        limit: int | None = None
-        if "limit" in request.query:
-            limit = _int_param(request, "limit", minimum=1)
-        result = self.engine.range(prefix, limit)
-        return _json(
-            {
-                "revision": result.revision,
-                "count": result.count,
-                "more": result.more,
-                "kvs": [kv_json(kv) for kv in result.kvs],
-            }
-        )
-
-    async def delete_range(self, request: web.Request) -> web.Response:
-        prefix = self._prefix(request)
-        deleted = self.engine.delete(prefix, True)
-        if deleted:
-            await self._durable()
-        return _json({"deleted": deleted, "revision": self.engine.revision})
-
-    async def compact(self, request: web.Request) -> web.Response:
-        body = await self._body_json(request)
-        revision = _json_int(body, "revision", 1)
-        self.engine.compact(revision)
-        await self._durable()
-        return _json({"compact_revision": self.engine.compact_revision})
-
-    # -- leases
-
-    async def lease_grant(self, request: web.Request) -> web.Response:
-        body = await self._body_json(request)
-        ttl = _json_number(body, "ttl")
-        grant = self.engine.lease_grant(ttl)
-        await self._durable()
-        return _json({"id": grant.id, "ttl": grant.ttl})
-
-    async def lease_keep_alive(self, request: web.Request) -> web.Response:
-        ttl = self.engine.lease_keep_alive(self._lease_id(request))
-        return _json({"ttl": ttl})
-
-    async def lease_revoke(self, request: web.Request) -> web.Response:
-        self.engine.lease_revoke(self._lease_id(request))
-        await self._durable()
-        return _json({"revoked": True, "revision": self.engine.revision})
-
-    async def lease_status(self, request: web.Request) -> web.Response:
-        status = self.engine.lease_time_to_live(self._lease_id(request))
-        return _json(
-            {
-                "id": status.id,
-                "granted_ttl": status.granted_ttl,
-                "remaining": status.remaining,
-                "keys": list(status.keys),
-            }
-        )
-
-    async def leases(self, request: web.Request) -> web.Response:
-        return _json(
-            {
-                "leases": [
-                    {"id": s.id, "granted_ttl": s.granted_ttl, "remaining": s.remaining}
-                    for s in self.engine.leases()
-                ]
-            }
-        )
-
-    # -- watches
-
-    async def watch(self, request: web.Request) -> web.StreamResponse:
-        prefix = self._prefix(request)
-        start: int | None = None
-        if "start_revision" in request.query:
-            start = _int_param(request, "start_revision", minimum=1)
-        interval = DEFAULT_PROGRESS_INTERVAL
-        if "progress_interval" in request.query:
-            raw = request.query["progress_interval"]
-            try:
-                interval = float(raw)
-            except ValueError:
-                raise _bad(
-                    f"progress_interval must be a number of seconds, got {raw[:40]!r}"
-                ) from None
-            if not MIN_PROGRESS_INTERVAL <= interval <= MAX_PROGRESS_INTERVAL:
-                raise _bad(
-                    f"progress_interval must be in [{MIN_PROGRESS_INTERVAL}, "
-                    f"{MAX_PROGRESS_INTERVAL}] seconds, got {raw[:40]!r}"
-                )
-        if self.closing:
-            raise _ApiError(503, "unavailable", "the server is shutting down")
-        if self.watch_streams + self.session_watches() >= self.limits.max_watch_streams:
-            raise _ApiError(
-                503,
-                "too_many_watches",
-                f"this server serves at most {self.limits.max_watch_streams} watch streams",
-            )
-        snapshot = request.query.get("snapshot", "0")
-        if snapshot not in ("0", "1"):
-            raise _bad(f"snapshot must be 0 or 1, got {snapshot[:40]!r}")
-        if snapshot == "1" and start is not None:
-            raise _bad("snapshot=1 reads the prefix now: it takes no start_revision")
-        engine = self.engine
-        # the range, then the watcher from the next revision: no await in between
-        result = engine.range(prefix, None) if snapshot == "1" else None
-        watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> 410
-        created: dict[str, Any] = {
-            "type": "created",
-            "start_revision": watcher.min_revision,
-            "revision": engine.revision,
-            "progress_interval": interval,
-        }
-        if result is not None:
-            created["count"] = result.count
-            created["kvs"] = [kv_json(kv) for kv in result.kvs]
-        self.watch_streams += 1
-        loop = asyncio.get_running_loop()
-        try:
-            response = web.StreamResponse(
-                headers={"Content-Type": NDJSON, "Cache-Control": "no-store"}
-            )
-            response.enable_chunked_encoding()
-            await response.prepare(request)
-            await response.write(_frame(created))
-            # One timer per stream, re-armed only when it fires: a stream that is written to
-            # often costs no timer work per event. It wakes the loop below when nothing has been
-            # sent for ``interval`` seconds, and a progress frame goes out.
-            progress = _ProgressTimer(loop, interval, watcher.wake)
-            try:
-                while True:
-                    try:
-                        events = engine.read_events(watcher)
-                    except CompactedError as exc:
-                        await response.write(
-                            _frame(
-                                {
-                                    "type": "error",
-                                    "error": "compacted",
-                                    "message": str(exc),
-                                    "requested_revision": exc.requested_revision,
-                                    "compact_revision": exc.compact_revision,
-                                }
-                            )
-                        )
-                        break
-                    except StoreClosedError:
-                        await response.write(_frame({"type": "closing"}))
-                        break
-                    revision = engine.revision  # read with the events: no await in between
-                    if events:
-                        await response.write(self._encode(prefix, events, revision))
-                        progress.sent()
-                        continue
-                    if progress.due:
-                        await response.write(_frame({"type": "progress", "revision": revision}))
-                        progress.sent()
-                        continue
-                    await engine.wait(watcher)
-            finally:
-                progress.cancel()
-            await response.write_eof()
-            return response
-        except ConnectionError:  # the client went away: nothing more to say on this stream
-            return response
-        finally:
-            self.watch_streams -= 1
-            engine.remove_watcher(watcher)
-
-    def _encode(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
-        # Two watchers of one prefix that read the same revision range got the same events
-        # (a read always ends at a revision boundary), so the frames can be shared.
-        if revision != self._frames_revision:
-            self._frames.clear()
-            self._frames_revision = revision
-        key = (prefix, events[0].revision, events[-1].revision, len(events))
-        frames = self._frames.get(key)
-        if frames is None:
-            frames = self._frames[key] = _events_lines(events)
-            if len(self._frames) > 1024:
-                self._frames.clear()
-        return frames
-
-    def end_watch_streams(self) -> None:
-        """Make every open watch stream send a ``closing`` frame and end (shutdown)."""
-        self.closing = True
-        self.engine.fail_watchers_of(self, StoreClosedError("the server is shutting down"))
-
-
-class _ProgressTimer:
-    """Calls ``wake`` and sets :attr:`due` once ``interval`` seconds pass without :meth:`sent`."""
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, interval: float, wake: Callable[[], None]
-    ) -> None:
-        self._loop = loop
-        self._interval = interval
-        self._wake = wake
-        self._last = loop.time()
-        self.due = False
-        self._handle = loop.call_at(self._last + interval, self._fire)
-
-    def sent(self) -> None:
-        self._last = self._loop.time()
-        self.due = False
-
-    def _fire(self) -> None:
-        now = self._loop.time()
-        deadline = self._last + self._interval
-        if now >= deadline:
-            self.due = True
-            self._wake()
-            deadline = now + self._interval
-        self._handle = self._loop.call_at(deadline, self._fire)
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
-def _precondition_failed(key: str, revision: int, kv: KeyValue | None) -> web.Response:
-    return _json(
-        {
-            "error": "precondition_failed",
-            "message": f"compare failed for {key[:200]!r}: "
-            + ("it is absent" if kv is None else f"its mod_revision is {kv.mod_revision}"),
-            "revision": revision,
-            "kv": None if kv is None else kv_json(kv),
-        },
-        status=412,
-    )
-
-
-# -- metrics -------------------------------------------------------------------------------------
-
-
-class _Metrics:
-    """Prometheus metrics of one server, in a registry of its own (several servers can share a
-    process)."""
-
-    def __init__(self, engine: MemoryEngine) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "aioelastic_requests",
-            "HTTP requests answered, by operation and status code",
-            ["op", "code"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "aioelastic_request_duration_seconds",
-            "Time to answer a request (a watch: the stream's lifetime), by operation",
-            ["op"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 300),
-            registry=self.registry,
-        )
-        self.keys = Gauge("aioelastic_keys", "Keys in the store", registry=self.registry)
-        self.keys.set_function(lambda: len(engine))
-        self.leases = Gauge("aioelastic_leases", "Live leases", registry=self.registry)
-        self.leases.set_function(lambda: engine.lease_count)
-        self.revision = Gauge("aioelastic_revision", "Store revision", registry=self.registry)
-        self.revision.set_function(lambda: engine.revision)
-        self.watchers = Gauge(
-            "aioelastic_watch_streams",
-            "Open watch streams and session watches",
-            registry=self.registry,
-        )
-        self.connections = Gauge(
-            "aioelastic_connections", "Open client connections", registry=self.registry
-        )
-        self.sessions = Gauge(
-            "aioelastic_sessions", "Connected sessions (/v1/session)", registry=self.registry
-        )
-        self._refused = Counter(
-            "aioelastic_connections_refused",
-            "Connections over --max-connections, by what became of them: silent_closed (an "
-            "idle connection closed to make room), over_limit (answered /healthz or 503)",
-            ["reason"],
-            registry=self.registry,
-        )
-        self._log_events = Counter(
-            "aioelastic_log_events",
-            "Log lines suppressed by the one-line-a-second limit (suppressed), and errors for "
-            "lack of file descriptors, EMFILE/ENFILE (fd_exhausted)",
-            ["event"],
-            registry=self.registry,
-        )
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-
-    def observe(self, op: str, status: int, seconds: float) -> None:
-        children = self._children.get((op, status))
-        if children is None:
-            children = self._children[(op, status)] = (
-                self.requests.labels(op, str(status)),
-                self.latency.labels(op),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
-
-    def refused(self, reason: str) -> None:
-        self._refused.labels(reason).inc()
-
-    def log_event(self, event: str) -> None:
-        self._log_events.labels(event).inc()
-
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-class _Unset:
-    def set_function(self, function: Callable[[], float]) -> None:
-        pass
-
-
-class _NoMetrics:
-    """Without prometheus-client the server runs as usual; ``/metrics`` answers 501 and says
-    which extra to install."""
-
-    watchers = connections = sessions = _Unset()
-
-    def observe(self, op: str, status: int, seconds: float) -> None:
-        pass
-
-    def refused(self, reason: str) -> None:
-        pass
-
-    def log_event(self, event: str) -> None:
-        pass
-
-    def render(self) -> tuple[bytes, str]:
-        raise _ApiError(
-            501,
-            "metrics_unavailable",
-            "this server has no metrics: install prometheus-client (pip install "
-            "'aioelastic[server]') and restart it",
-        )
-
-
-def _metrics_for(engine: MemoryEngine) -> _Metrics | _NoMetrics:
-    try:
-        return _Metrics(engine)
-    except ImportError:
-        log.info("prometheus-client is not installed: /metrics is disabled")
-        return _NoMetrics()
-
-
-def _open_file_limit() -> int:
-    """The soft limit of open files (a large number where there is none)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Windows
-        return 1 << 20
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
-
-
-def make_app(
-    engine: MemoryEngine,
-    *,
-    token: str | None = None,
-    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-    data: DataDir | None = None,
-    max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS,
-    session_grace: float = DEFAULT_SESSION_GRACE,
-) -> web.Application:
-    """The aiohttp application serving ``engine`` (see ``docs/http-api.md`` for the routes).
-
-    ``token``: require ``Authorization: Bearer <token>`` on every route but ``/healthz``.
-    ``data``: an opened :class:`DataDir` whose durability every write waits for.
-    ``max_watch_streams``: open watch streams beyond this get 503 ``too_many_watches`` (and
-    as many watches again over sessions). ``session_grace``: seconds a session's leases outlive
-    its connection, waiting for the client to resume it (``/v1/session``).
-    """
-    if max_key_bytes < 1 or max_value_bytes < 0 or max_watch_streams < 1:
+    if (
+        isinstance(read_timeout, bool)
+        or not isinstance(read_timeout, (int, float))
+        or not math.isfinite(read_timeout)
+        or read_timeout <= 0
+    ):
         raise ValueError(
-            "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
+            "read_timeout must be a finite number of seconds > 0, or None for no deadline; "
+            f"got {read_timeout!r}"
         )
-    metrics = _metrics_for(engine)
-    state = _App(
-        engine,
-        token=token,
-        limits=_Limits(max_key_bytes, max_value_bytes, max_watch_streams),
-        data=data,
-        metrics=metrics,
-    )
-    metrics.watchers.set_function(lambda: state.watch_streams)
-    sessions = SessionHub(
-        engine,
-        grace=session_grace,
-        max_key_bytes=max_key_bytes,
-        max_value_bytes=max_value_bytes,
-        max_watches=max_watch_streams,
-        durable=data.wait_durable if data is not None else None,
-        observe=metrics.observe,
-        other_watches=lambda: state.watch_streams,
-    )
-    state.session_watches = lambda: sessions.watches
-    metrics.watchers.set_function(lambda: state.watch_streams + sessions.watches)
-    metrics.sessions.set_function(lambda: sessions.session_count)
-    # A body of client_max_size bytes is refused: +1 lets the largest allowed one through.
-    app = web.Application(
-        middlewares=[state.middleware],
-        client_max_size=max(max_value_bytes, MAX_JSON_BODY_BYTES) + 1,
-    )
-    app[_STATE] = state
-    app[_SESSIONS] = sessions
-
-    def route(method: str, path: str, handler: _Handler, op: str) -> None:
-        # The handler is registered as is (no wrapper coroutine per request); the middleware
-        # finds its metrics label in this table (bound methods hash by instance and function).
-        state.ops[handler] = op
-        app.router.add_route(method, path, handler, expect_handler=state.expect_continue)
-
-    route("GET", "/healthz", state.healthz, "healthz")
-    route("GET", "/metrics", state.metrics_route, "metrics")
-    from ._ui import add_ui_routes  # the web page and its data routes (docs/ui.md)
-
-    add_ui_routes(state, route)
-    route("GET", "/openapi.json", state.openapi, "openapi")
-    route("GET", "/v1/revision", state.revision, "revision")
-    # "(?s:.*)": any key, newlines included (a bare ".*" stops at one: 404 "no route").
-    route("GET", "/v1/kv/{key:(?s:.*)}", state.get_key, "get")
-    route("PUT", "/v1/kv/{key:(?s:.*)}", state.put_key, "put")
-    route("DELETE", "/v1/kv/{key:(?s:.*)}", state.delete_key, "delete")
-    route("POST", "/v1/add/{key:(?s:.*)}", state.add, "add")
-    route("POST", "/v1/txn", state.txn, "txn")
-    route("GET", "/v1/range/{prefix:(?s:.*)}", state.range, "range")
-    route("DELETE", "/v1/range/{prefix:(?s:.*)}", state.delete_range, "delete_range")
-    route("GET", "/v1/watch/{prefix:(?s:.*)}", state.watch, "watch")
-    route("POST", "/v1/compact", state.compact, "compact")
-    route("POST", "/v1/lease", state.lease_grant, "lease_grant")
-    route("GET", "/v1/leases", state.leases, "leases")
-    route("GET", "/v1/lease/{lease}", state.lease_status, "lease_status")
-    route("POST", "/v1/lease/{lease}/keepalive", state.lease_keep_alive, "lease_keep_alive")
-    route("DELETE", "/v1/lease/{lease}", state.lease_revoke, "lease_revoke")
-    route("GET", SESSION_PATH, sessions.handle, "session")
-
-    async def on_shutdown(app: web.Application) -> None:
-        state.end_watch_streams()
-        sessions.shutdown()
-
-    app.on_shutdown.append(on_shutdown)
-    return app
+    return float(read_timeout)
 
 
-_STATE: web.AppKey[_App] = web.AppKey("aioelastic_state", _App)
-_SESSIONS: web.AppKey[SessionHub] = web.AppKey("aioelastic_sessions", SessionHub)
+def _checked_max_connections(max_connections: int | None) -> int | None:
+    if max_connections is not None and (
+        isinstance(max_connections, bool)
+        or not isinstance(max_connections, int)
+        or max_connections < 1
+    ):
+        raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+    return max_connections
 
 
-# -- the embeddable server -----------------------------------------------------------------------
-
-
-class HttpStoreServer:
+class HttpStoreServer(AsyncResource):
     """``aioelastic serve`` as an async resource, for embedding in a program or a test.
 
     ``async with HttpStoreServer(port=0) as server: store = await open_store(server.url)``.
@@ -1454,7 +92,8 @@ class HttpStoreServer:
     a crash (see :mod:`aioelastic.store.http._persist` for the ``fsync`` policies); a damaged
     data dir is refused unless ``accept_data_loss`` (then it goes on from its last consistent
     state, the damaged files kept aside). ``engine``
-    serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`stop` is graceful: it
+    serves an existing :class:`MemoryEngine` (not closed on stop). :meth:`aclose` (or its older
+    name :meth:`stop`) is graceful: it
     stops accepting connections, ends watch streams, lets in-flight requests finish (up to
     ``shutdown_timeout`` seconds) and flushes the log. ``read_timeout``: seconds a request's
     head may take to arrive (a new connection's first one: from the connection; a TLS handshake
@@ -1492,16 +131,7 @@ class HttpStoreServer:
             raise ValueError("give engine or data_dir, not both (a data dir loads its own engine)")
         if token is not None and not token:
             raise ValueError("token must not be empty")
-        if read_timeout is not None and (
-            isinstance(read_timeout, bool)
-            or not isinstance(read_timeout, (int, float))
-            or not math.isfinite(read_timeout)
-            or read_timeout <= 0
-        ):
-            raise ValueError(
-                "read_timeout must be a finite number of seconds > 0, or None for no deadline; "
-                f"got {read_timeout!r}"
-            )
+        self._read_timeout = _checked_read_timeout(read_timeout)
         self.host = host
         self._port = port
         self._owns_engine = engine is None
@@ -1523,33 +153,18 @@ class HttpStoreServer:
         self._max_watch_streams = max_watch_streams
         self._shutdown_timeout = shutdown_timeout
         self._backlog = backlog
-        if max_connections is not None and (
-            isinstance(max_connections, bool)
-            or not isinstance(max_connections, int)
-            or max_connections < 1
-        ):
-            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
-        self._max_connections = max_connections
+        self._max_connections = _checked_max_connections(max_connections)
         self._listener: asyncio.Server | None = None
         #: One log line a second at most from the server's loggers (attach more: ``asyncio``).
         self.log_limiter = LogLimiter()
-        self._read_timeout = None if read_timeout is None else float(read_timeout)
         self._session_grace = session_grace
-        self._runner: _Runner | None = None
+        self._runner: web.AppRunner | None = None
         self._app: web.Application | None = None
         self._stopped = False
 
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def port(self) -> int:
@@ -1580,54 +195,67 @@ class HttpStoreServer:
                 max_watch_streams=self._max_watch_streams,
                 session_grace=self._session_grace,
             )
-            runner = _Runner(
-                self._app,
-                access_log=None,
-                # A client that hangs up cancels its handler: a watch stream's resources go at
-                # once rather than at its next progress frame. Writes are applied synchronously
-                # on the engine, so a cancelled write handler leaves nothing half done.
-                handler_cancellation=True,
-                shutdown_timeout=self._shutdown_timeout,
-                max_line_size=3 * self._max_key_bytes + 1024,
-                max_field_size=8190,
-                max_headers=64,
-                # Bodies are taken as sent; a content coding is refused (415, _refuse_codings).
-                auto_decompress=False,
-                keepalive_timeout=KEEPALIVE_TIMEOUT,
-                read_timeout=self._read_timeout,
-                max_connections=self.max_connections,
-            )
-            await runner.setup()
-            self._runner = runner
-            state = self._app[_STATE]
-            server = runner.server
-            assert server is not None
-            state.metrics.connections.set_function(lambda: len(server.connections))
-            self.log_limiter.on_event = state.metrics.log_event
-            self.log_limiter.attach("aiohttp.server", log.name)
-            # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
-            # keeps a socket that never handshakes for 60 s); here it is the read timeout.
-            self._listener = await asyncio.get_running_loop().create_server(
-                server,
-                self.host,
-                self._port,
-                ssl=self._ssl,
-                backlog=self.backlog,
-                ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
-            )
-            self._port = self._listener.sockets[0].getsockname()[1]
+            self._runner = await self._serve(self._app)
         except BaseException:
             await self._release()
             raise
 
-    async def stop(self) -> None:
-        """Stop gracefully (idempotent): end watch streams, finish requests, flush the log."""
+    async def _serve(self, app: web.Application) -> web.AppRunner:
+        """Set ``app`` up and listen: ``aiohttp``'s runner with our connection handlers."""
+        # A client that hangs up cancels its handler: a watch stream's resources go at once
+        # rather than at its next progress frame. Writes are applied synchronously on the
+        # engine, so a cancelled write handler leaves nothing half done.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=self._shutdown_timeout
+        )
+        await runner.setup()
+        self._runner = runner
+        state = app[STATE]
+        state.max_connections = self.max_connections
+        connection = connection_factory(
+            runner,
+            route=functools.partial(fast_path, app),
+            observe=state.metrics.observe,
+            refused=state.metrics.refused,
+            read_timeout=self._read_timeout,
+            max_connections=self.max_connections,
+            access_log=None,
+            max_line_size=3 * self._max_key_bytes + 1024,
+            max_field_size=8190,
+            max_headers=64,
+            # Bodies are taken as sent; a content coding is refused (415, refuse_codings).
+            auto_decompress=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
+        )
+        server = runner.server
+        assert server is not None
+        state.metrics.connections.set_function(lambda: len(server.connections))
+        self.log_limiter.on_event = state.metrics.log_event
+        self.log_limiter.attach("aiohttp.server", log.name)
+        # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
+        # keeps a socket that never handshakes for 60 s); here it is the read timeout.
+        self._listener = await asyncio.get_running_loop().create_server(
+            connection,
+            self.host,
+            self._port,
+            ssl=self._ssl,
+            backlog=self.backlog,
+            ssl_handshake_timeout=self._read_timeout if self._ssl is not None else None,
+        )
+        self._port = self._listener.sockets[0].getsockname()[1]
+        return runner
+
+    async def aclose(self) -> None:
+        """Stop gracefully (idempotent): end watch streams, finish requests, flush the log
+        (what ``async with`` does on exit)."""
         if self._stopped:
             return
         self._stopped = True
         await self._release()
 
-    aclose = stop
+    async def stop(self) -> None:
+        """:meth:`aclose` under its older name."""
+        await self.aclose()
 
     async def _release(self) -> None:
         listener, self._listener = self._listener, None
@@ -1645,8 +273,8 @@ class HttpStoreServer:
     @property
     def max_connections(self) -> int:
         """The connection limit: the one given, or what the open-file limit allows, less
-        descriptors kept for the rest (:data:`FD_RESERVE`) and the overflow answered 503."""
-        room = max(1, _open_file_limit() - FD_RESERVE - OVERFLOW)
+        descriptors kept for the rest and for the overflow answered 503 (``connection_room``)."""
+        room = connection_room()
         if self._max_connections is None:
             return room
         return min(self._max_connections, room)
@@ -1677,8 +305,8 @@ class HttpStoreServer:
         return {
             "keys": len(self.engine),
             "leases": self.engine.lease_count,
-            "watch_streams": app[_STATE].watch_streams if app is not None else 0,
-            "sessions": app[_SESSIONS].session_count if app is not None else 0,
-            "session_watches": app[_SESSIONS].watches if app is not None else 0,
+            "watch_streams": app[STATE].watch_streams if app is not None else 0,
+            "sessions": app[SESSIONS].session_count if app is not None else 0,
+            "session_watches": app[SESSIONS].watches if app is not None else 0,
             "revision": self.engine.revision,
         }

@@ -1,4 +1,5 @@
-"""``aioelastic etcd``: start a local etcd (one member or a cluster) for development.
+"""``aioelastic etcd``: start a local etcd (one member or a cluster) for development, with
+:class:`~aioelastic.etcd_server.EtcdServer` (the command of ``etcd_server.py``, next to it).
 
 Prints the endpoints and the store URL, then runs until Ctrl-C (or SIGTERM), and stops the members
 cleanly. Top-level imports stay light: the server is imported when the command runs.
@@ -14,10 +15,10 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from .._secrets import ETCD_PASSWORD_ENV
+from ._secrets import ETCD_PASSWORD_ENV
 
 if TYPE_CHECKING:
-    from ..etcd_server import EtcdServer
+    from .etcd_server import EtcdServer
 
 HELP = "start a local etcd (one member or a cluster) and print its endpoints"
 
@@ -36,7 +37,7 @@ def _auth(text: str) -> str:
 
 def _password(args: argparse.Namespace) -> str:
     """The password for ``--auth``: ``--password-file``, else ``$AIOELASTIC_ETCD_PASSWORD``."""
-    from .._secrets import read_secret_file
+    from ._secrets import read_secret_file
 
     if args.password_file is not None:
         return read_secret_file(args.password_file, "--password-file")
@@ -131,7 +132,7 @@ def _store_url(server: EtcdServer) -> str:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ..etcd_server import EtcdServer
+    from .etcd_server import EtcdServer
 
     warning = quorum_warning(args.members)
     if warning is not None:

@@ -1,0 +1,49 @@
+"""The encoded events of the current revision, shared by every watcher at the same position.
+
+A write seen by 1,000 watchers of one prefix is encoded once, not 1,000 times: the REST watch
+streams (NDJSON frames) and the session watches (msgpack blobs) each keep one of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._types import WatchEvent
+
+__all__ = ["MAX_BLOBS", "BlobCache"]
+
+#: Entries kept within one revision at most (then the cache starts again): many prefixes at
+#: many positions cost memory, never correctness.
+MAX_BLOBS = 1024
+
+
+class BlobCache:
+    """``encode(events)`` once per (prefix, first and last revision, count) within a revision.
+
+    Two watchers of one prefix that read the same revision range got the same events (a read
+    always ends at a revision boundary), so their encodings can be shared. The cache holds the
+    current revision's entries only, at most :data:`MAX_BLOBS` of them.
+    """
+
+    __slots__ = ("_blobs", "_encode", "_revision")
+
+    def __init__(self, encode: Callable[[list[WatchEvent]], bytes]) -> None:
+        self._encode = encode
+        self._blobs: dict[tuple[str, int, int, int], bytes] = {}
+        self._revision = -1
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def get(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
+        """The encoding of ``events`` (not empty), read from ``prefix`` at ``revision``."""
+        if revision != self._revision:
+            self._blobs.clear()
+            self._revision = revision
+        key = (prefix, events[0].revision, events[-1].revision, len(events))
+        blob = self._blobs.get(key)
+        if blob is None:
+            blob = self._blobs[key] = self._encode(events)
+            if len(self._blobs) > MAX_BLOBS:
+                self._blobs.clear()
+        return blob
