@@ -17,6 +17,7 @@ Modes (``--mode``):
     python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --plot docs/benchmarks/scale.png
     python -m benchmarks.scale --mode simulate --sizes 100000
     python -m benchmarks.scale --mode http --sizes 1000,2000
+    python -m benchmarks.scale --mode http --sizes 10000 --kill
 
 Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
 the per-round work. ``--json PATH`` writes every figure.
@@ -73,6 +74,15 @@ class RoundFigures:
     record_bytes: int
     state_bytes: int
     server_rss_bytes: int | None = None
+    #: http: bytes of the event frames the clients received, their CPU time over the round,
+    #: and the connection attempts they tried again (refused, timed out, 503)
+    event_bytes: int | None = None
+    client_cpu_seconds: float | None = None
+    connect_retries: int | None = None
+    #: http ``--kill``: SIGKILL to every other member having seen the loss, then to the last
+    #: return of the round of N - 1
+    lost_seen_seconds: float | None = None
+    new_round_seconds: float | None = None
 
     def per_node(self, value: int | None) -> float | None:
         return None if value is None else value / self.n
@@ -98,13 +108,20 @@ async def timed_round(
     joins: Callable[[], Sequence[Awaitable[RendezvousResult]]] | None = None,
     *,
     pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> RoundFigures:
     """All of ``handlers`` call ``next_rendezvous`` at once (or ``joins()`` starts the round's
     joins, one per handler); the figures of that round. ``pause_gc``: no cyclic garbage
     collection while it forms (what is left is the rendezvous' own work: with N participants'
-    objects alive in one process, each full collection traverses all of them)."""
+    objects alive in one process, each full collection traverses all of them). ``freeze_gc``:
+    what a user with that many participants in one process does after setting them up,
+    ``gc.freeze()``: the objects alive before the round are left out of every collection, the
+    collector still runs over what the round makes."""
     n = len(handlers)
     before = engine.work()
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
     if pause_gc:
         gc.disable()
     try:
@@ -115,6 +132,8 @@ async def timed_round(
     finally:
         if pause_gc:
             gc.enable()
+        if freeze_gc:
+            gc.unfreeze()
     after = engine.work()
     if sorted(r.rank for r in results) != list(range(n)):
         raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
@@ -136,7 +155,12 @@ async def timed_round(
 
 
 async def memory_rounds(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
     """``rounds`` rounds of the same N nodes (each later one: every member rejoins).
 
@@ -147,7 +171,10 @@ async def memory_rounds(
     engine = MemoryEngine() if history_limit is None else MemoryEngine(history_limit=history_limit)
     handlers = make_handlers(engine, n)
     try:
-        return [await timed_round(engine, handlers, pause_gc=pause_gc) for _ in range(rounds)]
+        return [
+            await timed_round(engine, handlers, pause_gc=pause_gc, freeze_gc=freeze_gc)
+            for _ in range(rounds)
+        ]
     finally:
         await asyncio.gather(*(h.aclose() for h in handlers))
         engine.close()
@@ -184,16 +211,30 @@ async def _rejoin(
 
 
 def run_memory(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
-    return asyncio.run(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
+    return asyncio.run(
+        memory_rounds(n, rounds, history_limit, pause_gc=pause_gc, freeze_gc=freeze_gc)
+    )
 
 
 def run_simulated(
-    n: int, rounds: int = 1, history_limit: int | None = None, *, pause_gc: bool = False
+    n: int,
+    rounds: int = 1,
+    history_limit: int | None = None,
+    *,
+    pause_gc: bool = False,
+    freeze_gc: bool = False,
 ) -> list[RoundFigures]:
     """:func:`memory_rounds` under the virtual-time loop (``seconds`` stays real time)."""
-    return run_virtual(memory_rounds(n, rounds, history_limit, pause_gc=pause_gc))
+    return run_virtual(
+        memory_rounds(n, rounds, history_limit, pause_gc=pause_gc, freeze_gc=freeze_gc)
+    )
 
 
 # -- reporting
@@ -225,6 +266,27 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
             f"{per(f.writes):>8} {per(f.watcher_visits):>8} {f.record_bytes:>9,} "
             f"{f.state_bytes:>10,}"
         )
+    return "\n".join(lines)
+
+
+def http_details(figures: Sequence[RoundFigures]) -> str:
+    """The http figures beyond the table, per run: the clients' side and ``--kill``'s."""
+    lines = []
+    for f in figures:
+        line = (
+            f"  N={f.n}: t(N) {f.seconds:.3f} s; events {f.events} ({f.per_node(f.events):.2f}/N), "
+            f"event bytes {f.event_bytes:,} ({f.per_node(f.event_bytes):.0f}/N), writes "
+            f"{f.writes} ({f.per_node(f.writes):.2f}/N); clients' CPU {f.client_cpu_seconds:.2f} s "
+            f"({(f.client_cpu_seconds or 0) / f.n * 1e6:.0f} us per node); connection attempts "
+            f"tried again {f.connect_retries}"
+        )
+        if f.lost_seen_seconds is not None:
+            line += (
+                f"\n  N={f.n} --kill: every other member saw the SIGKILLed one lost "
+                f"{f.lost_seen_seconds:.3f} s after the kill; the round of {f.n - 1} returned "
+                f"{f.new_round_seconds:.3f} s after that (last-call window included)"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -276,7 +338,13 @@ def load_runs(path: Path) -> dict[str, dict[int, list[RoundFigures]]]:
     """The runs of a ``--json`` file, labelled for :func:`plot`."""
     data = json.loads(path.read_text())
     runs = {int(n): [RoundFigures(**f) for f in figures] for n, figures in data["runs"].items()}
-    label = "GC paused" if data.get("pause_gc") else f"{data['mode']} ({path.name})"
+    label = (
+        "GC paused"
+        if data.get("pause_gc")
+        else "gc.freeze() after set-up"
+        if data.get("freeze_gc")
+        else f"{data['mode']} ({path.name})"
+    )
     return {label: runs}
 
 
@@ -287,7 +355,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="rounds timed per size")
     parser.add_argument("--clients", type=int, default=8, help="http: client processes")
     parser.add_argument(
+        "--join-timeout", type=float, default=60.0, help="http: the handlers' (default 60 s)"
+    )
+    parser.add_argument(
+        "--lease-ttl", type=float, default=15.0, help="http: the handlers' (default 15 s)"
+    )
+    parser.add_argument(
+        "--kill",
+        action="store_true",
+        help="http: SIGKILL one member (a process of its own) after the round; time until every "
+        "other member saw it, then the round of N - 1",
+    )
+    parser.add_argument(
         "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
+    )
+    parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="memory/simulate: gc.freeze() after set-up (the participants left out of every "
+        "collection; the collector still runs)",
     )
     parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
     parser.add_argument(
@@ -319,7 +405,15 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
         figures = []
         for _ in range(args.repeat):
             try:
-                figures.append(run_http(n, args.clients))
+                figures.append(
+                    run_http(
+                        n,
+                        args.clients,
+                        kill=args.kill,
+                        join_timeout=args.join_timeout,
+                        lease_ttl=args.lease_ttl,
+                    )
+                )
             except (RuntimeError, AssertionError, OSError) as exc:  # reported, not hidden
                 failures[n] = str(exc)
                 print(f"http: N={n} failed: {exc}", file=sys.stderr, flush=True)
@@ -330,7 +424,9 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
     return [
         f
         for _ in range(args.repeat)
-        for f in run(n, args.rounds, args.history_limit, pause_gc=args.pause_gc)
+        for f in run(
+            n, args.rounds, args.history_limit, pause_gc=args.pause_gc, freeze_gc=args.freeze_gc
+        )
     ]
 
 
@@ -354,10 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpu = statistics.median(f.cpu_seconds for f in runs[n])
             print(f"N={n}: server CPU {cpu:.2f} s ({cpu / n * 1e6:.0f} us per join), "
                   f"RSS {rss / 2**20:.0f} MiB")  # fmt: skip
+            print(http_details(runs[n]))
     if args.json is not None:
         data = {
             "mode": args.mode,
             "pause_gc": args.pause_gc,
+            "freeze_gc": args.freeze_gc,
             "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
             "failures": failures,
         }

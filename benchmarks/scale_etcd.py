@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from aioelastic.etcd_server import EtcdServer
 from aioelastic.store import open_store
 from benchmarks.scale import RoundFigures
-from benchmarks.scale_http import _answer, _check, _proc_cpu_rss, _record_sizes, _spawn, _tell
+from benchmarks.scale_http import _check, _proc_cpu_rss, _record_sizes, _spawn
 
 MEMBERS = 3
 #: the streaming methods (their messages are counted apart from the streams started)
@@ -156,38 +156,35 @@ def _round(server: EtcdServer, n: int, clients: int) -> tuple[RoundFigures, Etcd
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     leader = asyncio.run(server.leader())
     pids = [pid for pid in server.pids if pid is not None]
-    procs = _spawn(server.url, run_id, n, _counts(n, clients))
+    procs = _spawn(server.url, run_id, n, _counts(n, clients), "all")
     try:
         for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if not line.startswith("READY"):
-                raise RuntimeError(f"a client process said {line!r}")
+            proc.answer("READY")
         before = scrape_all(server)
         revision = asyncio.run(_revision(server.url))
         members_before = [_proc_cpu_rss(pid)[0] for pid in pids]
-        clients_before = sum(_proc_cpu_rss(p.pid)[0] for p in procs)
+        clients_before = sum(_proc_cpu_rss(p.proc.pid)[0] for p in procs)
         t0 = time.time() + 0.5
-        _tell(procs, f"{t0}\n")
-        answers = [_answer(proc) for proc in procs]
-        clients_after = sum(_proc_cpu_rss(p.pid)[0] for p in procs)
+        for proc in procs:
+            proc.tell(f"{t0}\n")
+        answers = [proc.answer("DONE") for proc in procs]
+        clients_after = sum(_proc_cpu_rss(p.proc.pid)[0] for p in procs)
         members_after = [_proc_cpu_rss(pid) for pid in pids]
         after = scrape_all(server)
         writes = asyncio.run(_revision(server.url)) - revision
-        record_bytes, state_bytes = asyncio.run(_record_sizes(server.url, run_id))
-        _tell(procs, "go\n")
+        record_bytes, state_bytes, _ = asyncio.run(_record_sizes(server.url, run_id))
         for proc in procs:
-            proc.wait(timeout=120)
+            proc.tell("go\n")
+        for proc in procs:
+            proc.proc.wait(timeout=120)
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
+            proc.stop()
+            for pipe in (proc.proc.stdin, proc.proc.stdout):
                 if pipe is not None:
                     pipe.close()
-    _check(answers, n, [])
-    seconds = max(float(a[1]) for a in answers) - t0
+    _check(answers, n, [], "the round")
+    seconds = max(float(a["at"]) for a in answers) - t0
     after.subtract(before)
     member_cpu = tuple(a[0] - b for a, b in zip(members_after, members_before, strict=True))
     costs = EtcdCosts(

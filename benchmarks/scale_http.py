@@ -1,17 +1,32 @@
 """The http mode of ``benchmarks/scale.py``: one ``aioelastic serve`` process, N handlers spread
 over client processes, a shared wall-clock t0.
 
-Each client process opens one store client per handler (what today's http client does: every
-participant its own connections and watch streams), says READY, waits for t0 on its stdin,
-then runs its handlers' ``next_rendezvous`` at t0 and prints the wall-clock time its last one
-returned and the ranks it got (or the first error and how many failed). The runner checks that
-every rank 0..N-1 came back exactly once, and reads the server's RSS and CPU time from /proc.
+Each client process opens one store (one session) per handler, says READY, waits for t0 on its
+stdin, then runs its handlers' ``next_rendezvous`` at t0 and prints (one JSON line) the
+wall-clock time its last one returned, the ranks it got (or the first error and how many
+failed), its CPU time, and the events and event bytes its sessions received. The runner checks
+that every rank 0..N-1 came back exactly once, and reads the server's RSS and CPU time from
+/proc and its revision before and after (the store writes of the round).
+
+The client processes run at a lower priority than the server (``nice`` +3: the server weighs
+twice as much as one of them with the scheduler): on a cluster the coordination server has a
+host (a core) of its own while every participant runs elsewhere; here they share the machine's
+cores, and without it the server would wait behind eight busy clients.
+
+``kill=True`` (``--kill``): one of the N handlers runs in a process of its own, which is
+SIGKILLed once the round has formed; every other handler waits for ``PARTICIPANT_LOST``
+(``wait_for_change``, the session's leases revoked after the server's session grace) and then
+joins the next round, of N - 1. Figures: the SIGKILL to the last survivor that saw the loss,
+and from then to the last return of the new round (handlers have min = N - 1, max = N and a
+``last_call_timeout`` of :data:`KILL_LAST_CALL`, which the new round waits out: it never
+reaches max).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,17 +35,34 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from aioelastic.rendezvous import DynamicRendezvousHandler
+import anyio
+
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import open_store
+from aioelastic.store import Store, open_store
+from aioelastic.store.http import HttpStore
+from aioelastic.store.http._frames import EVENTS
 from benchmarks.scale import RoundFigures
 
 ROOT = Path(__file__).resolve().parent.parent
-#: how long a client waits for its round before it gives up (the join timeout)
+#: how long a client waits for its round before it gives up (the join timeout; ``--join-timeout``)
 JOIN_TIMEOUT = 60.0
+#: the handlers' lease TTL (torch's 15 s; ``--lease-ttl``): on a machine whose cores 8 clients of
+#: 1,250 participants share with other work, a starved client's keep-alives can miss it
+LEASE_TTL = 15.0
+#: the client processes' niceness above the server's (see the module doc)
+CLIENT_NICE = 3
+#: ``--kill``: the handlers' last-call window (the round of N - 1 waits it out)
+KILL_LAST_CALL = 1.0
+#: The sessions' progress interval (s): the server sends each idle watch a progress frame this
+#: often, and a client counts a session silent for three as lost. The default (2 s) costs the
+#: server 5,000 frames a second at 10,000 idle watches, and on a machine whose cores are shared
+#: by 8 busy clients a client can stall 6 s; a job of that size sets it higher.
+PROGRESS_INTERVAL = 10.0
 
 
 def _env() -> dict[str, str]:
@@ -39,10 +71,13 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
-    """``aioelastic serve`` on a free port: (process, URL, the lines it printed since)."""
+def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """``aioelastic serve`` on a free port for a round of ``n``: (process, URL, the lines it
+    printed since). Its history holds 4 N events (the N registrations of a round at once, and
+    room to spare) so that no watcher falls behind a compaction and reads everything again."""
+    history = str(max(10_000, 4 * n))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
+        [sys.executable, "-m", "aioelastic", "serve", "--port", "0", "--history-limit", history],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -77,130 +112,280 @@ def _proc_cpu_rss(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-async def client(url: str, run_id: str, n: int, count: int) -> None:
-    """One client process: ``count`` of the N handlers (see the module doc)."""
-    stores = [await open_store(url) for _ in range(count)]
-    handlers = [
-        DynamicRendezvousHandler(
-            store, run_id, n, n, local_addr="127.0.0.1", join_timeout=JOIN_TIMEOUT, owns_store=True
-        )
-        for store in stores
-    ]
-    print("READY", flush=True)
-    t0 = float(await asyncio.to_thread(sys.stdin.readline))
-    await asyncio.sleep(max(0.0, t0 - time.time()))
+class _Received:
+    """Events and event bytes the sessions of this process received (a counting wrapper around
+    each session's frame dispatch: the benchmark's instrument, not the library's)."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.bytes = 0
+
+    def count(self, store: Store) -> None:
+        if not isinstance(store, HttpStore):  # another backend: not counted
+            return
+        session = store.session
+        dispatch: Callable[[Any, list[Any]], None] = session._on_frame
+
+        def counting(conn: Any, frame: list[Any]) -> None:
+            dispatch(conn, frame)
+            if frame[0] == EVENTS:
+                self.events += len(session._last_events)
+                self.bytes += len(frame[2])
+
+        setattr(session, "_on_frame", counting)  # noqa: B010 - an instance attribute on purpose
+
+
+def _say(kind: str, **fields: Any) -> None:
+    print(kind, json.dumps(fields), flush=True)
+
+
+async def _joined(
+    handlers: list[DynamicRendezvousHandler], join_timeout: float = JOIN_TIMEOUT
+) -> tuple[float, list[int], str, int]:
+    """Every handler's ``next_rendezvous``: (last return, ranks, first error, errors)."""
     last = 0.0
 
     async def join(h: DynamicRendezvousHandler) -> int:
         nonlocal last
-        result = await h.next_rendezvous()
+        # the caller's deadline: the store keeps trying to connect until then
+        with anyio.fail_after(join_timeout):
+            result = await h.next_rendezvous()
         last = max(last, time.time())
         return result.rank
 
     outcomes = await asyncio.gather(*(join(h) for h in handlers), return_exceptions=True)
     ranks = [r for r in outcomes if isinstance(r, int)]
     errors = [e for e in outcomes if isinstance(e, BaseException)]
-    if errors:
-        first = f"{type(errors[0]).__name__}: {errors[0]}".replace("\n", " ")[:300]
-        print("FAILED", len(errors), first, flush=True)
-    else:
-        print("DONE", last, ",".join(map(str, ranks)), flush=True)
+    first = "" if not errors else f"{type(errors[0]).__name__}: {errors[0]}"[:300]
+    return last, ranks, first, len(errors)
+
+
+async def _lost_then_again(handlers: list[DynamicRendezvousHandler], join_timeout: float) -> None:
+    """``--kill``, a survivor process: when every handler saw the loss, then the next round."""
+    seen = 0.0
+
+    async def watch(h: DynamicRendezvousHandler) -> str:
+        nonlocal seen
+        event = await h.wait_for_change()
+        seen = max(seen, time.time())
+        return event.kind.name
+
+    kinds = await asyncio.gather(*(watch(h) for h in handlers), return_exceptions=True)
+    wrong = [k for k in kinds if k != RendezvousEventKind.PARTICIPANT_LOST.name]
+    _say("LOST", at=seen, wrong=[str(k)[:200] for k in wrong[:3]], wrong_count=len(wrong))
+    last, ranks, first, failed = await _joined(handlers, join_timeout)
+    _say("AGAIN", at=last, ranks=ranks, error=first, failed=failed)
+
+
+async def client(
+    url: str,
+    run_id: str,
+    n: int,
+    count: int,
+    role: str,
+    join_timeout: float = JOIN_TIMEOUT,
+    lease_ttl: float = LEASE_TTL,
+) -> None:
+    """One client process: ``count`` of the N handlers (see the module doc); ``role``: "all"
+    (one round), "survivor" or "victim" (``--kill``)."""
+    os.nice(CLIENT_NICE)
+    kill = role != "all"
+    options = {"progress_interval": PROGRESS_INTERVAL} if url.startswith("http") else {}
+    stores = [await open_store(url, **options) for _ in range(count)]
+    received = _Received()
+    for store in stores:
+        received.count(store)
+    handlers = [
+        DynamicRendezvousHandler(
+            store,
+            run_id,
+            n - 1 if kill else n,
+            n,
+            local_addr="127.0.0.1",
+            join_timeout=join_timeout,
+            lease_ttl=lease_ttl,
+            last_call_timeout=KILL_LAST_CALL if kill else 30.0,
+            owns_store=True,
+        )
+        for store in stores
+    ]
+    print("READY", flush=True)
+    t0 = float(await asyncio.to_thread(sys.stdin.readline))
+    await asyncio.sleep(max(0.0, t0 - time.time()))
+    cpu = time.process_time()
+    last, ranks, first, failed = await _joined(handlers, join_timeout)
+    cpu = time.process_time() - cpu
+    retries = sum(s.session.connect_retries for s in stores if isinstance(s, HttpStore))
+    _say(
+        "DONE",
+        at=last,
+        ranks=ranks,
+        error=first,
+        failed=failed,
+        cpu=cpu,
+        events=received.events,
+        bytes=received.bytes,
+        connect_retries=retries,
+    )
+    if role == "survivor" and not failed:
+        await _lost_then_again(handlers, join_timeout)
     await asyncio.to_thread(sys.stdin.readline)  # released: every client has answered
     await asyncio.gather(*(h.aclose() for h in handlers), return_exceptions=True)
 
 
-async def _record_sizes(url: str, run_id: str) -> tuple[int, int]:
+async def _record_sizes(url: str, run_id: str) -> tuple[int, int, int]:
+    """(round record bytes, bytes of the run's keys and values, the store's revision)."""
     keys = RunKeys(run_id)
     async with await open_store(url) as store:
         record = await store.get(keys.round)
         state = await store.range(keys.root)
-    return (0 if record is None else len(record.value)), sum(
-        len(kv.key) + len(kv.value) for kv in state.kvs
+    return (
+        (0 if record is None else len(record.value)),
+        sum(len(kv.key) + len(kv.value) for kv in state.kvs),
+        state.revision,
     )
 
 
-def _spawn(url: str, run_id: str, n: int, counts: list[int]) -> list[subprocess.Popen[str]]:
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.scale_http", url, run_id, str(n), str(count)],
+async def _revision(url: str) -> int:
+    async with await open_store(url) as store:
+        return await store.current_revision()
+
+
+def _spawn(url: str, run_id: str, n: int, counts: list[int], *args: str) -> list[Client]:
+    return [Client(url, run_id, n, count, *args) for count in counts if count]
+
+
+class Client:
+    """A client process and the answers it gave (the JSON after ``DONE`` and so on)."""
+
+    def __init__(self, url: str, run_id: str, n: int, count: int, *more: str) -> None:
+        args = [url, run_id, str(n), str(count), *more]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.scale_http", *args],
             env=_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for count in counts
-    ]
+
+    def answer(self, kind: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        said, _, rest = line.strip().partition(" ")
+        if said != kind:
+            raise RuntimeError(f"a client process said {line.strip()[:300]!r}, not {kind}")
+        answer: dict[str, Any] = json.loads(rest) if rest else {}
+        return answer
+
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
-def _answer(proc: subprocess.Popen[str]) -> list[str]:
-    """A client's answer: ``DONE <time> <ranks>`` or ``FAILED <count> <error>``, split."""
-    assert proc.stdout is not None
-    return proc.stdout.readline().strip().split(" ", 2)
-
-
-def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(line)
-        proc.stdin.flush()
-
-
-def _check(answers: list[list[str]], n: int, server_lines: list[str]) -> None:
-    """Every client answered DONE, and the ranks are 0..N-1 exactly once; else raise."""
-    failed = [a for a in answers if a[0] != "DONE"]
+def _check(answers: list[dict[str, Any]], n: int, server_lines: list[str], what: str) -> None:
+    """Every client answered without an error, and the ranks are 0..N-1 exactly once."""
+    failed = [a for a in answers if a["failed"]]
     if failed:
-        total = sum(int(a[1]) for a in failed if a[0] == "FAILED")
-        first = " ".join(failed[0]).strip()
+        total = sum(a["failed"] for a in failed)
         said = f"; the server logged {len(server_lines)} lines" + (
             f", the last: {server_lines[-1].strip()[:200]}" if server_lines else ""
         )
-        raise RuntimeError(f"{total} of {n} handlers failed; first: {first}{said}")
-    ranks = sorted(int(r) for a in answers for r in a[2].split(","))
+        raise RuntimeError(
+            f"{what}: {total} of {n} handlers failed; first: {failed[0]['error']}{said}"
+        )
+    ranks = sorted(r for a in answers for r in a["ranks"])
     if ranks != list(range(n)):
-        raise AssertionError(f"ranks of the round of {n} are not 0..{n - 1} exactly once")
+        raise AssertionError(
+            f"{what}: the ranks of the round of {n} are not 0..{n - 1} exactly once"
+        )
 
 
-def run_http(n: int, clients: int) -> RoundFigures:
-    """One round of N over one ``aioelastic serve``, the handlers spread over ``clients``."""
+def run_http(
+    n: int,
+    clients: int,
+    *,
+    kill: bool = False,
+    join_timeout: float = JOIN_TIMEOUT,
+    lease_ttl: float = LEASE_TTL,
+) -> RoundFigures:
+    """One round of N over one ``aioelastic serve``, the handlers spread over ``clients``
+    processes (``kill``: plus one process with one handler, SIGKILLed after the round)."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
-    counts = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-    with serve() as (server, url, server_lines):
-        procs = _spawn(url, run_id, n, [c for c in counts if c])
+    spread = n - 1 if kill else n
+    counts = [spread // clients + (1 if i < spread % clients else 0) for i in range(clients)]
+    with serve(n) as (server, url, server_lines):
+        timing = (str(join_timeout), str(lease_ttl))
+        procs = _spawn(url, run_id, n, counts, "survivor" if kill else "all", *timing)
+        victim = Client(url, run_id, n, 1, "victim", *timing) if kill else None
+        everyone = procs + ([victim] if victim is not None else [])
         try:
-            for proc in procs:
-                assert proc.stdout is not None
-                line = proc.stdout.readline()
-                if not line.startswith("READY"):
-                    raise RuntimeError(f"a client process said {line!r}")
+            for proc in everyone:
+                proc.answer("READY")
+            revision = asyncio.run(_revision(url))
             cpu_before, _ = _proc_cpu_rss(server.pid)
             t0 = time.time() + 0.5
-            _tell(procs, f"{t0}\n")
-            answers = [_answer(proc) for proc in procs]
+            for proc in everyone:
+                proc.tell(f"{t0}\n")
+            answers = [proc.answer("DONE") for proc in everyone]
             cpu_after, rss = _proc_cpu_rss(server.pid)
-            record_bytes, state_bytes = asyncio.run(_record_sizes(url, run_id))  # before leaving
-            _tell(procs, "go\n")
+            record_bytes, state_bytes, revision_after = asyncio.run(_record_sizes(url, run_id))
+            _check(answers, n, server_lines, "the round")
+            lost = _kill_and_rejoin(victim, procs, n, server_lines) if victim else None
+            for proc in everyone:
+                if proc is not victim:
+                    proc.tell("go\n")
             for proc in procs:
-                proc.wait(timeout=120)
+                proc.proc.wait(timeout=120)
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        _check(answers, n, server_lines)
+            for proc in everyone:
+                proc.stop()
     return RoundFigures(
         n=n,
-        seconds=max(float(a[1]) for a in answers) - t0,
+        seconds=max(float(a["at"]) for a in answers) - t0,
         cpu_seconds=cpu_after - cpu_before,  # the server's
-        events=None,
-        writes=None,
+        events=sum(a["events"] for a in answers),
+        writes=revision_after - revision,
         watcher_visits=None,
         keys_scanned=None,
         record_bytes=record_bytes,
         state_bytes=state_bytes,
         server_rss_bytes=rss,
+        event_bytes=sum(a["bytes"] for a in answers),
+        client_cpu_seconds=sum(a["cpu"] for a in answers),
+        connect_retries=sum(a["connect_retries"] for a in answers),
+        lost_seen_seconds=None if lost is None else lost[0],
+        new_round_seconds=None if lost is None else lost[1],
     )
 
 
+def _kill_and_rejoin(
+    victim: Client, survivors: list[Client], n: int, server_lines: list[str]
+) -> tuple[float, float]:
+    """SIGKILL the victim; (seconds until every survivor saw it lost, then until the round of
+    N - 1 returned everywhere)."""
+    time.sleep(0.2)  # the survivors are in wait_for_change
+    killed = time.time()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    lost = [proc.answer("LOST") for proc in survivors]
+    wrong = [a for a in lost if a["wrong_count"]]
+    if wrong:
+        raise RuntimeError(f"a survivor saw {wrong[0]['wrong']}, not PARTICIPANT_LOST")
+    seen = max(float(a["at"]) for a in lost)
+    again = [proc.answer("AGAIN") for proc in survivors]
+    _check(again, n - 1, server_lines, "the round after the kill")
+    return seen - killed, max(float(a["at"]) for a in again) - seen
+
+
 if __name__ == "__main__":
-    url_, run_id_, n_, count_ = sys.argv[1:5]
-    asyncio.run(client(url_, run_id_, int(n_), int(count_)))
+    url_, run_id_, n_, count_, *more = sys.argv[1:]
+    role_ = more[0] if more else "all"
+    join_ = float(more[1]) if len(more) > 1 else JOIN_TIMEOUT
+    ttl_ = float(more[2]) if len(more) > 2 else LEASE_TTL
+    asyncio.run(client(url_, run_id_, int(n_), int(count_), role_, join_, ttl_))

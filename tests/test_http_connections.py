@@ -334,7 +334,8 @@ async def test_out_of_descriptors_a_clear_refusal_healthz_and_no_log_flood(
         assert not closed or uvloop, closed[:3]
         assert all(b"Retry-After: 1" in a for a in refused)
         assert await _get(f"{url}/healthz") == (200, b'{"status":"ok"}')
-        async with open_store(url, read_retries=0) as store:
+        # 503 is tried again (full-jitter backoff) until the request deadline, then says why
+        async with open_store(url, read_retries=0, timeout=1.0) as store:
             with pytest.raises(StoreConnectionError, match="at most 128 connections"):
                 await store.put("k", b"v")
     finally:

@@ -258,15 +258,19 @@ class LeaseKeeper(AsyncResource):
         interval = self._interval
         assert interval is not None
         try:
-            if self._renew_deadline is None:
+            # A renewal still hanging at the renew deadline (or, without one, when the TTL has
+            # passed: the server has ended the lease) counts as failed; a store that cannot
+            # connect yet keeps trying within that deadline (the http store's backoff).
+            limit = self.ttl if self._renew_deadline is None else self._renew_deadline
+            left = self._last_renewal + limit - loop.time()
+            with anyio.move_on_after(max(0.0, left)) as scope:
                 self.ttl = await self._store.lease_keep_alive(self._id)
-            else:  # a renewal still hanging at the renew deadline counts as failed
-                left = self._last_renewal + self._renew_deadline - loop.time()
-                with anyio.move_on_after(max(0.0, left)) as scope:
-                    self.ttl = await self._store.lease_keep_alive(self._id)
-                if scope.cancelled_caught:
+            if scope.cancelled_caught:
+                if self._renew_deadline is None:
+                    self._lose(f"store unreachable for the whole TTL ({limit:g}s)")
+                else:
                     self._lose(f"not renewed within the renew deadline ({self._renew_deadline}s)")
-                    return None
+                return None
         except LeaseNotFoundError:
             self._lose("expired or revoked")
             return None

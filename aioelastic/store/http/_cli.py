@@ -8,6 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 HELP = "run the HTTP store server (single-host coordination, like torch's TCPStore)"
+#: ``--max-watches``: every participant of a rendezvous holds a watch or two, so the library's
+#: 10,000 (``HttpStoreServer(max_watch_streams=)``) would refuse the 10,000th node's driver
+#: watch and stall the round; a watch over a session costs no connection or task of its own.
+SERVE_MAX_WATCHES = 100_000
+#: ``--history-limit``: the memory engine's default (``memory.DEFAULT_HISTORY_LIMIT``), kept
+#: here so that ``--help`` does not import the engine.
+DEFAULT_HISTORY_LIMIT = 10_000
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +83,7 @@ def _security_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _limit_flags(parser: argparse.ArgumentParser) -> None:
-    """The largest key and value accepted."""
+    """The largest key and value accepted, the watches served, the history kept."""
     parser.add_argument(
         "--max-value-bytes",
         type=int,
@@ -90,6 +97,24 @@ def _limit_flags(parser: argparse.ArgumentParser) -> None:
         default=4096,
         metavar="N",
         help="largest key accepted, in UTF-8 bytes (default: 4096)",
+    )
+    parser.add_argument(
+        "--max-watches",
+        type=int,
+        default=SERVE_MAX_WATCHES,
+        metavar="N",
+        help="serve at most N watches at once, over sessions and REST streams together: beyond, "
+        f"503 too_many_watches (default: {SERVE_MAX_WATCHES:,}, room for 10,000 sessions' "
+        "rendezvous watches)",
+    )
+    parser.add_argument(
+        "--history-limit",
+        type=int,
+        default=DEFAULT_HISTORY_LIMIT,
+        metavar="N",
+        help="keep the last N events for watches to resume from; older ones are compacted "
+        f"(default: {DEFAULT_HISTORY_LIMIT:,}; a rendezvous of N nodes writes N events at once: "
+        "below that, slow watchers fall behind a compaction and read everything again)",
     )
 
 
@@ -188,6 +213,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--session-grace must be a number of seconds >= 0, got {args.session_grace}"
     if args.max_connections is not None and args.max_connections < 1:
         return f"--max-connections must be >= 1, got {args.max_connections}"
+    if args.max_watches < 1:
+        return f"--max-watches must be >= 1, got {args.max_watches}"
+    if args.history_limit < 1:
+        return f"--history-limit must be >= 1, got {args.history_limit}"
     options: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -201,6 +230,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | str:
         "read_timeout": args.read_timeout,
         "session_grace": args.session_grace,
         "max_connections": args.max_connections,
+        "max_watch_streams": args.max_watches,
+        "history_limit": args.history_limit,
     }
     if args.token_file is not None:
         try:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl as _ssl
 from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
+import anyio
 
 from ...errors import (
     CompactedError,
@@ -45,7 +47,7 @@ from ._frames import (
     pack,
     unpack_all,
 )
-from ._session_dial import Dialer
+from ._session_dial import Backoff, Dialer, NotYet
 
 __all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
 
@@ -216,18 +218,32 @@ class SessionClient:
         self.grace = 0.0
         self.resumes = 0
         self.connects = 0
+        #: connection attempts that failed in a way that may pass, and were tried again
+        self.connect_retries = 0
 
     # -- connecting
 
     async def connection(self) -> _Connection:
-        """The live connection, connecting (once, shared by concurrent callers) if needed."""
+        """The live connection, connecting (once, shared by concurrent callers) if needed:
+        retrying with backoff while connecting fails in a way that may pass (see
+        :meth:`_connect`), within the request deadline or the caller's own (an enclosing anyio
+        cancel scope's, ``anyio.fail_after(join_timeout)`` say) if that is later."""
+        if self._conn is not None:
+            return self._conn
+        budget = self.request_timeout
+        deadline = anyio.current_effective_deadline()
+        if deadline != math.inf:
+            budget = max(budget, deadline - anyio.current_time())
+        return await self._connection_within(budget)
+
+    async def _connection_within(self, budget: float) -> _Connection:
         conn = self._conn
         if conn is not None:
             return conn
         if self.closed:
             raise StoreClosedError(f"the store of {self.url} was closed")
         if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting = asyncio.ensure_future(self._connect(budget))
         connecting = self._connecting
         try:
             return await asyncio.shield(connecting)
@@ -237,17 +253,51 @@ class SessionClient:
                 if not connecting.cancelled():
                     connecting.exception()  # retrieved: reported to every waiter
 
-    async def _connect(self) -> _Connection:
-        hello = {
-            "resume": self._resume,
-            "leases": sorted(self.leases),
-            "progress_interval": self.progress_interval,
-        }
-        ws, welcome = await self.dialer.dial(hello)
-        if self.closed:
-            await ws.close()
-            raise StoreClosedError(f"the store of {self.url} was closed")
-        return self._established(ws, welcome)
+    async def _connect(self, budget: float) -> _Connection:
+        """Dial until connected or ``budget`` seconds have passed: a refused or timed-out
+        connection, or an answer that may change (503 over the server's connection limit), is
+        tried again after a full-jitter backoff (:class:`Backoff`), so that thousands of clients
+        starting at once, or before their server, connect instead of failing; a refused token or
+        anything else that will not change is raised at once. A caller's own deadline (a join
+        timeout, say) cancels its wait, not the attempts other callers share."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        backoff = Backoff(cap=min(2.0, max(0.05, budget / 4)))
+        refused: NotYet | None = None  # the last attempt the server answered with a status
+        while True:
+            hello = {
+                "resume": self._resume,
+                "leases": sorted(self.leases),
+                "progress_interval": self.progress_interval,
+            }
+            try:
+                ws, welcome = await self.dialer.dial(hello, max(0.0, deadline - loop.time()))
+            except NotYet as exc:
+                self.connect_retries += 1
+                left = deadline - loop.time()
+                if self.closed:
+                    raise StoreClosedError(f"the store of {self.url} was closed") from None
+                # the server's refusal says more than the last attempt cut by the deadline
+                refused = exc if exc.status else refused
+                if left <= 0:
+                    last = refused if refused is not None else exc
+                    raise await self._gave_up(last, budget, backoff.attempts + 1) from None
+                await asyncio.sleep(min(backoff.next_delay(), left))
+                continue
+            if self.closed:
+                await ws.close()
+                raise StoreClosedError(f"the store of {self.url} was closed")
+            return self._established(ws, welcome)
+
+    async def _gave_up(self, last: NotYet, budget: float, attempts: int) -> NotYet:
+        """The error for the caller: the last attempt's, with the server's reason for a refusal
+        (asked for once, now) and how long it was tried."""
+        reason = await self.dialer.refusal(last.status) if last.status else ""
+        return NotYet(
+            f"{last}{': ' + reason if reason else ''} (still, after {attempts} attempts "
+            f"within {budget:g}s)",
+            last.status,
+        )
 
     def _established(
         self, ws: aiohttp.ClientWebSocketResponse, welcome: dict[str, Any]
@@ -354,18 +404,17 @@ class SessionClient:
         until ``reconnect_timeout``; then fail the watches."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.reconnect_timeout
-        delay = 0.01
         error: Exception | None = None
-        while not self.closed and loop.time() < deadline:
+        while not self.closed and (left := deadline - loop.time()) > 0:
             try:
-                await self.connection()
+                await self._connection_within(left)
                 return
             except StoreClosedError:
                 return
             except (StoreConnectionError, StoreAuthError) as exc:
                 error = exc
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 1.0)
+                if not isinstance(exc, NotYet):
+                    break  # a refused token, a rejected hello: it will not change
         for watch in list(self.watches):
             watch.fail(
                 StoreConnectionError(

@@ -1,0 +1,188 @@
+"""Connecting with backoff, on real sockets (127.0.0.1): a client that cannot connect yet (nobody
+listening, the server over ``max_connections``) retries with full-jitter backoff within its request
+deadline and then succeeds; a refused token fails at once; a deadline that runs out says how long
+it tried."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.errors import StoreAuthError, StoreConnectionError
+from aioelastic.store import open_store
+from aioelastic.store.http import HttpStore
+from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer
+from aioelastic.store.http.server import HttpStoreServer
+
+#: Generous: the machine is shared.
+SLACK = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_full_jitter_waits_are_uniform_below_a_doubling_ceiling() -> None:
+    top = Backoff(base=0.05, cap=1.0, rng=lambda: 1.0)
+    assert [round(top.next_delay(), 3) for _ in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    spread = Backoff(base=0.05, cap=1.0)
+    delays = [spread.next_delay() for _ in range(200)]
+    assert all(0 <= d <= 1.0 for d in delays)
+    late = delays[10:]
+    assert min(late) < 0.2
+    assert max(late) > 0.8
+    assert spread.attempts == 200
+
+
+@pytest.mark.asyncio
+async def test_a_client_started_before_its_server_waits_and_succeeds() -> None:
+    port = _free_port()
+    async with open_store(f"http://127.0.0.1:{port}", timeout=SLACK + 5) as store:
+        assert isinstance(store, HttpStore)
+        put = asyncio.ensure_future(store.put("k", b"v"))
+        await asyncio.sleep(1.0)  # refused meanwhile: tried again, not failed
+        assert not put.done()
+        async with HttpStoreServer(port=port) as server:
+            await asyncio.wait_for(put, SLACK)
+            assert store.session.connect_retries >= 1
+            async with open_store(server.url) as other:
+                kv = await other.get("k")
+                assert kv is not None
+                assert kv.value == b"v"
+
+
+@pytest.mark.asyncio
+async def test_a_client_over_max_connections_gets_in_when_a_slot_frees() -> None:
+    async with HttpStoreServer(port=0, max_connections=4) as server:
+        held = [await open_store(server.url) for _ in range(4)]
+        try:
+            for i, store in enumerate(held):  # each holds its session's connection
+                await store.put(f"held/{i}", b"x")
+            async with open_store(server.url, timeout=SLACK + 5) as late:
+                assert isinstance(late, HttpStore)
+                put = asyncio.ensure_future(late.put("late", b"v"))
+                while late.session.connect_retries < 2:  # 503 too_many_connections, twice
+                    assert not put.done(), put
+                    await asyncio.sleep(0.05)
+                await held.pop().aclose()
+                await asyncio.wait_for(put, SLACK)
+                assert (await late.get("late")) is not None
+        finally:
+            for store in held:
+                await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_refused_token_fails_at_once() -> None:
+    async with (
+        HttpStoreServer(port=0, token="right") as server,
+        open_store(server.url, token="wrong", timeout=30) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        started = time.monotonic()
+        with pytest.raises(StoreAuthError, match="refused the token"):
+            await store.put("k", b"v")
+        assert time.monotonic() - started < 3  # not retried until the 30 s deadline
+        assert store.session.connect_retries == 0
+
+
+@pytest.mark.asyncio
+async def test_a_deadline_that_runs_out_says_how_long_it_tried() -> None:
+    async with open_store(f"http://127.0.0.1:{_free_port()}", timeout=1.0, read_retries=0) as store:
+        assert isinstance(store, HttpStore)
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError, match=r"attempts within 1s") as info:
+            await store.get("k")
+        assert 0.9 < time.monotonic() - started < SLACK
+        assert "cannot connect to" in str(info.value)
+        assert store.session.connect_retries >= 3
+
+
+@pytest.mark.asyncio
+async def test_a_kept_lease_is_lost_at_its_ttl_while_connecting_is_retried() -> None:
+    """The server goes away for good: the keep-alive retries connecting within the request
+    deadline (30 s), yet the keeper reports the lease lost once its TTL has passed."""
+    server = HttpStoreServer(port=0)
+    await server.start()
+    try:
+        async with (
+            open_store(server.url, timeout=30) as store,
+            store.lease(1.0, keep_alive_interval=0.2) as keeper,
+        ):
+            await server.stop()
+            started = time.monotonic()
+            error = await asyncio.wait_for(keeper.wait_lost(), SLACK)
+            assert time.monotonic() - started < 1.0 + SLACK / 2
+            assert "unreachable for the whole TTL" in str(error)
+    finally:
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_caller_deadline_later_than_the_request_timeout_is_waited_for() -> None:
+    """``anyio.fail_after`` around the call (a join timeout, say): connecting is tried until
+    then, past the store's 0.5 s request timeout."""
+    port = _free_port()
+    async with open_store(f"http://127.0.0.1:{port}", timeout=0.5, read_retries=0) as store:
+
+        async def put_within(seconds: float) -> None:
+            with anyio.fail_after(seconds):
+                await store.put("k", b"v")
+
+        put = asyncio.ensure_future(put_within(SLACK + 5))
+        await asyncio.sleep(1.5)  # three request timeouts: still trying
+        assert not put.done()
+        async with HttpStoreServer(port=port):
+            await asyncio.wait_for(put, SLACK)
+
+
+@pytest.mark.asyncio
+async def test_at_most_dials_at_once_connections_are_opened_at_once_per_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 stores connecting at once from one loop: the others wait for a slot (their connect
+    timeout not yet running), and every one connects."""
+    at_once = 0
+    most = 0
+    real = Dialer._dial
+
+    async def counting(self: Dialer, hello: dict[str, Any], deadline: float) -> Any:
+        nonlocal at_once, most
+        at_once += 1
+        most = max(most, at_once)
+        try:
+            return await real(self, hello, deadline)
+        finally:
+            at_once -= 1
+
+    monkeypatch.setattr(Dialer, "_dial", counting)
+    async with HttpStoreServer(port=0) as server:
+        stores = [await open_store(server.url) for _ in range(200)]
+        try:
+            await asyncio.gather(*(s.put(f"k/{i}", b"x") for i, s in enumerate(stores)))
+        finally:
+            await asyncio.gather(*(s.aclose() for s in stores))
+    assert most == DIALS_AT_ONCE
+
+
+@pytest.mark.asyncio
+async def test_a_rejected_hello_fails_at_once() -> None:
+    async with (
+        HttpStoreServer(port=0) as server,
+        open_store(server.url, timeout=30, read_retries=0) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        store.session.dialer.hello_versions = [0]
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError, match="unsupported_version"):
+            await store.get("k")
+        assert time.monotonic() - started < 3  # not retried until the 30 s deadline
+        assert store.session.connect_retries == 0
