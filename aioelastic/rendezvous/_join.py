@@ -24,6 +24,7 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
+from ..store import Compare, Delete, Get, GetResult, Put
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import RoundDriver
@@ -279,19 +280,36 @@ class JoinCoordinator:
         store, keys, node_id = h._store, h._keys, h.node_id
         addr = h._local_addr or default_addr()
         record = NodeRecord(node_id, addr, free_port()).encode()
+        key = keys.node(target, node_id)
+        old = self.record_round
+        leaving = old is not None and old != target
         try:
-            key = keys.node(target, node_id)
-            result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+            if leaving:  # register and leave the round we were in, in one request
+                assert old is not None
+                result = await store.txn(
+                    compare=[Compare.mod_revision(key) == 0],
+                    success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
+                    failure=[Get(key)],
+                )
+                succeeded, kv = result.succeeded, None
+                if not succeeded:
+                    got = result[0]
+                    assert isinstance(got, GetResult)
+                    kv = got.kv
+            else:
+                cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+                succeeded, kv = cas.succeeded, cas.kv
         except WriteOutcomeUnknownError:
             self.record_round = target  # it may have applied: a withdrawal deletes it
             raise
-        if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
+        if not succeeded and (kv is None or kv.lease != keeper.id):
             raise RendezvousError(
                 f"node id {node_id!r} is already registered for round {target} of "
                 f"{h.run_id!r} by another live handler"
             )
-        old, self.record_round = self.record_round, target
-        if old is not None and old != target:  # leave the round we were in
+        self.record_round = target
+        if leaving and not succeeded:  # registered already (by this lease): leave the old round
+            assert old is not None
             await store.delete(keys.node(old, node_id))
 
     async def _withdraw(self, keeper: LeaseKeeper) -> None:
