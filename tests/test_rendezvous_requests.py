@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEventKind,
+    RendezvousStatus,
+)
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import Delete, DeletePrefix, MemoryEngine, MemoryStore, Put, Txn, TxnOp
 from aioelastic.testing import virtual_test
@@ -177,18 +181,45 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
 
 
 @virtual_test
-async def test_a_prepared_handler_first_join_is_its_lease_and_registration() -> None:
-    """A registry creator prepares the handler: the view of c/ is read then, not in the join."""
+async def test_a_prepared_handler_first_join_is_its_registration() -> None:
+    """A registry creator prepares the handler: the view of c/ is read and the lease granted
+    then, not in the join, so a first join registers at once, as a rejoin does."""
     engine = MemoryEngine()
     handler = _handler(engine, 1, 1)
     log = _log_of(handler)
     await handler._prepare()
-    assert log.take() == [("range_and_watch", KEYS.ctl)]
+    assert log.take() == [("range_and_watch", KEYS.ctl), ("lease_grant", "")]
+    early = handler.lease
+    assert early is not None
     await handler.next_rendezvous()
+    assert log.take() == [("cas", KEYS.node(0, handler.node_id)), *_driving(handler.node_id, 0)]
+    assert handler.lease is early
+    await handler.aclose()
+    assert not engine.watcher_count  # the prepared view closed with the handler
+    assert not engine.lease_count  # and the prepared lease was revoked
+
+
+@virtual_test
+async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_error() -> None:
+    engine = MemoryEngine()
+    handler = _handler(engine, 1, 1)
+    log = _log_of(handler)
+    await handler._prepare()
+    early = handler.lease
+    assert early is not None
+    engine.lease_revoke(early.id)
+    await asyncio.sleep(10)  # past a keep-alive: the keeper finds its lease gone
+    assert early.lost
+    assert handler.status is RendezvousStatus.ACTIVE  # nothing of this node was on it
+    log.take()
+    result = await handler.next_rendezvous()
     assert log.take() == [
         ("lease_grant", ""),
         ("cas", KEYS.node(0, handler.node_id)),
         *_driving(handler.node_id, 0),
     ]
+    assert result.rank == 0
+    assert handler.lease is not None
+    assert handler.lease is not early
+    assert not handler.lease.lost
     await handler.aclose()
-    assert not engine.watcher_count  # the prepared view closed with the handler
