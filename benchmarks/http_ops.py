@@ -9,7 +9,9 @@ separate cores) and prints:
   clients in this one process (bound by one core of client CPU), and with the clients spread
   over ``--procs`` processes (server-bound: on a 2-core machine the server and the clients then
   share both cores);
-- one put seen by 1,000 watchers: latency until the last watcher has it (median and max);
+- one put seen by 1,000 watchers: latency until the last watcher has it (median and max), the
+  watchers on one session, then spread over ``--fan-sessions`` sessions (``--only fanout``
+  runs just these rows);
 - the same operations on torch.distributed.TCPStore (C++), and the ratios.
 
 Every throughput figure is the median of ``--repeat`` runs against the same server (the runs
@@ -17,8 +19,8 @@ are listed after it): the machine may be shared, so compare medians from one ses
 each side spent per operation is printed too: unlike ops/s it barely depends on what else runs.
 
 Usage: ``python benchmarks/http_ops.py [--ops N] [--repeat N] [--procs N] [--watchers N]
-[--data-dir] [--loop L] [--no-torch]``. Both the server and the clients use uvloop when it is
-installed, unless ``--loop asyncio``.
+[--fan-sessions N] [--only fanout] [--data-dir] [--loop L] [--no-torch]``. Both the server and
+the clients use uvloop when it is installed, unless ``--loop asyncio``.
 """
 
 from __future__ import annotations
@@ -232,18 +234,40 @@ def concurrent_procs(
             child.wait(timeout=60)
 
 
-async def fan_out(url: str, watchers: int, rounds: int, pid: int) -> tuple[list[float], str]:
-    async with open_store(url) as writer, open_store(url, progress_interval=30) as reader:
-        watches: list[Watch] = [reader.watch("fan/") for _ in range(watchers)]
-        for i in range(0, watchers, 100):
-            await asyncio.gather(*(w.start() for w in watches[i : i + 100]))
-        latencies = []
-        with CpuMeter(pid) as cpu:
-            for r in range(rounds):
-                latencies.append(await _one_round(writer, watches, r))
-        for watch in watches:
-            await watch.aclose()
+async def fan_out(
+    url: str, watchers: int, rounds: int, pid: int, sessions: int = 1
+) -> tuple[list[float], str]:
+    """``watchers`` watches of one prefix, spread over ``sessions`` reader stores (sessions)."""
+    readers = [await open_store(url, progress_interval=30) for _ in range(sessions)]
+    try:
+        async with open_store(url) as writer:
+            watches: list[Watch] = [readers[i % sessions].watch("fan/") for i in range(watchers)]
+            for i in range(0, watchers, 100):
+                await asyncio.gather(*(w.start() for w in watches[i : i + 100]))
+            latencies = []
+            with CpuMeter(pid) as cpu:
+                for r in range(rounds):
+                    latencies.append(await _one_round(writer, watches, r))
+            for watch in watches:
+                await watch.aclose()
+    finally:
+        for reader in readers:
+            await reader.aclose()
     return latencies, cpu.per_op(watchers * rounds).replace("CPU/op", "CPU/delivery")
+
+
+def fan_out_rows(url: str, args: argparse.Namespace, pid: int, loop: str) -> None:
+    """The fan-out rows: the watchers on one session, then spread over ``--fan-sessions``."""
+    layouts = [1] + ([args.fan_sessions] if args.fan_sessions > 1 else [])
+    for sessions in layouts:
+        lat, fan_cpu = run(fan_out(url, args.watchers, args.rounds, pid, sessions), loop)
+        where = "1 session" if sessions == 1 else f"{sessions} sessions"
+        print(
+            f"  1 put -> {args.watchers} watchers ({where}){'':<{max(0, 12 - len(where))}} "
+            f"median {statistics.median(lat) * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms "
+            f"(last watcher has it; runs: {', '.join(f'{x * 1000:.1f}' for x in lat)})   "
+            f"{fan_cpu}"
+        )
 
 
 async def _one_round(writer: Store, watches: list[Watch], r: int) -> float:
@@ -355,6 +379,15 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5, help="fan-out rounds")
     parser.add_argument(
+        "--fan-sessions",
+        type=int,
+        default=10,
+        help="a second fan-out row with the watchers spread over this many sessions (1: none)",
+    )
+    parser.add_argument(
+        "--only", choices=("fanout",), help="run only these rows (fanout: the fan-out rows)"
+    )
+    parser.add_argument(
         "--data-dir", action="store_true", help="also measure with --data-dir (fsync always)"
     )
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
@@ -385,6 +418,14 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}), Python {sys.version.split()[0]}, {loop} event loop (server "
         f"and clients), median of {args.repeat} runs"
     )
+    if args.only == "fanout":
+        proc, url = start_server("--loop", loop)
+        try:
+            print("[in memory]")
+            fan_out_rows(url, args, proc.pid, loop)
+        finally:
+            stop_server(proc)
+        return
     ours: dict[str, float] = {}
     for label, extra in configs:
         proc, url = start_server(*extra)
@@ -429,12 +470,7 @@ def main() -> None:
                     "pipelined": _median(piped)[0],
                     "concurrent": max(_median(one)[0], _median(many)[0] if many else 0.0),
                 }
-                lat, fan_cpu = run(fan_out(url, args.watchers, args.rounds, proc.pid), loop)
-                print(
-                    f"  1 put -> {args.watchers} watchers         median "
-                    f"{statistics.median(lat) * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms "
-                    f"(last watcher has it)   {fan_cpu}"
-                )
+                fan_out_rows(url, args, proc.pid, loop)
         finally:
             stop_server(proc)
     if tmp is not None:

@@ -1,6 +1,7 @@
 """Rendezvous as torch runs it: one OS process per participant, handlers from torch's registry.
 
-``PYTHONPATH=. python benchmarks/rdzv_processes.py [--sizes 2,4,8,16,32,64] [--repeat 3]``
+``PYTHONPATH=. python benchmarks/rdzv_processes.py [--sizes 2,4,8,16,32,64] [--repeat 3]
+[--no-torch]``
 
 For every N and repetition, torch's ``c10d`` backend and ``aioelastic`` (an ``aioelastic serve``
 process as the store) are alternated, each with N fresh processes that create their handler with
@@ -16,7 +17,8 @@ time t0 (the same window for both sides). Figures:
 - *server CPU per join*: the ``aioelastic serve`` process's CPU time over the round divided by N.
 
 Every process is fresh, so the first join of a process is what is measured (the adapter does its
-one-time work when the handler is created).
+one-time work when the handler is created). ``--no-torch`` runs the aioelastic rounds only (the
+handlers still come from torch's registry; torch's c10d rounds and the ratio are skipped).
 """
 
 from __future__ import annotations
@@ -189,7 +191,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="2,4,8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--no-torch", action="store_true", help="aioelastic rounds only (no c10d side)"
+    )
     args = parser.parse_args()
+    sides = ["aioelastic"] if args.no_torch else ["torch", "aioelastic"]
     sizes = [int(x) for x in args.sizes.split(",")]
     server = Server()
     rows = []
@@ -198,7 +204,7 @@ def main() -> None:
             got: dict[str, list[dict[str, float]]] = {"torch": [], "aioelastic": []}
             failed: list[str] = []
             for rep in range(args.repeat):
-                order = ["torch", "aioelastic"] if rep % 2 == 0 else ["aioelastic", "torch"]
+                order = sides if rep % 2 == 0 else sides[::-1]
                 for side in order:
                     try:
                         got[side].append(one_round(side, n, server if side != "torch" else None,
@@ -209,14 +215,17 @@ def main() -> None:
             if failed:
                 rows.append(f"| {n} | {len(failed)} round(s) failed: {'; '.join(failed)[:300]} |")
                 print(rows[-1], flush=True)
-            if not got["torch"] or not got["aioelastic"]:
+            if not got["aioelastic"] or not (got["torch"] or args.no_torch):
                 continue
-            t = [g["round"] for g in got["torch"]]
             a = [g["round"] for g in got["aioelastic"]]
-            ratios = [x / y for x, y in zip(t, a, strict=False)]
+            torch_round, ratio = "(not run)", "(--no-torch)"
+            if not args.no_torch:
+                t = [g["round"] for g in got["torch"]]
+                ratios = [x / y for x, y in zip(t, a, strict=False)]
+                torch_round = _fmt(t)
+                ratio = f"{statistics.median(ratios):.1f}x (min {min(ratios):.1f}x)"
             row = (
-                f"| {n} | {_fmt(t)} | {_fmt(a, 1000, 'ms')} | {statistics.median(ratios):.1f}x "
-                f"(min {min(ratios):.1f}x) | "
+                f"| {n} | {torch_round} | {_fmt(a, 1000, 'ms')} | {ratio} | "
                 f"{_fmt([g['cpu'] for g in got['aioelastic']], 1000, 'ms')} | "
                 f"{_fmt([g['server_cpu_per_join'] for g in got['aioelastic']], 1e6, 'us')} |"
             )

@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEventKind,
+    RendezvousStatus,
+)
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import Delete, DeletePrefix, MemoryEngine, MemoryStore, Put, Txn, TxnOp
 from aioelastic.testing import virtual_test
 
 KEYS = RunKeys("job")
@@ -74,6 +78,11 @@ class _RequestLog(MemoryStore):
         finally:
             self._inside = False
 
+    async def _txn(self, txn: Txn) -> Any:
+        # one request: what its success branch writes (its compares and failure branch aside)
+        self._log("txn", ", ".join(_describe(op) for op in txn.success))
+        return await super()._txn(txn)
+
     async def _lease_grant(self, ttl: float) -> Any:
         self._log("lease_grant", "")
         return await super()._lease_grant(ttl)
@@ -81,6 +90,16 @@ class _RequestLog(MemoryStore):
     def take(self) -> list[tuple[str, str]]:
         requests, self.requests = self.requests, []
         return requests
+
+
+def _describe(op: TxnOp) -> str:
+    if isinstance(op, Put):
+        return f"put {op.key}"
+    if isinstance(op, Delete):
+        return f"delete {op.key}"
+    if isinstance(op, DeletePrefix):
+        return f"delete_prefix {op.prefix}"
+    return f"{type(op).__name__.lower()} {getattr(op, 'key', getattr(op, 'prefix', ''))}"
 
 
 def _handler(engine: MemoryEngine, min_nodes: int, max_nodes: int) -> DynamicRendezvousHandler:
@@ -96,12 +115,13 @@ def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
 
 
 def _driving(node: str, round_: int) -> list[tuple[str, str]]:
-    """What driving ``round_`` adds to a join: the claim, the count, the round record."""
+    """What driving ``round_`` adds to a join: the claim, the count, and the round record
+    written with the previous round's data deleted (one transaction)."""
+    garbage = f", delete_prefix {KEYS.data(round_ - 1)}" if round_ > 0 else ""
     return [
         ("cas", KEYS.driver),
         ("range_and_watch", KEYS.nodes),
-        ("cas", KEYS.round),
-        *([("delete_prefix", KEYS.data(round_ - 1))] if round_ > 0 else []),
+        ("txn", f"put {KEYS.round}{garbage}"),
     ]
 
 
@@ -120,10 +140,10 @@ async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
         *_driving(me, 0),
     ]
     await handler.next_rendezvous()
-    # the kept watch: no watch to open, nothing read; the registration, leaving the old round
+    # the kept watch: no watch to open, nothing read; the registration leaving the old round
+    # (one transaction)
     assert log.take() == [
-        ("cas", KEYS.node(1, me)),
-        ("delete", KEYS.node(0, me)),
+        ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
         *_driving(me, 1),
     ]
     await handler.aclose()
@@ -151,29 +171,55 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
         _log_of(h).take()  # (the member watch's counts: not the join's)
     await asyncio.gather(*(h.next_rendezvous() for h in members), late)
     for h in members:
-        # the kept watch already holds the newcomer's claim: no read, no claim, one registration
-        # and the removal of the old one (how a member leaves its round)
+        # the kept watch already holds the newcomer's claim: no read, no claim, one request:
+        # the registration with the removal of the old one (how a member leaves its round)
         assert _log_of(h).take() == [
-            ("cas", KEYS.node(1, h.node_id)),
-            ("delete", KEYS.node(0, h.node_id)),
+            ("txn", f"put {KEYS.node(1, h.node_id)}, delete {KEYS.node(0, h.node_id)}"),
         ]
     assert newcomer.statistics().rounds_driven == 1
     await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
 
 
 @virtual_test
-async def test_a_prepared_handler_first_join_is_its_lease_and_registration() -> None:
-    """A registry creator prepares the handler: the view of c/ is read then, not in the join."""
+async def test_a_prepared_handler_first_join_is_its_registration() -> None:
+    """A registry creator prepares the handler: the view of c/ is read and the lease granted
+    then, not in the join, so a first join registers at once, as a rejoin does."""
     engine = MemoryEngine()
     handler = _handler(engine, 1, 1)
     log = _log_of(handler)
     await handler._prepare()
-    assert log.take() == [("range_and_watch", KEYS.ctl)]
+    assert log.take() == [("range_and_watch", KEYS.ctl), ("lease_grant", "")]
+    early = handler.lease
+    assert early is not None
     await handler.next_rendezvous()
+    assert log.take() == [("cas", KEYS.node(0, handler.node_id)), *_driving(handler.node_id, 0)]
+    assert handler.lease is early
+    await handler.aclose()
+    assert not engine.watcher_count  # the prepared view closed with the handler
+    assert not engine.lease_count  # and the prepared lease was revoked
+
+
+@virtual_test
+async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_error() -> None:
+    engine = MemoryEngine()
+    handler = _handler(engine, 1, 1)
+    log = _log_of(handler)
+    await handler._prepare()
+    early = handler.lease
+    assert early is not None
+    engine.lease_revoke(early.id)
+    await asyncio.sleep(10)  # past a keep-alive: the keeper finds its lease gone
+    assert early.lost
+    assert handler.status is RendezvousStatus.ACTIVE  # nothing of this node was on it
+    log.take()
+    result = await handler.next_rendezvous()
     assert log.take() == [
         ("lease_grant", ""),
         ("cas", KEYS.node(0, handler.node_id)),
         *_driving(handler.node_id, 0),
     ]
+    assert result.rank == 0
+    assert handler.lease is not None
+    assert handler.lease is not early
+    assert not handler.lease.lost
     await handler.aclose()
-    assert not engine.watcher_count  # the prepared view closed with the handler

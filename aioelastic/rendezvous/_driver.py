@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..store import EventType, KeyValue, Watch, WatchEvent
+from ..store import Compare, DeletePrefix, EventType, KeyValue, Put, Watch, WatchEvent
 from ._state import NodeRecord, RoundRecord
 
 if TYPE_CHECKING:
@@ -160,10 +160,15 @@ class RoundDriver:
         master = NodeRecord.decode(rank0.key, rank0.value)
         record = RoundRecord(self.target, members, master.addr, master.port)
         expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
+        # the previous round has drained: its data store is garbage, deleted with the same write
+        garbage = [DeletePrefix(keys.data(self.target - 1))] if self.target > 0 else []
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
             with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                result = await store.compare_and_swap(keys.round, expected, record.encode())
+                result = await store.txn(
+                    compare=[Compare.mod_revision(keys.round) == expected],
+                    success=[Put(keys.round, record.encode()), *garbage],
+                )
                 if result.succeeded:
                     handler._stats.rounds_driven += 1
             if result.succeeded:
@@ -176,8 +181,6 @@ class RoundDriver:
                 handler._emit(
                     "rendezvous.round_finalized", round=self.target, world_size=len(members)
                 )
-                if self.target > 0:  # the previous round has drained: its data store is garbage
-                    await store.delete_prefix(keys.data(self.target - 1))
         finally:
             self.finalizing = False
         return result.succeeded

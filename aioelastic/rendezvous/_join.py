@@ -24,6 +24,7 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
+from ..store import Compare, Delete, Get, GetResult, Put
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import RoundDriver
@@ -52,6 +53,7 @@ class JoinCoordinator:
         self._closing: asyncio.Future[None] | None = None  # resolved by interrupt()
         self._driver: RoundDriver | None = None  # this join's driver, if it drives
         self._driven: int | None = None  # the round this join's driver ran for
+        self._armed = False  # the lease's loss is the handler's (records are bound to it)
 
     # -- run and close state
 
@@ -79,12 +81,18 @@ class JoinCoordinator:
             resolve(self._closing)
 
     async def prepare(self) -> None:
-        """Open the view of ``c/`` now (the store's first connection), for the first join."""
-        if self._kept is None:
-            try:
-                self._kept = await ControlView.open(self._h._store, self._h._keys)
-            except (StoreError, RendezvousError) as exc:  # the join opens it, and reports it
-                log.debug("run %r: the control view did not open early: %s", self._h.run_id, exc)
+        """Open the view of ``c/`` now (the store's first connection) and grant the lease, for
+        the first join: it then registers at once, as a rejoin does."""
+        h = self._h
+        try:
+            if self._kept is None:
+                self._kept = await ControlView.open(h._store, h._keys)
+            if h._keeper is None:
+                # Nothing is bound to it until the join registers: its loss before then is
+                # not the handler's (the join grants another), so it is not armed yet.
+                h._keeper = await self._new_lease()
+        except (StoreError, RendezvousError) as exc:  # the join does it again, and reports it
+            log.debug("run %r: the first join's work was not done early: %s", h.run_id, exc)
 
     async def aclose(self) -> None:
         kept, self._kept = self._kept, None
@@ -111,6 +119,9 @@ class JoinCoordinator:
         granting = None
         if h._keeper is None or h._keeper.lost:
             granting = loop.create_task(self._grant_lease(), name="aioelastic-rdzv-lease")
+        elif not self._armed:  # granted early (prepare): from now on our records are on it
+            self._armed = True
+            h._keeper.on_lost(h._on_lease_lost)
         try:
             try:
                 if ctl is None:
@@ -135,11 +146,18 @@ class JoinCoordinator:
         keeper = h._keeper
         if keeper is not None:  # lost: our records went with it
             self.record_round = None
+            h._keeper = None
             await keeper.aclose(revoke=False)
+        keeper = await self._new_lease()
+        keeper.on_lost(h._on_lease_lost)
+        self._armed = True
+        h._keeper = keeper
+        return keeper
+
+    async def _new_lease(self) -> LeaseKeeper:
+        h = self._h
         keeper = h._store.lease(h._lease_ttl, keep_alive_interval=h._keep_alive_interval)
         await keeper.start()
-        keeper.on_lost(h._on_lease_lost)
-        h._keeper = keeper
         return keeper
 
     async def _take_part(
@@ -279,19 +297,36 @@ class JoinCoordinator:
         store, keys, node_id = h._store, h._keys, h.node_id
         addr = h._local_addr or default_addr()
         record = NodeRecord(node_id, addr, free_port()).encode()
+        key = keys.node(target, node_id)
+        old = self.record_round
+        leaving = old is not None and old != target
         try:
-            key = keys.node(target, node_id)
-            result = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+            if leaving:  # register and leave the round we were in, in one request
+                assert old is not None
+                result = await store.txn(
+                    compare=[Compare.mod_revision(key) == 0],
+                    success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
+                    failure=[Get(key)],
+                )
+                succeeded, kv = result.succeeded, None
+                if not succeeded:
+                    got = result[0]
+                    assert isinstance(got, GetResult)
+                    kv = got.kv
+            else:
+                cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+                succeeded, kv = cas.succeeded, cas.kv
         except WriteOutcomeUnknownError:
             self.record_round = target  # it may have applied: a withdrawal deletes it
             raise
-        if not result.succeeded and (result.kv is None or result.kv.lease != keeper.id):
+        if not succeeded and (kv is None or kv.lease != keeper.id):
             raise RendezvousError(
                 f"node id {node_id!r} is already registered for round {target} of "
                 f"{h.run_id!r} by another live handler"
             )
-        old, self.record_round = self.record_round, target
-        if old is not None and old != target:  # leave the round we were in
+        self.record_round = target
+        if leaving and not succeeded:  # registered already (by this lease): leave the old round
+            assert old is not None
             await store.delete(keys.node(old, node_id))
 
     async def _withdraw(self, keeper: LeaseKeeper) -> None:

@@ -240,7 +240,8 @@ class DynamicRendezvousHandler(_BuiltinHandler):
 
     @property
     def lease(self) -> LeaseKeeper | None:
-        """The lease that keeps this node's records alive (None before the first join)."""
+        """The lease that keeps this node's records alive (None before the first join, unless a
+        registry creator prepared the handler: then it is granted with the handler)."""
         return self._keeper
 
     def statistics(self) -> RendezvousStatistics:

@@ -67,7 +67,7 @@ class _Lease:
 class _Watcher:
     """One registered watch on the engine: a cursor into the event log and a wake-up future."""
 
-    __slots__ = ("cursor", "error", "hits", "min_revision", "owner", "prefix", "waiter")
+    __slots__ = ("cursor", "error", "hits", "min_revision", "on_wake", "owner", "prefix", "waiter")
 
     def __init__(self, prefix: str, cursor: int, min_revision: int, owner: object) -> None:
         self.prefix = prefix
@@ -75,6 +75,10 @@ class _Watcher:
         self.min_revision = min_revision
         self.owner = owner
         self.waiter: asyncio.Future[None] | None = None
+        #: called (synchronously, inside the write; it must be cheap and never raise) where the
+        #: waiter would be woken: a reader that serves many watchers (the session server) gets
+        #: told which ones have something, without a task parked on each
+        self.on_wake: Callable[[], None] | None = None
         self.error: BaseException | None = None
         # While tracked (see MemoryEngine._tracked): the absolute log indexes of its unread
         # events, exactly; None while it must scan the log from its cursor instead.
@@ -84,6 +88,9 @@ class _Watcher:
         return key.startswith(self.prefix)
 
     def wake(self) -> None:
+        on_wake = self.on_wake
+        if on_wake is not None:
+            on_wake()
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

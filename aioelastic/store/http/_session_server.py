@@ -18,15 +18,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgpack
 from aiohttp import WSMsgType, web
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
-from ..memory import LeaseChange, MemoryEngine, _Watcher
+from ..memory import LeaseChange, MemoryEngine
 from ._blob_cache import BlobCache
 from ._frames import (
     ERROR,
-    EVENTS,
-    PROGRESS,
     PROTOCOL_VERSIONS,
     REQUEST,
     RESULT,
@@ -39,6 +38,7 @@ from ._frames import (
 )
 from ._persist import LogWriteError
 from ._session_ops import OPS, OpError, bad, seconds_arg
+from ._session_watch import ServedWatch
 
 __all__ = ["DEFAULT_SESSION_GRACE", "SessionHub"]
 
@@ -50,6 +50,9 @@ DEFAULT_SESSION_GRACE = 0.25
 HELLO_TIMEOUT = 10.0
 #: Answers waiting to be written beyond this (a client that stopped reading) end the connection.
 MAX_OUTBOX_BYTES = 64 * 1024 * 1024
+#: Pumping many watches at once, write whenever this much is queued: the client starts on the
+#: first frames while the server encodes the rest.
+WATCH_CHUNK_BYTES = 16 * 1024
 #: WebSocket close codes of the protocol (the 4000s are the application's).
 CLOSE_BAD_HELLO = 4400
 CLOSE_BAD_FRAME = 4401
@@ -126,8 +129,9 @@ class SessionHub:
         self._sessions: dict[str, SessionState] = {}  # by resume token
         self._owner: dict[int, SessionState] = {}  # lease id -> the session that owns it
         self._connections: set[Connection] = set()
-        # Encoded event blobs of the current revision, shared by watchers at the same position.
-        self._blobs = BlobCache(encode_events)
+        # Encoded event blobs (their msgpack, bin headers included) of the current revision,
+        # shared by watchers at the same position.
+        self._blobs = BlobCache(_packed_events)
         engine.on_lease.append(self._on_lease)
 
     @property
@@ -291,6 +295,12 @@ class SessionHub:
         return self._blobs.get(prefix, events, revision)
 
 
+def _packed_events(events: list[Any]) -> bytes:
+    """The events' blob as a msgpack bin object, ready to splice into a frame."""
+    packed: bytes = msgpack.packb(encode_events(events), use_bin_type=True)
+    return packed
+
+
 async def _refuse(ws: web.WebSocketResponse, code: str, message: str, **extra: Any) -> None:
     """An error frame for the hello, then a close with the reason (never a hang)."""
     try:
@@ -314,7 +324,9 @@ class Connection:
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
         self._wake = asyncio.Event()
-        self._watches: dict[int, _ServedWatch] = {}
+        self._watches: dict[int, ServedWatch] = {}
+        self._ready: list[ServedWatch] = []  # watches with something to send (see _pump)
+        self._pumping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._dispatching = False
@@ -325,12 +337,15 @@ class Connection:
     # -- output
 
     def send(self, frame: list[Any]) -> None:
+        self.send_bytes(pack(frame))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Queue one encoded frame."""
         if self._closing:
             return
-        data = pack(frame)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
-        if not self._dispatching:  # the reader writes its own answers (see run)
+        if not self._dispatching and not self._pumping:  # those write their own (see run)
             self._wake.set()
         if self._outbox_bytes > MAX_OUTBOX_BYTES:
             self._outbox, self._outbox_bytes = [], 0
@@ -343,12 +358,32 @@ class Connection:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._ready and not self._closing:
+                await self._pump()
             if self._outbox:
                 batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
                 await ws.send_bytes(batch[0] if len(batch) == 1 else b"".join(batch))
             if self._closing:
                 await ws.close(code=self._close_code, message=self._close_reason)
                 return
+
+    async def _pump(self) -> None:
+        """Every watch that has something: its frames, written in chunks as they come."""
+        self._pumping = True
+        try:
+            ready, self._ready = self._ready, []
+            for served in ready:
+                served.pump()
+                if self._outbox_bytes >= WATCH_CHUNK_BYTES and not self._closing:
+                    batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                    await self.ws.send_bytes(b"".join(batch))
+        finally:
+            self._pumping = False
+
+    def watch_ready(self, served: ServedWatch) -> None:
+        """``served`` has something to send: pump it with the others (one wake-up for all)."""
+        self._ready.append(served)
+        self._wake.set()
 
     # -- input
 
@@ -459,10 +494,10 @@ class Connection:
         engine = hub.engine
         result = engine.range(prefix, None) if snapshot else None
         watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> an error answer
-        served = _ServedWatch(self, wid, prefix, watcher)
+        served = ServedWatch(self, wid, prefix, watcher)
         self._watches[wid] = served
         hub.watches += 1
-        served.task = asyncio.ensure_future(served.run())
+        served.woken()  # a start in the past has events to send (after this answer)
         created: list[Any] = [watcher.min_revision, engine.revision, None]
         if result is not None:
             created[2] = [result.count, [kv_to_wire(kv) for kv in result.kvs]]
@@ -471,7 +506,11 @@ class Connection:
     def close_watch(self, wid: int) -> None:
         served = self._watches.pop(wid, None)
         if served is not None:
-            served.stop()
+            served.release()
+
+    def forget_watch(self, served: ServedWatch) -> None:
+        if self._watches.get(served.wid) is served:
+            del self._watches[served.wid]
 
     def _tick(self) -> None:
         """Every progress interval: a progress frame for each watch idle since the last tick."""
@@ -480,7 +519,7 @@ class Connection:
         for served in self._watches.values():
             if served.idle:
                 served.progress_due = True
-                served.watcher.wake()
+                served.woken()
             served.idle = True
         self._ticker = asyncio.get_running_loop().call_later(self.progress_interval, self._tick)
 
@@ -498,76 +537,11 @@ class Connection:
     def end(self) -> None:
         self._closing = True
         for served in list(self._watches.values()):
-            served.stop()
+            served.release()
         self._watches.clear()
+        self._ready.clear()
         for task in list(self._tasks):
             task.cancel()
-
-
-class _ServedWatch:
-    """One watch of a connection: a task that reads the engine and pushes frames."""
-
-    __slots__ = ("conn", "idle", "prefix", "progress_due", "stopped", "task", "watcher", "wid")
-
-    def __init__(self, conn: Connection, wid: int, prefix: str, watcher: _Watcher) -> None:
-        self.conn = conn
-        self.wid = wid
-        self.prefix = prefix
-        self.watcher = watcher
-        self.idle = True
-        self.progress_due = False
-        self.stopped = False
-        self.task: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
-        conn, engine, watcher, wid = self.conn, self.conn.hub.engine, self.watcher, self.wid
-        try:
-            while not self.stopped:
-                try:
-                    events = engine.read_events(watcher)
-                except CompactedError as exc:
-                    conn.send(
-                        [
-                            WATCH_END,
-                            wid,
-                            "compacted",
-                            str(exc),
-                            {
-                                "requested_revision": exc.requested_revision,
-                                "compact_revision": exc.compact_revision,
-                            },
-                        ]
-                    )
-                    break
-                except StoreClosedError as exc:
-                    conn.send([WATCH_END, wid, "closing", str(exc), {}])
-                    break
-                if events:
-                    revision = engine.revision
-                    conn.send([EVENTS, wid, conn.hub.blob(self.prefix, events, revision)])
-                    self.idle = False
-                    continue
-                if self.progress_due:
-                    self.progress_due = False
-                    conn.send([PROGRESS, wid, engine.revision])
-                    continue
-                await engine.wait(watcher)
-        finally:
-            self._release()
-
-    def stop(self) -> None:
-        self.stopped = True
-        self._release()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-
-    def _release(self) -> None:
-        if self.watcher is not None:
-            hub = self.conn.hub
-            hub.engine.remove_watcher(self.watcher)
-            hub.watches -= 1
-            self.watcher = None  # type: ignore[assignment]
-            self.conn._watches.pop(self.wid, None)
 
 
 def _error_frame(rid: int, exc: Exception) -> list[Any]:

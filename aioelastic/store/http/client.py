@@ -244,7 +244,7 @@ class SessionWatch(Watch):
         #: with ``snapshot=True``: the range of the prefix the watch opened with
         self.snapshot: RangeResult | None = None
         self._pending: deque[WatchEvent] = deque()
-        self._wakeup = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the reader parked in _next
         self._error: BaseException | None = None
         self._start_revision: int | None = None
         self._next_revision = 0  # where a resumed watch starts: last revision received + 1
@@ -319,12 +319,22 @@ class SessionWatch(Watch):
             self.reconnects += 1  # alive only once it delivers (a hung server answers too)
 
     def on_events(self, decoded: list[WatchEvent]) -> None:
-        events = [e for e in decoded if e.kv.mod_revision >= self._next_revision]
+        """Events from the server (``decoded`` is shared by the watches at one position)."""
         self._alive_at = asyncio.get_running_loop().time()
-        if events:  # never deliver a revision twice
-            self._pending.extend(events)
-            self._next_revision = events[-1].kv.mod_revision + 1
-            self._wakeup.set()
+        if not decoded:
+            return
+        if decoded[0].kv.mod_revision < self._next_revision:  # never deliver a revision twice
+            decoded = [e for e in decoded if e.kv.mod_revision >= self._next_revision]
+            if not decoded:
+                return
+        self._pending.extend(decoded)
+        self._next_revision = decoded[-1].kv.mod_revision + 1
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_progress(self, revision: int) -> None:
         self._alive_at = asyncio.get_running_loop().time()
@@ -340,22 +350,26 @@ class SessionWatch(Watch):
             self._error = error
         self._client.watches.discard(self)
         self._client.unwatch(self)
-        self._wakeup.set()
+        self._wake()
 
     async def _next(self) -> WatchEvent:
-        while not self._pending:
+        pending = self._pending
+        while not pending:
             if self._closed:
                 raise StopAsyncIteration
             if self._error is not None:
                 raise self._error
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self._pending.popleft()
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return pending.popleft()
 
     async def _aclose(self) -> None:
         self._client.watches.discard(self)
         self._client.unwatch(self)
-        self._wakeup.set()
+        self._wake()
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
