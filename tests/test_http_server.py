@@ -899,3 +899,30 @@ async def test_json_bodies_are_bounded_by_their_own_limit_and_values_by_theirs()
         assert kv is not None
         assert len(kv.value) == 200_000
         assert srv.engine.get("v201000") is None
+
+
+def test_a_client_gone_mid_answer_is_not_a_storage_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A connection error while answering (a write to a closed socket) is the client's leaving:
+    counted as 499 and logged at debug, never ``storage_error`` 500 with an error line."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from aioelastic.store.http._limits import Limits
+    from aioelastic.store.http._metrics import NoMetrics
+    from aioelastic.store.http._state import ServerState
+    from aioelastic.store.memory import MemoryEngine
+
+    state = ServerState(
+        MemoryEngine(), token=None, limits=Limits(64, 64, 4), data=None, metrics=NoMetrics()
+    )
+    request = make_mocked_request("GET", "/v1/session")
+    gone = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    with caplog.at_level(logging.DEBUG, logger="aioelastic"):
+        answer = state._error_answer(request, gone)
+    assert answer is not None
+    assert answer.status == 499
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    failed = state._error_answer(request, OSError(5, "Input/output error"))  # the data dir's
+    assert failed is not None
+    assert failed.status == 500

@@ -132,6 +132,11 @@ class ServerState:
             status = 507 if exc.full else 503
             code = "insufficient_storage" if exc.full else "storage_unavailable"
             return error_response(status, code, f"{exc.strerror}; the write was not applied")
+        if isinstance(exc, ConnectionError):  # the client went away mid-answer: not our failure
+            log.debug("client closed answering %s %s: %s", request.method, request.path, exc)
+            response = error_response(499, "client_closed", "the client closed the connection")
+            response.force_close()  # counted as 499, as a cancelled handler is
+            return response
         if isinstance(exc, OSError):  # the data dir failed (fsync): durability unknown
             log.error("storage failure answering %s %s: %s", request.method, request.path, exc)
             return error_response(500, "storage_error", f"the data directory failed: {exc}")
