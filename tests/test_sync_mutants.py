@@ -747,3 +747,49 @@ async def test_parameter_watch_replaying_from_before_its_open_cannot_bridge_a_co
                 reader.heal()
                 with pytest.raises(CompactedError):
                     await changes.__anext__()
+
+
+# -- closing and opening the followers -----------------------------------------------------------
+
+
+@virtual_test(timeout=60)
+async def test_followers_closed_before_their_first_item_report_nothing() -> None:
+    store = MemoryStore()
+    await JobStateRecord(store).set("running")
+    statuses = JobStateRecord(store).watch()
+    async with statuses:  # entering reads the current status already
+        pass
+    with pytest.raises(StopAsyncIteration):
+        await statuses.__anext__()
+    election = Election(store, "E", config=CONFIG)
+    await election.campaign("me")
+    observer = election.observe()
+    await observer.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await observer.__anext__()
+    await election.resign()
+
+
+@virtual_test(timeout=60)
+async def test_a_stream_from_a_revision_opens_through_an_outage_on_one_watch() -> None:
+    engine = MemoryEngine()
+    reader = FaultInjectingStore(MemoryStore(engine))
+    writer = EventChannel(MemoryStore(engine))
+    first = await writer.publish("a", 1)
+    await writer.publish("b", 2)
+    reader.partition()
+    refused: list[int] = []
+
+    async def heal() -> None:
+        await anyio.sleep(1)
+        refused.append(reader.calls["watch"])
+        reader.heal()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heal)
+        async with EventChannel(reader).stream(start_revision=first.revision) as events:
+            with anyio.fail_after(5):
+                names = [(await events.__anext__()).name, (await events.__anext__()).name]
+    assert names == ["a", "b"]
+    assert refused[0] > 0
+    assert reader.calls["watch"] == refused[0] + 1  # those the partition refused, one that ran
