@@ -207,6 +207,26 @@ async def test_parameter_schema_types_and_tuples() -> None:
     assert await params.get("n") == 3
 
 
+class _RacingStore(MemoryStore):
+    """A store whose next compare-and-swap first lets ``rival`` write the same key (another
+    process's write landing between a read and the swap)."""
+
+    rival: tuple[str, bytes] | None = None
+    swaps = 0
+
+    async def _compare_and_swap(
+        self, key: str, expected_mod_revision: int, value: bytes, lease: int
+    ) -> CasResult:
+        self.swaps += 1
+        if self.swaps > 10:  # a retry loop that never reads the new value would spin
+            raise RuntimeError("compare-and-swap retried more than 10 times")
+        if self.rival is not None:
+            rival_key, rival_value = self.rival
+            self.rival = None
+            await self._put(rival_key, rival_value, 0)
+        return await super()._compare_and_swap(key, expected_mod_revision, value, lease)
+
+
 # -- JobStateRecord ------------------------------------------------------------------------------
 
 
@@ -247,7 +267,9 @@ async def test_job_state_set_refuses_bad_arguments_clearly() -> None:
         await record.set("done")
     with pytest.raises(TypeError, match=r"^reason must be a str or None, got int$"):
         await record.set("running", 5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=re.escape("a failed job needs a reason (reason='...')")):
+    with pytest.raises(
+        ValueError, match=re.escape("a failed job needs a reason (reason='...')") + "$"
+    ):
         await record.set("failed")
     with pytest.raises(TypeError, match=r"^the job state must be JSON-serialisable"):
         await record.set("running", details={1, 2})
@@ -325,27 +347,57 @@ async def test_job_state_watch_after_compaction_reports_only_what_changed() -> N
     engine = MemoryEngine()
     watcher, admin = FaultInjectingStore(MemoryStore(engine)), MemoryStore(engine)
     record, other = JobStateRecord(watcher), JobStateRecord(admin)
-    async with record.watch() as statuses:
-        with anyio.fail_after(10):
-            assert await statuses.__anext__() == JobStatus(JobState.PENDING)
-            # the record's first write is the store's revision 1, missed in a compacted gap
-            set_first = other.set("running")
-            await _cut_off_and_compact(watcher, admin, lambda: set_first)
-            running = await other.get()
-            assert running.revision == 1
-            assert await statuses.__anext__() == running
-            # nothing changed in the next gap: nothing is reported again
-            await _cut_off_and_compact(watcher, admin, anyio.lowlevel.checkpoint)
-            await anyio.sleep(2)
-            done = await other.set("succeeded")
-            assert await statuses.__anext__() == done
+    seen: list[JobStatus] = []
 
-            # deleted in a gap: pending, at the revision of the read
-            async def delete() -> None:
-                await admin.delete("job/state")
+    async def follow() -> None:
+        async with record.watch() as statuses:
+            async for status in statuses:
+                seen.append(status)
 
-            now = await _cut_off_and_compact(watcher, admin, delete)
-            assert await statuses.__anext__() == JobStatus(JobState.PENDING, revision=now)
+    async def settle() -> None:
+        await anyio.sleep(3)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await settle()
+        assert seen == [JobStatus(JobState.PENDING)]
+        # the record's first write is the store's revision 1, missed in a compacted gap
+        await _cut_off_and_compact(watcher, admin, lambda: other.set("running"))
+        await settle()
+        running = await other.get()
+        assert running.revision == 1
+        assert seen[1:] == [running]
+        # nothing changed in the next gap: nothing is reported again
+        await _cut_off_and_compact(watcher, admin, anyio.lowlevel.checkpoint)
+        await settle()
+        assert seen[2:] == []
+        done = await other.set("succeeded")  # seen live
+        await settle()
+        assert seen[2:] == [done]
+
+        # deleted in a gap: pending, at the revision of the read
+        async def delete() -> None:
+            await admin.delete("job/state")
+
+        now = await _cut_off_and_compact(watcher, admin, delete)
+        await settle()
+        assert seen[3:] == [JobStatus(JobState.PENDING, revision=now)]
+        tg.cancel_scope.cancel()
+
+
+@virtual_test(timeout=60)
+async def test_job_state_set_checks_the_transition_again_after_a_rival_write() -> None:
+    store = _RacingStore()
+    record = JobStateRecord(store)
+    await record.set("running")
+    store.rival = ("job/state", b'{"state":"succeeded"}')
+    with pytest.raises(JobStateError, match="cannot go from succeeded to failed"):
+        await record.set("failed", "late")
+    assert store.swaps == 2  # its own, then the one after the rival's write
+    store.rival = ("job/state2", b'{"state":"running"}')
+    other = JobStateRecord(store, "job/state2")
+    done = await other.set("succeeded")  # pending -> the rival's running -> succeeded
+    assert done.state is JobState.SUCCEEDED
 
 
 # -- Barrier, DoubleBarrier ----------------------------------------------------------------------
@@ -430,9 +482,10 @@ async def test_double_barrier_leave_waits_for_late_parties_and_across_a_compacti
     async with anyio.create_task_group() as tg:
         tg.start_soon(leave)
         await anyio.sleep(1)
-        await late.enter()  # the barrier is open: a late party passes at once, and counts
         await _cut_off_and_compact(leaver, admin, anyio.lowlevel.checkpoint)
-        await anyio.sleep(3)  # it read the parties again: two are still in
+        await anyio.sleep(3)  # it read the parties again: one is still in
+        await late.enter()  # the barrier is open: a late party passes at once, and counts
+        await anyio.sleep(1)
         tg.start_soon(second.leave)
         await anyio.sleep(1)
         assert not left.is_set()
@@ -615,22 +668,6 @@ async def test_parameter_errors_say_where_and_entries_have_versions() -> None:
     assert await params.get("n") == 1
 
 
-class _RacingStore(MemoryStore):
-    """A store whose next compare-and-swap first lets ``rival`` write the same key (another
-    process's write landing between a read and the swap)."""
-
-    rival: tuple[str, bytes] | None = None
-
-    async def _compare_and_swap(
-        self, key: str, expected_mod_revision: int, value: bytes, lease: int
-    ) -> CasResult:
-        if self.rival is not None:
-            rival_key, rival_value = self.rival
-            self.rival = None
-            await self._put(rival_key, rival_value, 0)
-        return await super()._compare_and_swap(key, expected_mod_revision, value, lease)
-
-
 @virtual_test(timeout=60)
 async def test_parameter_update_reads_once_and_reruns_on_the_rivals_value() -> None:
     store = _RacingStore()
@@ -687,6 +724,8 @@ async def test_parameter_watch_after_a_compaction_reports_changes_and_deletes_on
             await writer.delete("live")  # seen live, as a delete
             change = await changes.__anext__()
             assert (change.name, change.deleted) == ("live", True)
+            kept_at = await writer.set("kept", 1)  # seen live, the last change before the gap
+            assert await changes.__anext__() == ParameterChange("kept", 1, kept_at)
             reader.partition()
             reader.drop_watches()
             await writer.delete("gone")
