@@ -20,6 +20,7 @@ from aioelastic.errors import (
     ConfigError,
     JobStateError,
     NotLeaderError,
+    StoreConnectionError,
     SyncTimeoutError,
 )
 from aioelastic.store import CasResult, KeyValue, MemoryEngine, MemoryStore, Store
@@ -31,10 +32,12 @@ from aioelastic.sync import (
     JobState,
     JobStateRecord,
     JobStatus,
+    Leader,
     LeaseConfig,
     Lock,
     ParameterChange,
     Parameters,
+    store_lock,
 )
 from aioelastic.sync._common import decode_json, queue_name_of
 from aioelastic.testing import FaultInjectingStore, virtual_test
@@ -832,3 +835,199 @@ async def test_a_stream_from_a_revision_opens_through_an_outage_on_one_watch() -
     assert names == ["a", "b"]
     assert refused[0] > 0
     assert reader.calls["watch"] == refused[0] + 1  # those the partition refused, one that ran
+
+
+# -- Election and Lock: arguments, options, clean-up under cancellation --------------------------
+
+
+@virtual_test(timeout=60)
+async def test_election_and_lock_arguments() -> None:
+    for primitive in (Election, Lock):
+        with pytest.raises(TypeError, match=r"^store must be a Store, got str$"):
+            primitive("memory://", "E")  # type: ignore[arg-type]
+    store = MemoryStore()
+    with pytest.raises(TypeError, match=r"^value must be str or bytes, got int$"):
+        await Election(store, "E").campaign(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^identity must be a str or None, got int$"):
+        Lock(store, "L", identity=5)  # type: ignore[arg-type]
+    for lock in (Lock(store, "L1", identity="me"), store_lock(store, "L2", identity="me")):
+        await lock.acquire()
+        holder = await lock.holder()
+        assert holder is not None
+        assert holder.value == b"me"
+        with pytest.raises(RuntimeError, match=r"^the lock 'L\d' is already held or being acq"):
+            await lock.acquire()
+        await lock.release()
+        assert lock.held is False
+
+
+@virtual_test(timeout=60)
+async def test_election_state_and_options() -> None:
+    store = FaultInjectingStore(MemoryStore())
+    election = Election(store, "E", config=CONFIG)
+    assert election.is_leader is False
+    me = await election.campaign("v")
+    with pytest.raises(RuntimeError, match=r"^already campaigning in 'E'$"):
+        await election.campaign("again")
+    proclaimed = await election.proclaim("w")
+    kv = await store.get(me.key)
+    assert kv is not None
+    assert proclaimed == Leader(me.key, b"w", me.term, kv.mod_revision)
+    assert await election.leader() == proclaimed
+    await election.resign()  # a private lease: revoking it deletes the key, no delete of its own
+    assert store.calls["compare_and_delete"] == 0
+    assert await store.get(me.key) is None
+    assert election.is_leader is False
+    assert repr(election) == "<Election 'E' not leading>"
+    await election.resign()  # idempotent
+    async with CONFIG.lease(store) as shared:
+        on_shared = Election(store, "S", lease=shared)
+        mine = await on_shared.campaign("v")
+        kv = await store.get(mine.key)
+        assert kv is not None
+        assert kv.lease == shared.id
+        await on_shared.resign()  # its own key goes; the shared lease stays
+        assert await store.get(mine.key) is None
+        assert not shared.lost
+        await on_shared.resign()
+
+
+@virtual_test(timeout=60)
+async def test_campaign_and_acquire_timeouts() -> None:
+    store = MemoryStore()
+    leader = Election(store, "E", config=CONFIG)
+    await leader.campaign("first")
+    started = anyio.current_time()
+    wanted = r"^timed out after 1\.0s campaigning in the election 'E'$"
+    with pytest.raises(SyncTimeoutError, match=wanted):
+        await Election(store, "E", config=CONFIG).campaign("second", timeout=1)
+    assert anyio.current_time() - started == pytest.approx(1)
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    started = anyio.current_time()
+    with pytest.raises(SyncTimeoutError, match=r"^timed out after 2\.0s waiting for the lock"):
+        await Lock(store, "L", config=CONFIG, timeout=2).acquire()
+    assert anyio.current_time() - started == pytest.approx(2)
+    await holder.release()
+    await leader.resign()
+
+
+@virtual_test(timeout=60)
+async def test_a_contended_acquire_reads_the_queue_once_before_it_waits() -> None:
+    # the read made with the queue put (and the one full read of a longer queue) is where the
+    # wait starts: no second read of the queue before watching
+    store = FaultInjectingStore(MemoryStore())
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    candidate = Election(store, "E", config=CONFIG)
+    await candidate.campaign("first")
+    before = store.calls["range"]
+    got: list[int] = []
+
+    async def contend() -> None:
+        lock = Lock(store, "L", config=CONFIG)
+        got.append(await lock.acquire())
+        await lock.release()
+        second = Election(store, "E", config=CONFIG)
+        got.append((await second.campaign("second")).term)
+        await second.resign()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(contend)
+        await anyio.sleep(1)
+        assert store.calls["range"] - before == 1  # the full read of the two-entry queue
+        await holder.release()
+        await anyio.sleep(1)
+        assert (
+            store.calls["range"] - before == 3
+        )  # again after the holder went; then the election's
+        await candidate.resign()
+    assert len(got) == 2
+
+
+@virtual_test(timeout=60)
+async def test_a_failed_queue_put_leaves_the_lock_free_to_try_again() -> None:
+    store = FaultInjectingStore(MemoryStore())
+    lock = Lock(store, "L", config=CONFIG)
+    store.fail_next("txn", StoreConnectionError("injected"))
+    with pytest.raises(StoreConnectionError):
+        await lock.acquire()
+    assert store.granted_leases == frozenset()  # its private lease was revoked
+    await lock.acquire()
+    await lock.release()
+
+
+@virtual_test(timeout=60)
+async def test_clean_up_runs_to_completion_in_a_cancelled_task() -> None:
+    # the store answers after a delay, so an unshielded clean-up would be cut short
+    store = FaultInjectingStore(MemoryStore())
+    store.latency = 0.01
+    async with CONFIG.lease(store) as shared:
+        for lease in (None, shared):
+            lock = Lock(store, "L", lease=lease, config=CONFIG)
+            await lock.acquire()
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await lock.release()
+            assert (await store.range("L/")).count == 0
+            election = Election(store, "E", lease=lease, config=CONFIG)
+            await election.campaign("v")
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await election.resign()
+            assert (await store.range("E/")).count == 0
+            with anyio.CancelScope() as scope:
+                async with Lock(store, "A", lease=lease, config=CONFIG):
+                    scope.cancel()  # the block ends cancelled: the release still completes
+            assert (await store.range("A/")).count == 0
+        # a queue put cancelled in flight: the private lease is revoked all the same
+        store.hang("txn")
+        lock = Lock(store, "H", config=CONFIG)
+        with anyio.move_on_after(1):
+            await lock.acquire()
+        store.release()
+        assert store.granted_leases == frozenset({shared.id})
+
+
+@virtual_test(timeout=60)
+async def test_the_lock_block_s_own_error_comes_out_as_it_was() -> None:
+    store = MemoryStore()
+    error = ValueError("boom")
+    with pytest.raises(ValueError, match=r"^boom$") as info:
+        async with Lock(store, "L", config=CONFIG):
+            raise error
+    assert info.value is error
+    assert (await store.range("L/")).count == 0
+
+
+@virtual_test(timeout=60)
+async def test_a_barrier_timeout_count_is_bounded_and_shielded() -> None:
+    # the count in a timeout's message is bounded (5 s) and shielded: a store that stopped
+    # answering, and a caller cancelled meanwhile, still get the timeout, 5 s later at most
+    store = FaultInjectingStore(MemoryStore())
+    barrier = Barrier(store, "B", 2, config=LeaseConfig(ttl=60, renew_deadline=40))
+    errors: list[BaseException] = []
+    ended: list[float] = []
+
+    async def wait(scope: anyio.CancelScope) -> None:
+        with scope:
+            try:
+                await barrier.wait(timeout=1)
+            except SyncTimeoutError as exc:
+                errors.append(exc)
+        ended.append(anyio.current_time())
+
+    started = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        outer = anyio.CancelScope()
+        tg.start_soon(wait, outer)
+        await anyio.sleep(0.5)
+        store.hang("range")
+        await anyio.sleep(1.5)  # the timeout's count is under way
+        outer.cancel()
+        await anyio.sleep(20)  # (an unbounded count would end only now)
+        store.release()
+    assert ended[0] - started == pytest.approx(6, abs=0.01)
+    assert [str(e) for e in errors] == [
+        "timed out after 1.0s at the barrier 'B': an unknown number of 2 parties entered"
+    ]
