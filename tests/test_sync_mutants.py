@@ -374,9 +374,6 @@ async def test_job_state_watch_after_compaction_reports_only_what_changed() -> N
         await _cut_off_and_compact(watcher, admin, anyio.lowlevel.checkpoint)
         await settle()
         assert seen[2:] == []
-        done = await other.set("succeeded")  # seen live
-        await settle()
-        assert seen[2:] == [done]
 
         # deleted in a gap: pending, at the revision of the read
         async def delete() -> None:
@@ -384,7 +381,13 @@ async def test_job_state_watch_after_compaction_reports_only_what_changed() -> N
 
         now = await _cut_off_and_compact(watcher, admin, delete)
         await settle()
-        assert seen[3:] == [JobStatus(JobState.PENDING, revision=now)]
+        assert seen[2:] == [JobStatus(JobState.PENDING, revision=now)]
+        done = await other.set("succeeded")  # seen live
+        await settle()
+        assert seen[3:] == [done]
+        now = await _cut_off_and_compact(watcher, admin, delete)  # deleted after a live write
+        await settle()
+        assert seen[4:] == [JobStatus(JobState.PENDING, revision=now)]
         tg.cancel_scope.cancel()
 
 
@@ -866,6 +869,8 @@ async def test_election_state_and_options() -> None:
     store = FaultInjectingStore(MemoryStore())
     election = Election(store, "E", config=CONFIG)
     assert election.is_leader is False
+    with pytest.raises(NotLeaderError, match=r"^not the leader of 'E'$"):
+        election.guard()
     me = await election.campaign("v")
     with pytest.raises(RuntimeError, match=r"^already campaigning in 'E'$"):
         await election.campaign("again")
