@@ -1036,3 +1036,66 @@ async def test_a_barrier_timeout_count_is_bounded_and_shielded() -> None:
     assert [str(e) for e in errors] == [
         "timed out after 1.0s at the barrier 'B': an unknown number of 2 parties entered"
     ]
+
+
+# -- the shared checks and JSON ------------------------------------------------------------------
+
+
+@virtual_test(timeout=60)
+async def test_primitive_arguments_are_named_in_their_errors() -> None:
+    store = MemoryStore()
+    with pytest.raises(TypeError, match=r"^name must be a str, got int$"):
+        Lock(store, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^name must be a non-empty str not ending in '/', got"):
+        Lock(store, "jobs/")
+    with pytest.raises(TypeError, match=r"^config must be a LeaseConfig, got int$"):
+        Lock(store, "L", config=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^lease must be a LeaseKeeper or None, got int$"):
+        Lock(store, "L", lease=5)  # type: ignore[arg-type]
+
+
+@virtual_test(timeout=60)
+async def test_json_payloads_are_utf8_and_up_to_64_kib() -> None:
+    store = MemoryStore()
+    channel = EventChannel(store)
+    await channel.publish("e", "é")
+    kv = await store.get("events/e")
+    assert kv is not None
+    assert kv.value == '"é"'.encode()
+    at_limit = "x" * (64 * 1024 - 2)  # with its quotes, exactly the limit
+    await channel.publish("big", at_limit)
+    with pytest.raises(ValueError, match=r"^the payload of event 'big' is 65537 bytes as JSON; "):
+        await channel.publish("big", at_limit + "x")
+
+
+@virtual_test(timeout=60)
+async def test_closing_a_stream_from_another_task_ends_its_consumer() -> None:
+    channel = EventChannel(MemoryStore())
+    stream = channel.stream()
+    got: list[str] = []
+
+    async def consume() -> None:
+        async with stream:
+            async for event in stream:
+                got.append(event.name)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await anyio.sleep(1)
+            await channel.publish("a")
+            await anyio.sleep(1)
+            await stream.aclose()  # the consumer, waiting for the next event, stops
+            await anyio.sleep(1)
+            await channel.publish("after")
+    assert got == ["a"]
+
+
+@virtual_test(timeout=60)
+async def test_a_wait_whose_first_read_fails_reads_again() -> None:
+    engine = MemoryEngine()
+    reader = FaultInjectingStore(MemoryStore(engine))
+    running = await JobStateRecord(MemoryStore(engine)).set("running")
+    reader.fail_next("range", StoreConnectionError("injected"))
+    assert await JobStateRecord(reader).wait("running", timeout=5) == running
+    assert reader.calls["range"] == 2
