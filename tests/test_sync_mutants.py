@@ -19,6 +19,7 @@ from aioelastic.errors import (
     CompactedError,
     ConfigError,
     JobStateError,
+    LeaseExpiredError,
     NotLeaderError,
     StoreConnectionError,
     SyncTimeoutError,
@@ -1099,3 +1100,48 @@ async def test_a_wait_whose_first_read_fails_reads_again() -> None:
     reader.fail_next("range", StoreConnectionError("injected"))
     assert await JobStateRecord(reader).wait("running", timeout=5) == running
     assert reader.calls["range"] == 2
+
+
+@virtual_test(timeout=60)
+async def test_barrier_ready_record_and_entering_twice() -> None:
+    store = MemoryStore()
+    first = Barrier(store, "B", 2, config=CONFIG)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.wait)
+        await Barrier(store, "B", 2, config=CONFIG).wait(timeout=5)
+    ready = await store.get("B/ready")
+    assert ready is not None
+    assert json.loads(ready.value) == {"parties": 2, "present": 2}
+    double = DoubleBarrier(store, "D", 1, config=CONFIG)
+    await double.enter()
+    with pytest.raises(RuntimeError, match=r"^already entered the barrier 'D'$"):
+        await double.enter()
+    await double.leave()
+
+
+@virtual_test(timeout=60)
+async def test_a_barrier_party_whose_key_went_in_a_compacted_gap_is_told_so() -> None:
+    engine = MemoryEngine()
+    waiter = FaultInjectingStore(MemoryStore(engine))
+    admin = MemoryStore(engine)
+    barrier = Barrier(waiter, "B", 2, config=CONFIG)
+    errors: list[LeaseExpiredError] = []
+
+    async def wait() -> None:
+        try:
+            await barrier.wait(timeout=30)
+        except LeaseExpiredError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.sleep(1)
+        (kv,) = (await admin.range("B/parties/")).kvs
+
+        async def delete() -> None:
+            await admin.delete(kv.key)
+
+        await _cut_off_and_compact(waiter, admin, delete)
+    assert [(e.lease_id, e.reason) for e in errors] == [
+        (kv.lease, f"the barrier key {kv.key!r} was deleted")
+    ]
