@@ -40,7 +40,7 @@ from aioelastic.sync import (
     Parameters,
     store_lock,
 )
-from aioelastic.sync._common import decode_json, queue_name_of
+from aioelastic.sync._common import decode_json, default_identity, queue_name_of
 from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # -- LeaseConfig ---------------------------------------------------------------------------------
@@ -1145,3 +1145,133 @@ async def test_a_barrier_party_whose_key_went_in_a_compacted_gap_is_told_so() ->
     assert [(e.lease_id, e.reason) for e in errors] == [
         (kv.lease, f"the barrier key {kv.key!r} was deleted")
     ]
+
+
+def test_lease_config_says_why_renew_deadline_must_be_below_ttl() -> None:
+    with pytest.raises(ConfigError) as info:
+        LeaseConfig(ttl=10, renew_deadline=10)
+    assert (info.value.key, info.value.value) == ("renew_deadline", 10.0)
+    assert info.value.expected == (
+        "less than ttl (10.0s): a holder must give up before the store can expire its lease "
+        "and hand it to someone else"
+    )
+
+
+@virtual_test(timeout=60)
+async def test_barrier_arguments_identity_and_clean_up() -> None:
+    with pytest.raises(TypeError, match=r"^store must be a Store, got str$"):
+        Barrier("memory://", "B", 2)  # type: ignore[arg-type]
+    store = FaultInjectingStore(MemoryStore())
+    with pytest.raises(TypeError, match=r"^parties must be an int, got str$"):
+        Barrier(store, "B", "2")  # type: ignore[arg-type]
+    barrier = Barrier(store, "B", 2, config=CONFIG)
+    with anyio.move_on_after(1):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(barrier.wait)
+            await anyio.sleep(0.5)
+            (kv,) = (await store.range("B/parties/")).kvs
+            assert kv.value == default_identity().encode()
+    # the timed-out wait left through its private lease: revoked, no delete of its own
+    assert (await store.range("B/parties/")).count == 0
+    assert store.calls["compare_and_delete"] == 0
+    # cancelled while the store answers slowly, on a shared lease: its key still goes
+    store.latency = 0.01
+    async with CONFIG.lease(store) as shared:
+        with anyio.move_on_after(1):
+            await Barrier(store, "C", 2, lease=shared).wait()
+        assert (await store.range("C/parties/")).count == 0
+        assert not shared.lost
+
+
+@virtual_test(timeout=60)
+async def test_a_barrier_waiter_opens_it_when_the_last_party_cannot() -> None:
+    # the last party entered but cannot read (its store hangs): the first one counts both
+    # and writes the ready key itself; its own failed write of it is written again
+    engine = MemoryEngine()
+    first_store, last_store = (FaultInjectingStore(MemoryStore(engine)) for _ in range(2))
+    first = Barrier(first_store, "B", 2, config=CONFIG)
+    last = Barrier(last_store, "B", 2, config=CONFIG)
+    first_passed = anyio.Event()
+
+    async def wait_first() -> None:
+        await first.wait(timeout=30)
+        first_passed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_first)
+        await anyio.sleep(1)
+        last_store.hang("range")
+        first_store.fail_next("compare_and_swap", StoreConnectionError("injected"))
+        tg.start_soon(last.wait)
+        with anyio.fail_after(5):
+            await first_passed.wait()
+        last_store.release()
+    assert first.passed
+    assert first_store.calls["compare_and_swap"] == 2
+
+
+@virtual_test(timeout=60)
+async def test_a_barrier_waiter_keeps_waiting_across_a_compacted_gap_and_a_lost_key() -> None:
+    engine = MemoryEngine()
+    waiter = FaultInjectingStore(MemoryStore(engine))
+    admin = MemoryStore(engine)
+    barrier = Barrier(waiter, "B", 2, config=CONFIG)
+    errors: list[LeaseExpiredError] = []
+
+    async def wait() -> None:
+        try:
+            await barrier.wait(timeout=30)
+        except LeaseExpiredError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.sleep(1)
+        await _cut_off_and_compact(waiter, admin, anyio.lowlevel.checkpoint)
+        await anyio.sleep(3)  # read again: still one party, still waiting
+        assert not barrier.passed
+        assert errors == []
+        (kv,) = (await admin.range("B/parties/")).kvs
+        await admin.delete(kv.key)  # seen live
+    assert [(e.lease_id, e.reason) for e in errors] == [
+        (kv.lease, f"the barrier key {kv.key!r} was deleted")
+    ]
+
+
+@virtual_test(timeout=60)
+async def test_a_barrier_waiter_counts_parties_from_their_puts_and_deletes() -> None:
+    # the late parties cannot read (their store hangs), so the first one counts them
+    engine = MemoryEngine()
+    first_store, late_store = (FaultInjectingStore(MemoryStore(engine)) for _ in range(2))
+    admin = MemoryStore(engine)
+    first = Barrier(first_store, "B", 3, config=CONFIG)
+    first_passed = anyio.Event()
+
+    async def wait_first() -> None:
+        await first.wait(timeout=30)
+        first_passed.set()
+
+    async def enter() -> None:
+        await Barrier(late_store, "B", 3, config=CONFIG).wait(timeout=30)
+
+    async def parties() -> list[KeyValue]:
+        kvs = (await admin.range("B/parties/")).kvs
+        return sorted(kvs, key=lambda kv: kv.create_revision)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_first)
+        await anyio.sleep(1)
+        late_store.hang("range")
+        tg.start_soon(enter)  # a party that dies before the barrier opens
+        await anyio.sleep(1)
+        dead = (await parties())[1]
+        await admin.delete(dead.key)
+        tg.start_soon(enter)
+        await anyio.sleep(1)
+        assert not first_passed.is_set()  # two parties now, not three
+        tg.start_soon(enter)
+        with anyio.fail_after(5):
+            await first_passed.wait()
+        late_store.release()
+        tg.cancel_scope.cancel()
+    assert first.passed
