@@ -1275,3 +1275,16 @@ async def test_a_barrier_waiter_counts_parties_from_their_puts_and_deletes() -> 
         late_store.release()
         tg.cancel_scope.cancel()
     assert first.passed
+
+
+def test_lease_config_errors_carry_the_value_and_the_jitter_rule() -> None:
+    with pytest.raises(ConfigError) as info:
+        LeaseConfig(ttl=-1.5)
+    assert (info.value.key, info.value.value) == ("ttl", -1.5)
+    with pytest.raises(ConfigError) as info:
+        LeaseConfig(ttl=10, renew_deadline=2.4, retry_period=2)
+    assert (info.value.key, info.value.value) == ("renew_deadline", 2.4)
+    assert info.value.expected == (
+        "more than 1.2 * retry_period (2.4s), so that a holder retries at least once before it "
+        "gives up"
+    )
