@@ -13,7 +13,7 @@ import time
 
 import aiohttp
 import pytest
-from http_helpers import ROOT, ServerProcess
+from helpers.http import ROOT, ServerProcess
 
 from aioelastic.store import open_store
 

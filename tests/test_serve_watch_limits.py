@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from http_helpers import ServerProcess
+from helpers.http import ServerProcess
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import memory, open_store

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 from aiohttp import web
-from http_helpers import self_signed_cert
+from helpers.http import self_signed_cert
 
 from benchmarks.upgrade_floor import (
     SESSIONS,
