@@ -32,6 +32,9 @@ from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
+#: Seconds a handler's creation spends on the first join's work at most (``prepare``).
+PREPARE_BUDGET = 2.0
+
 if TYPE_CHECKING:
     from ..store import KeyValue, LeaseKeeper
     from .dynamic import DynamicRendezvousHandler
@@ -84,15 +87,22 @@ class JoinCoordinator:
         """Open the view of ``c/`` now (the store's first connection) and grant the lease, for
         the first join: it then registers at once, as a rejoin does."""
         h = self._h
-        try:
-            if self._kept is None:
-                self._kept = await ControlView.open(h._store, h._keys)
-            if h._keeper is None:
-                # Nothing is bound to it until the join registers: its loss before then is
-                # not the handler's (the join grants another), so it is not armed yet.
-                h._keeper = await self._new_lease()
-        except (StoreError, RendezvousError) as exc:  # the join does it again, and reports it
-            log.debug("run %r: the first join's work was not done early: %s", h.run_id, exc)
+        # Only a head start: a store that does not answer yet (its client retries connecting,
+        # and says so) is left to the join, whose wait the caller can stop (SIGTERM, a timeout).
+        with anyio.move_on_after(PREPARE_BUDGET) as scope:
+            try:
+                if self._kept is None:
+                    self._kept = await ControlView.open(h._store, h._keys)
+                if h._keeper is None:
+                    # Nothing is bound to it until the join registers: its loss before then is
+                    # not the handler's (the join grants another), so it is not armed yet.
+                    h._keeper = await self._new_lease()
+            except (StoreError, RendezvousError) as exc:  # the join does it again, and says so
+                log.debug("run %r: the first join's work was not done early: %s", h.run_id, exc)
+        if scope.cancelled_caught:
+            log.debug(
+                "run %r: the store did not answer within %gs of creation", h.run_id, PREPARE_BUDGET
+            )
 
     async def aclose(self) -> None:
         kept, self._kept = self._kept, None

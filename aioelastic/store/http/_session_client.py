@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import ssl as _ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
@@ -282,6 +283,8 @@ class SessionClient:
                 if left <= 0:
                     last = refused if refused is not None else exc
                     raise await self._gave_up(last, budget, backoff.attempts + 1) from None
+                if backoff.attempts == 0:
+                    _say_not_answering(self.url, exc, budget)
                 await asyncio.sleep(min(backoff.next_delay(), left))
                 continue
             if self.closed:
@@ -644,6 +647,26 @@ class _Deadline:
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
+
+
+#: When each store URL was last said not to answer (monotonic seconds): said once a while, not
+#: once per client (ten thousand clients of one process would say it ten thousand times).
+_said_not_answering: dict[str, float] = {}
+_SAY_EVERY = 10.0
+
+
+def _say_not_answering(url: str, exc: Exception, budget: float) -> None:
+    """Tell the user at once that the store does not answer, while connecting goes on."""
+    now = time.monotonic()
+    if now - _said_not_answering.get(url, -math.inf) < _SAY_EVERY:
+        return
+    _said_not_answering[url] = now
+    log.warning(
+        "the store at %s does not answer (%s); retrying with backoff for up to %.0f s",
+        url,
+        exc,
+        budget,
+    )
 
 
 class Refused(Exception):
