@@ -81,9 +81,12 @@ def _fail(message: str) -> int:
 def main(args: argparse.Namespace) -> int:
     """Run ``aioelastic status``; 0 on success, 2 on bad input or an unreachable store."""
     import asyncio
+    import logging
 
     from ..errors import AioelasticError
 
+    # A one-shot query says its own failure, in one line: not the client's "retrying" warning.
+    logging.getLogger("aioelastic.store").setLevel(logging.ERROR)
     if not args.timeout > 0:
         return _fail(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if args.timers_prefix is not None and not args.timers_prefix:
