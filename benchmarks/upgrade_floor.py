@@ -47,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +60,13 @@ from benchmarks.ws_floor import (
     Figure,
     _cpu,
     _EchoProtocol,
-    _measure,
     _proto_client,
     _row,
     _server_cpu,
     _session_client,
     _ws_client,
     _ws_echo,
+    measure_pattern,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,24 +302,6 @@ async def open_upgrade(
     return protocol
 
 
-async def _pattern(pid: int, trips: int, depth: int, one: Callable[[], Awaitable[Any]]) -> Any:
-    async def sequential() -> None:
-        for _ in range(trips):
-            await one()
-
-    async def in_flight() -> None:
-        async def worker() -> None:
-            for _ in range(trips // depth):
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(depth)))
-
-    await sequential()  # warm up
-    seq = await _measure(pid, trips, sequential)
-    many = await _measure(pid, trips // depth * depth, in_flight)
-    return seq, many
-
-
 async def _upgrade_echo(port: int, pid: int, trips: int, depth: int) -> tuple[Figure, Figure]:
     waiting: list[asyncio.Future[None]] = []  # echoes come back in order
     index = [0]
@@ -341,7 +323,7 @@ async def _upgrade_echo(port: int, pid: int, trips: int, depth: int) -> tuple[Fi
             waiting.clear()
             index[0] = 0
 
-    result: tuple[Figure, Figure] = await _pattern(pid, trips, depth, one)
+    result: tuple[Figure, Figure] = await measure_pattern(pid, trips, depth, one)
     protocol.transport.close()
     return result
 
@@ -367,7 +349,7 @@ async def _upgrade_get(port: int, pid: int, trips: int, depth: int) -> tuple[Fig
     async def one() -> None:
         assert await get("k") == VALUE
 
-    result: tuple[Figure, Figure] = await _pattern(pid, trips, depth, one)
+    result: tuple[Figure, Figure] = await measure_pattern(pid, trips, depth, one)
     protocol.transport.close()
     return result
 

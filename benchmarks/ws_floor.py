@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,29 @@ async def _measure(pid: int, trips: int, body: Any) -> Figure:
     )
 
 
+async def measure_pattern(
+    pid: int, trips: int, depth: int, one: Callable[[], Awaitable[Any]]
+) -> tuple[Figure, Figure]:
+    """``one()`` round trip ``trips`` times in a row, then ``depth`` at a time (after a warm-up
+    pass): the sequential and the in-flight figures."""
+
+    async def sequential() -> None:
+        for _ in range(trips):
+            await one()
+
+    async def in_flight() -> None:
+        async def worker() -> None:
+            for _ in range(trips // depth):
+                await one()
+
+        await asyncio.gather(*(worker() for _ in range(depth)))
+
+    await sequential()  # warm up
+    seq = await _measure(pid, trips, sequential)
+    many = await _measure(pid, trips // depth * depth, in_flight)
+    return seq, many
+
+
 async def _ws_client(port: int, pid: int, trips: int, depth: int) -> tuple[Figure, Figure]:
     async with (
         aiohttp.ClientSession() as session,
@@ -133,22 +157,9 @@ async def _ws_client(port: int, pid: int, trips: int, depth: int) -> tuple[Figur
             await ws.send_bytes(MESSAGE)
             await future
 
-        async def sequential() -> None:
-            for _ in range(trips):
-                await one()
-
-        async def in_flight() -> None:
-            async def worker() -> None:
-                for _ in range(trips // depth):
-                    await one()
-
-            await asyncio.gather(*(worker() for _ in range(depth)))
-
-        await sequential()  # warm up
-        seq = await _measure(pid, trips, sequential)
-        many = await _measure(pid, trips // depth * depth, in_flight)
+        figures = await measure_pattern(pid, trips, depth, one)
         reader.cancel()
-        return seq, many
+        return figures
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -178,22 +189,9 @@ async def _proto_client(port: int, pid: int, trips: int, depth: int) -> tuple[Fi
         transport.write(MESSAGE)
         await future
 
-    async def sequential() -> None:
-        for _ in range(trips):
-            await one()
-
-    async def in_flight() -> None:
-        async def worker() -> None:
-            for _ in range(trips // depth):
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(depth)))
-
-    await sequential()
-    seq = await _measure(pid, trips, sequential)
-    many = await _measure(pid, trips // depth * depth, in_flight)
+    figures = await measure_pattern(pid, trips, depth, one)
     transport.close()
-    return seq, many
+    return figures
 
 
 async def _session_client(port: int, pid: int, trips: int, depth: int) -> tuple[Figure, Figure]:
@@ -201,21 +199,10 @@ async def _session_client(port: int, pid: int, trips: int, depth: int) -> tuple[
     async with open_store(f"http://127.0.0.1:{port}", max_connections=0) as store:
         await store.put("k", b"x" * 64)
 
-        async def sequential() -> None:
-            for _ in range(trips):
-                await store.get("k")
+        async def one() -> None:
+            await store.get("k")
 
-        async def in_flight() -> None:
-            async def worker() -> None:
-                for _ in range(trips // depth):
-                    await store.get("k")
-
-            await asyncio.gather(*(worker() for _ in range(depth)))
-
-        await sequential()
-        seq = await _measure(pid, trips, sequential)
-        many = await _measure(pid, trips // depth * depth, in_flight)
-        return seq, many
+        return await measure_pattern(pid, trips, depth, one)
 
 
 # -- the run --------------------------------------------------------------------------------------
