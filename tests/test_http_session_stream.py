@@ -1,0 +1,63 @@
+"""The session transport's message framing (``_session_stream``): any cut of the byte stream
+gives the same messages; a bad length is refused."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aioelastic.store.http._frames import FrameError
+from aioelastic.store.http._session_stream import HEADER_BYTES, MessageReader, message_header
+
+
+def _stream(bodies: list[bytes]) -> bytes:
+    return b"".join(message_header(len(b)) + b for b in bodies)
+
+
+@given(
+    bodies=st.lists(st.binary(min_size=1, max_size=300), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+)
+def test_any_cut_of_the_stream_gives_the_same_messages(
+    bodies: list[bytes], cuts: list[int]
+) -> None:
+    data = _stream(bodies)
+    reader = MessageReader(max_message=300)
+    got: list[bytes] = []
+    at = 0
+    for cut in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
+        got += reader.feed(data[at:cut])
+        at = cut
+    assert got == bodies
+    assert reader.pending == 0
+
+
+def test_a_partial_message_is_kept_until_it_is_whole() -> None:
+    reader = MessageReader(max_message=1000)
+    data = _stream([b"a" * 600, b"bc"])
+    assert reader.feed(data[:2]) == []
+    assert reader.feed(data[2:300]) == []
+    assert reader.pending == 300
+    assert reader.feed(data[300:605]) == [b"a" * 600]
+    assert reader.pending == 1
+    assert reader.feed(data[605:]) == [b"bc"]
+
+
+@pytest.mark.parametrize("length", [0, 101, 2**32 - 1])
+def test_a_length_out_of_bounds_is_refused_with_its_figures(length: int) -> None:
+    reader = MessageReader(max_message=100)
+    expected = f"a message of {length} bytes \\(the limit is 1 to 100\\)"
+    with pytest.raises(FrameError, match=expected):
+        reader.feed(length.to_bytes(HEADER_BYTES, "big") + b"x")
+
+
+def test_the_messages_before_a_bad_length_are_not_returned_but_the_error_is() -> None:
+    reader = MessageReader(max_message=100)
+    with pytest.raises(FrameError):
+        reader.feed(_stream([b"ok"]) + (0).to_bytes(HEADER_BYTES, "big"))
+
+
+def test_max_message_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_message must be >= 1, got 0"):
+        MessageReader(0)
