@@ -172,15 +172,16 @@ class MemoryEngine(EngineReplay):
         """Apply a checked transaction atomically: one revision, one commit of its events."""
         self._check_open()
         revision = self._revision + 1  # the revision its writes get, if it writes anything
-        succeeded, events, results = evaluate_txn(self._keyspace, txn, revision)
+        succeeded, events, results, ranged = evaluate_txn(self._keyspace, txn, revision)
         if events:
             self._revision = revision
             self._commit(tuple(events))
         revision = self._revision
-        results = [
-            RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
-            for r in results
-        ]
+        if ranged:
+            results = [
+                RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
+                for r in results
+            ]
         return TxnResult(succeeded, revision, tuple(results))
 
     def add(self, key: str, delta: int) -> int:
