@@ -23,11 +23,19 @@ _TIMER_CONTEXT = contextvars.Context()
 
 @dataclass(eq=False, slots=True)
 class _Lease:
+    """A live lease. It is its own timer callback (``loop.call_at(deadline, lease)``): a timer
+    holds the lease only, not a bound method and an arguments tuple besides (two objects fewer
+    per lease for every full garbage collection to traverse)."""
+
+    table: LeaseTable = field(repr=False)
     id: int
     ttl: float
     deadline: float
     keys: set[str] = field(default_factory=set)
-    handle: asyncio.TimerHandle | None = None
+    handle: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    def __call__(self) -> None:
+        self.table._on_timer(self)
 
 
 class LeaseTable:
@@ -56,7 +64,7 @@ class LeaseTable:
         elif lease_id in self.by_id:
             raise ValueError(f"lease {lease_id:#x} already exists")
         self.last_id = max(self.last_id, lease_id)
-        lease = _Lease(lease_id, ttl, self.time() + ttl)
+        lease = _Lease(self, lease_id, ttl, self.time() + ttl)
         self.by_id[lease_id] = lease
         self.schedule(lease)
         return lease
@@ -87,9 +95,7 @@ class LeaseTable:
         assert self._loop is not None
         # in a context of its own: the expiry needs none of the granting caller's (and a copy
         # of it per lease would be one more object per lease for the garbage collector)
-        lease.handle = self._loop.call_at(
-            lease.deadline, self._on_timer, lease, context=_TIMER_CONTEXT
-        )
+        lease.handle = self._loop.call_at(lease.deadline, lease, context=_TIMER_CONTEXT)
 
     def _on_timer(self, lease: _Lease) -> None:
         if self.by_id.get(lease.id) is not lease:
@@ -101,7 +107,7 @@ class LeaseTable:
             self._expire(lease)
         except Exception:  # a hook vetoed it (the log cannot be written): the lease stays
             assert self._loop is not None
-            lease.handle = self._loop.call_later(1.0, self._on_timer, lease, context=_TIMER_CONTEXT)
+            lease.handle = self._loop.call_later(1.0, lease, context=_TIMER_CONTEXT)
 
     def cancel_timers(self) -> None:
         for lease in self.by_id.values():

@@ -7,6 +7,11 @@ of distinct tracked prefixes or with the key's length, whichever is smaller), ap
 event's index to those watchers' hits and wakes those that had none. So reading costs a watcher
 the events under its prefix, not every event written since it last read. A watcher that starts
 in the past *scans* the log from its cursor once, then is tracked.
+
+Every registered watcher is alive for as long as its watch: the objects it holds are tracked by
+the garbage collector and traversed by each full collection, so a watcher with nothing unread
+holds no container of its own (``hits`` is the shared empty tuple), and the compaction's record
+of first unread events is two deques of plain values, not a tuple (and a list) per wake-up.
 """
 
 from __future__ import annotations
@@ -14,13 +19,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import CompactedError
 from ._memory_types import EVENTS_DELIVERED, KEYS_SCANNED, WATCHER_VISITS
 from ._types import WatchEvent
 
 __all__ = ["WatchHub"]
+
+#: ``hits`` of a tracked watcher with nothing unread (shared: no list per idle watcher)
+_NO_HITS: tuple[int, ...] = ()
 
 
 class _Watcher:
@@ -39,9 +47,9 @@ class _Watcher:
         #: told which ones have something, without a task parked on each
         self.on_wake: Callable[[], None] | None = None
         self.error: BaseException | None = None
-        # While tracked: the absolute log indexes of its unread events, exactly; None while it
-        # must scan the log from its cursor instead.
-        self.hits: list[int] | None = None
+        # While tracked: the absolute log indexes of its unread events, exactly (a list once it
+        # has one, _NO_HITS before); None while it must scan the log from its cursor instead.
+        self.hits: Sequence[int] | None = None
 
     def matches(self, key: str) -> bool:
         return key.startswith(self.prefix)
@@ -69,6 +77,7 @@ class WatchHub:
 
     __slots__ = (
         "_first_unread",
+        "_first_unread_of",
         "_loop",
         "_owned",
         "_scanning",
@@ -86,14 +95,17 @@ class WatchHub:
         self.base = 0  # absolute index of log[0]
         self.compact_revision = 0
         self.watchers: set[_Watcher] = set()
-        self._owned: dict[int, set[_Watcher]] = {}  # by id(owner): fail_owned is O(own)
+        # by id(owner): fail_owned is O(its own); an owner of one watcher (the common case: a
+        # rendezvous participant's store) maps to it, without a set of its own
+        self._owned: dict[int, _Watcher | set[_Watcher]] = {}
         self._tracked: dict[str, set[_Watcher]] = {}  # by prefix
-        # Registered watchers that are not tracked, and, in log order, (index, watcher, hits)
-        # each time a tracked watcher got its first unread event: a compaction looks at those
-        # two only (O(1) amortised per event), not at every watcher. An entry is stale once the
-        # watcher has read (its hits list replaced).
+        # Registered watchers that are not tracked, and, in log order, the index and the
+        # watcher each time a tracked watcher got its first unread event (two deques in step):
+        # a compaction looks at those only (O(1) amortised per event), not at every watcher. An
+        # entry is stale once the watcher has read (its first unread event is another, or none).
         self._scanning: set[_Watcher] = set()
-        self._first_unread: deque[tuple[int, _Watcher, list[int]]] = deque()
+        self._first_unread: deque[int] = deque()
+        self._first_unread_of: deque[_Watcher] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the log
@@ -108,7 +120,7 @@ class WatchHub:
         if not tracked:
             return
         work = self.work
-        first_unread = self._first_unread
+        first_unread, first_unread_of = self._first_unread, self._first_unread_of
         first = self.base + len(self.log) - len(events)  # absolute index of events[0]
         for index, event in enumerate(events, first):
             key = event.kv.key
@@ -121,10 +133,12 @@ class WatchHub:
                 work[WATCHER_VISITS] += len(watchers)
                 for watcher in watchers:
                     hits = watcher.hits
-                    assert hits is not None
-                    hits.append(index)
-                    if len(hits) == 1:
-                        first_unread.append((index, watcher, hits))
+                    if hits:
+                        hits.append(index)  # type: ignore[attr-defined]  # a list once not empty
+                    else:
+                        watcher.hits = [index]
+                        first_unread.append(index)
+                        first_unread_of.append(watcher)
                         watcher.wake()
 
     def drop_before(self, revision: int) -> None:
@@ -135,10 +149,12 @@ class WatchHub:
         # is before the cut, a tracked one whose first unread event is (a tracked watcher
         # with nothing unread loses nothing; its cursor is set when it stops being tracked).
         lost = [w for w in self._scanning if w.cursor < cut]
-        first_unread = self._first_unread
-        while first_unread and first_unread[0][0] < cut:
-            _, watcher, hits = first_unread.popleft()
-            if watcher.hits is hits and watcher in self.watchers:  # not read since
+        first_unread, first_unread_of = self._first_unread, self._first_unread_of
+        while first_unread and first_unread[0] < cut:
+            index, watcher = first_unread.popleft(), first_unread_of.popleft()
+            # not read since (indexes only grow: a later first unread event is another index)
+            hits = watcher.hits
+            if hits and hits[0] == index and watcher in self.watchers:
                 lost.append(watcher)
         self.work[WATCHER_VISITS] += len(self._scanning) + len(lost)
         for watcher in lost:
@@ -168,7 +184,13 @@ class WatchHub:
         cursor = self.base + self.offset_of(start_revision)
         watcher = _Watcher(prefix, cursor, start_revision, owner)
         self.watchers.add(watcher)
-        self._owned.setdefault(id(owner), set()).add(watcher)
+        owned = self._owned.get(id(owner))
+        if owned is None:
+            self._owned[id(owner)] = watcher
+        elif isinstance(owned, set):
+            owned.add(watcher)
+        else:
+            self._owned[id(owner)] = {owned, watcher}
         if watcher.cursor == self.base + len(self.log):
             self._track(watcher)
         else:
@@ -178,10 +200,14 @@ class WatchHub:
     def remove(self, watcher: _Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
-            owned = self._owned[id(watcher.owner)]
-            owned.discard(watcher)
-            if not owned:
-                del self._owned[id(watcher.owner)]
+            key = id(watcher.owner)
+            owned = self._owned[key]
+            if isinstance(owned, set):
+                owned.discard(watcher)
+                if len(owned) == 1:
+                    self._owned[key] = owned.pop()
+            else:
+                del self._owned[key]
         self._scanning.discard(watcher)
         self._untrack(watcher)
         watcher.wake()
@@ -202,8 +228,12 @@ class WatchHub:
 
     def _track(self, watcher: _Watcher) -> None:
         """From now on, writes under its prefix record themselves in ``watcher.hits``."""
-        watcher.hits = []
-        self._tracked.setdefault(watcher.prefix, set()).add(watcher)
+        watcher.hits = _NO_HITS
+        same = self._tracked.get(watcher.prefix)
+        if same is None:
+            self._tracked[watcher.prefix] = {watcher}
+        else:
+            same.add(watcher)
 
     def _untrack(self, watcher: _Watcher) -> None:
         """Stop tracking: from now on it scans the log from its cursor, its first unread event
@@ -230,7 +260,7 @@ class WatchHub:
             watcher.cursor = base + len(log)
             if not hits:
                 return []
-            watcher.hits = []
+            watcher.hits = _NO_HITS
             events = [log[index - base] for index in hits]
             if events[0].revision < minimum:  # a watch that starts at a future revision
                 events = [e for e in events if e.revision >= minimum]
@@ -255,7 +285,10 @@ class WatchHub:
 
     def fail_owned(self, owner: object, error: BaseException) -> None:
         """Fail every watcher registered by ``owner`` (its own only: O(its watchers))."""
-        owned = self._owned.get(id(owner), ())
-        self.work[WATCHER_VISITS] += len(owned)
-        for watcher in list(owned):
+        owned = self._owned.get(id(owner))
+        if owned is None:
+            return
+        watchers = list(owned) if isinstance(owned, set) else [owned]
+        self.work[WATCHER_VISITS] += len(watchers)
+        for watcher in watchers:
             watcher.fail(error)

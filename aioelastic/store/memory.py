@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import SplitResult
@@ -173,15 +172,16 @@ class MemoryEngine(EngineReplay):
         """Apply a checked transaction atomically: one revision, one commit of its events."""
         self._check_open()
         revision = self._revision + 1  # the revision its writes get, if it writes anything
-        succeeded, events, results = evaluate_txn(self._keyspace, txn, revision)
+        succeeded, events, results, ranged = evaluate_txn(self._keyspace, txn, revision)
         if events:
             self._revision = revision
             self._commit(tuple(events))
         revision = self._revision
-        results = [
-            RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
-            for r in results
-        ]
+        if ranged:
+            results = [
+                RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
+                for r in results
+            ]
         return TxnResult(succeeded, revision, tuple(results))
 
     def add(self, key: str, delta: int) -> int:
@@ -338,7 +338,9 @@ class _MemoryWatch(Watch):
         super().__init__(prefix, start_revision)
         self._store = store
         self._watcher: _Watcher | None = None
-        self._pending: deque[WatchEvent] = deque()
+        # the events read and not yet returned, from _at on; an idle watch holds no list
+        self._pending: list[WatchEvent] | tuple[()] = ()
+        self._at = 0
 
     @property
     def start_revision(self) -> int:
@@ -354,16 +356,24 @@ class _MemoryWatch(Watch):
     async def _next(self) -> WatchEvent:
         watcher = self._watcher
         assert watcher is not None
-        engine = self._store.engine
-        while not self._pending:
-            if self._closed:
-                raise StopAsyncIteration
-            events = engine.read_events(watcher)
-            if events:
-                self._pending.extend(events)
-                break
-            await engine.wait(watcher)
-        return self._pending.popleft()
+        pending = self._pending
+        if not pending:
+            engine = self._store.engine
+            while True:
+                if self._closed:
+                    raise StopAsyncIteration
+                pending = engine.read_events(watcher)
+                if pending:
+                    break
+                await engine.wait(watcher)
+            self._pending, self._at = pending, 0
+        at = self._at
+        event = pending[at]
+        if at + 1 == len(pending):
+            self._pending = ()
+        else:
+            self._at = at + 1
+        return event
 
     async def _aclose(self) -> None:
         if self._watcher is not None:
