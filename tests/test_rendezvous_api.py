@@ -29,8 +29,18 @@ from aioelastic.rendezvous import (
     parse_rdzv_conf,
     store_url_for,
 )
-from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.rendezvous._state import (
+    ROSTER_BUCKET,
+    ClosedRecord,
+    DriverRecord,
+    NodeRecord,
+    RosterBucket,
+    RoundRecord,
+    RunKeys,
+    roster_buckets,
+    roster_members,
+)
+from aioelastic.store import KeyValue, MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual
 
 
@@ -222,9 +232,22 @@ def test_records_round_trip_and_are_small() -> None:
     node = NodeRecord("abc", "host.example", 29500)
     assert NodeRecord.decode("x/n/0/abc", node.encode()) == node
     members = tuple(f"{i:012x}" for i in range(1000))
-    record = RoundRecord(7, members, "host.example", 29500)
+    buckets = roster_buckets(members)
+    record = RoundRecord(7, len(members), "host.example", 29500, len(buckets))
     assert RoundRecord.decode("k", record.encode()) == record
-    assert len(record.encode()) / len(members) <= 20
+    assert len(record.encode()) <= 100  # what every node receives: no member list
+    keys = RunKeys("job")
+    kvs = [
+        KeyValue(keys.bucket(7, i), bucket.encode(), 1, 1, 1, 0) for i, bucket in enumerate(buckets)
+    ]
+    assert roster_members(keys, record, kvs) == members
+    assert sum(len(kv.value) for kv in kvs) / len(members) <= 25  # the roster, for who reads it
+    assert max(len(bucket.ranks) for bucket in buckets) <= 2 * ROSTER_BUCKET
+    # a roster that lacks a member, or has a rank twice, is corrupt
+    with pytest.raises(RendezvousStateError, match="members are in its roster"):
+        roster_members(keys, record, kvs[1:])
+    with pytest.raises(RendezvousStateError, match="taken twice"):
+        roster_members(keys, record, [*kvs, kvs[0]])
     assert DriverRecord.decode("k", DriverRecord(3, "a").encode()) == DriverRecord(3, "a")
     closed = ClosedRecord(-1, reopened=True)
     assert ClosedRecord.decode("k", closed.encode()) == closed
@@ -239,7 +262,11 @@ def test_records_round_trip_and_are_small() -> None:
         (DriverRecord, b'{"v":1,"kind":"driver","r":true,"id":"a"}'),
         (ClosedRecord, b'{"v":1,"kind":"closed","r":0,"o":2}'),
         (ClosedRecord, b"\xff\xfe"),
-        (RoundRecord, b'{"v":1,"kind":"round","r":0,"m":[],"ma":"h","mp":1}'),
+        # schema 1 listed the members: a clear error, not a round without them
+        (RoundRecord, b'{"v":1,"kind":"round","r":0,"m":["a"],"ma":"h","mp":1}'),
+        (RoundRecord, b'{"v":2,"kind":"round","r":0,"w":1,"ma":"h","mp":1,"b":2}'),
+        (RosterBucket, b'{"v":1,"kind":"roster","m":{"a":-1}}'),
+        (RosterBucket, b'{"v":1,"kind":"roster","m":{"a/b":1}}'),
     ],
 )
 def test_bad_records_are_state_errors(record: Any, value: bytes) -> None:

@@ -9,18 +9,16 @@ faster than linearly (a per-join scan of every member or watcher makes it grow 1
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-from collections.abc import Iterator
+import zlib
 from pathlib import Path
-from typing import Any, SupportsIndex
 
 import pytest
 
 from aioelastic.errors import CompactedError
-from aioelastic.rendezvous import StaticRendezvousHandler, _state
-from aioelastic.rendezvous._state import RoundRecord
-from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, WatchEvent
+from aioelastic.rendezvous import DynamicRendezvousHandler, StaticRendezvousHandler
+from aioelastic.rendezvous._state import ROSTER_BUCKET, bucket_of, roster_buckets
+from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, RangeResult, WatchEvent
 from aioelastic.store.memory import Commit
 from aioelastic.testing import run_virtual
 from benchmarks.scale import RoundFigures, memory_rounds, newcomer_round
@@ -42,7 +40,9 @@ def measured() -> dict[int, list[RoundFigures]]:
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["first round", "every member rejoins"])
-@pytest.mark.parametrize("counter", ["events", "writes", "watcher_visits", "keys_scanned"])
+@pytest.mark.parametrize(
+    "counter", ["events", "event_bytes", "writes", "watcher_visits", "keys_scanned"]
+)
 def test_round_work_grows_linearly(
     measured: dict[int, list[RoundFigures]], which: int, counter: str
 ) -> None:
@@ -57,56 +57,73 @@ def test_round_work_per_node_is_small(measured: dict[int, list[RoundFigures]], w
         f = figures[which]
         assert f.events is not None
         assert f.writes is not None
+        assert f.event_bytes is not None
+        assert f.roster_bytes is not None
         assert f.events <= 3 * n  # each node: the driver claim and the round record, at most
-        assert f.writes <= 2 * n + 2  # each node: its registration (and its old one's removal)
-        assert f.record_bytes <= 20 * n  # the member list, and a few constant fields
-        assert f.state_bytes <= 150 * n  # node records and the round record
+        assert f.event_bytes <= 200 * n  # each event is small: no member list in any of them
+        assert f.writes <= 2 * n + 4  # each node: its registration (and its old one's removal)
+        assert f.record_bytes <= 100  # every node receives it: a few constant fields
+        assert f.roster_bytes <= 30 * n  # the members' ids and ranks, in buckets
+        assert f.state_bytes <= 180 * n  # node records, the roster and the round record
 
 
-class _CountedMembers(tuple[str, ...]):
-    """A round's member list that counts the members each scan of it visits."""
+class _ReadBytes(MemoryStore):
+    """A memory store client that counts the bytes (keys and values) its reads return."""
 
-    visited = 0
+    read = 0
 
-    def __iter__(self) -> Iterator[str]:
-        _CountedMembers.visited += len(self)
-        return super().__iter__()
+    async def _get(self, key: str) -> KeyValue | None:
+        kv = await super()._get(key)
+        if kv is not None:
+            _ReadBytes.read += len(kv.key) + len(kv.value)
+        return kv
 
-    def __contains__(self, item: object) -> bool:
-        _CountedMembers.visited += len(self)
-        return super().__contains__(item)
-
-    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex = 2**63) -> int:
-        _CountedMembers.visited += len(self)
-        return super().index(value, start, stop)
-
-
-def test_members_find_themselves_without_scanning_the_round(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each of N members looks its rank up in the shared round record: O(1) each, not O(N)."""
-    original = _state._decode_round
-
-    @functools.lru_cache(maxsize=8)
-    def counted(key: str, value: bytes) -> RoundRecord:
-        r = original(key, value)
-        return RoundRecord(r.round, _CountedMembers(r.members), r.master_addr, r.master_port)
-
-    monkeypatch.setattr(_state, "_decode_round", counted)
-    visited = {}
-    for n in (SMALL, LARGE):
-        _CountedMembers.visited = 0
-        figures = rounds(n)
-        assert figures[1].n == n
-        visited[n] = _CountedMembers.visited
-    assert visited[SMALL] > 0  # the counting works: the rank map is built from the list
-    assert visited[LARGE] <= LINEAR * visited[SMALL], visited
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        result = await super()._range(prefix, limit)
+        _ReadBytes.read += sum(len(kv.key) + len(kv.value) for kv in result.kvs)
+        return result
 
 
-def test_rank_of() -> None:
-    record = RoundRecord(3, ("b", "a", "c"), "host", 1)
-    assert [record.rank_of(node) for node in ("a", "b", "c", "d")] == [1, 0, 2, None]
-    assert record == RoundRecord(3, ("b", "a", "c"), "host", 1)  # the map is no field
+async def _bytes_read(n: int, participants: bool) -> int:
+    """Bytes N nodes read while a round of N forms and every member finds its rank."""
+    engine = MemoryEngine()
+    hs = [
+        DynamicRendezvousHandler(
+            _ReadBytes(engine), "job", n, n, local_addr="h", owns_store=True,
+            participants=participants,
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    _ReadBytes.read = 0
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    read = _ReadBytes.read
+    assert sorted(r.rank for r in results) == list(range(n))
+    await asyncio.gather(*(h.aclose() for h in hs))
+    return read
+
+
+def test_members_find_their_rank_without_reading_the_roster() -> None:
+    """Each member reads its roster bucket (O(1) bytes), not the whole roster: the bytes read
+    in a round grow linearly; with ``participants`` every member reads all N (N^2)."""
+    small, large = (run_virtual(_bytes_read(n, participants=False)) for n in (SMALL, LARGE))
+    assert small > 0
+    assert large <= LINEAR * small, (small, large)
+    assert large <= 2_000 * LARGE  # a bucket of ~64 members each, and the driver's reads
+    # the check can fail: the whole roster to every member grows 16-fold
+    whole = [run_virtual(_bytes_read(n, participants=True)) for n in (SMALL, LARGE)]
+    assert whole[1] > 10 * whole[0], whole
+
+
+def test_roster_buckets_are_stable_and_even() -> None:
+    assert bucket_of("abc", 7) == zlib.crc32(b"abc") % 7  # the same in every process
+    members = tuple(f"{i:012x}" for i in range(10_000))
+    buckets = roster_buckets(members)
+    assert len(buckets) == 157
+    assert sum(len(b.ranks) for b in buckets) == len(members)
+    assert max(len(b.ranks) for b in buckets) <= 2 * ROSTER_BUCKET
+    for rank in (0, 1234, 9999):
+        node = members[rank]
+        assert buckets[bucket_of(node, len(buckets))].ranks[node] == rank
 
 
 async def _closing_stores_visits(n: int) -> int:

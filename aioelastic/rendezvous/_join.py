@@ -28,7 +28,7 @@ from ..store import Compare, Delete, Get, GetResult, Put
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import RoundDriver
-from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
+from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, read_rank, read_roster
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
@@ -56,6 +56,7 @@ class JoinCoordinator:
         self._closing: asyncio.Future[None] | None = None  # resolved by interrupt()
         self._driver: RoundDriver | None = None  # this join's driver, if it drives
         self._driven: int | None = None  # the round this join's driver ran for
+        self._standby_of: int | None = None  # a round this node registered for, not chosen
         self._armed = False  # the lease's loss is the handler's (records are bound to it)
 
     # -- run and close state
@@ -202,7 +203,10 @@ class JoinCoordinator:
             latest = ctl.round
             if self._is_mine(latest) and ctl.round_kv is not None:
                 assert latest is not None
-                return self._completed(latest, ctl.round_kv.mod_revision)
+                result = await self._if_chosen(latest, ctl.round_kv.mod_revision)
+                if result is not None:
+                    return result
+                self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
             if not blocked and self.record_round != target:
                 self.standby = await _arrives_as_standby(self._h, latest)
@@ -219,10 +223,10 @@ class JoinCoordinator:
                 not blocked
                 and tasks.driver is None
                 and self._driven != target
-                and await _claim_driver(self._h, ctl, target, keeper)
+                and (claim := await _claim_driver(self._h, ctl, target, keeper)) is not None
             ):
                 self._driven = target
-                self._driver = RoundDriver(self._h, target, ctl.round_kv)
+                self._driver = RoundDriver(self._h, target, ctl.round_kv, claim)
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
 
@@ -257,13 +261,37 @@ class JoinCoordinator:
         return blocked
 
     def _is_mine(self, latest: RoundRecord | None) -> bool:
-        """Whether ``latest`` is the round this node registered for and was chosen in."""
+        """Whether ``latest`` is the round this node registered for (it may be chosen in it)."""
         return (
             latest is not None
             and latest.round > self._h._round
             and latest.round == self.record_round
-            and latest.rank_of(self._h.node_id) is not None
+            and self._standby_of != latest.round
         )
+
+    async def _if_chosen(self, record: RoundRecord, revision: int) -> RendezvousResult | None:
+        """The result of ``record``'s round if this node is a member (None: a standby).
+
+        The round record has no member list: this node's rank comes from its driver (when it
+        drove the round), from the roster (read whole only for ``participants``), or from its
+        roster bucket (one small get).
+        """
+        h = self._h
+        store, keys, node_id = h._store, h._keys, h.node_id
+        participants: tuple[str, ...] = ()
+        driver = self._driver
+        if driver is not None and driver.target == record.round and driver.ranks is not None:
+            rank = driver.ranks.get(node_id)  # it wrote the round: nothing to read
+            if h._with_participants and driver.members is not None:
+                participants = driver.members
+        elif h._with_participants:
+            participants = await read_roster(store, keys, record)
+            rank = participants.index(node_id) if node_id in participants else None
+        else:
+            rank = await read_rank(store, keys, record, node_id)
+        if rank is None:
+            return None
+        return completed(h, record, rank, participants, revision)
 
     async def _wait(
         self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
@@ -359,37 +387,42 @@ class JoinCoordinator:
             except (StoreError, RendezvousError) as exc:
                 log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
 
-    def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
-        h = self._h
-        rank = record.rank_of(h.node_id)
-        assert rank is not None
-        self.standby = False
-        result = RendezvousResult(
-            run_id=h.run_id,
-            round=record.round,
-            rank=rank,
-            world_size=len(record.members),
-            participants=record.members,
-            node_id=h.node_id,
-            store=h._store.namespace(h._keys.data(record.round)),
-            bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
-        )
-        h._round, h._round_record, h._result = record.round, record, result
-        h._members.reset(revision)
-        h._stats.completed_at = now = asyncio.get_running_loop().time()
-        started = h._stats.join_started
-        h._emit(
-            "rendezvous.round_completed",
-            round=record.round,
-            rank=rank,
-            world_size=len(record.members),
-            # N members each listing N participants is O(N^2): only for a sink that takes them
-            participants=list(record.members) if h._sink_takes_all() else [],
-            master_addr=record.master_addr,
-            master_port=record.master_port,
-            duration=None if started is None else round(now - started, 6),
-        )
-        return result
+
+def completed(
+    h: DynamicRendezvousHandler,
+    record: RoundRecord,
+    rank: int,
+    participants: tuple[str, ...],
+    revision: int,
+) -> RendezvousResult:
+    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``."""
+    h._joiner.standby = False
+    result = RendezvousResult(
+        run_id=h.run_id,
+        round=record.round,
+        rank=rank,
+        world_size=record.world_size,
+        participants=participants,
+        node_id=h.node_id,
+        store=h._store.namespace(h._keys.data(record.round)),
+        bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
+    )
+    h._round, h._round_record, h._result = record.round, record, result
+    h._members.reset(revision, participants)
+    h._stats.completed_at = now = asyncio.get_running_loop().time()
+    started = h._stats.join_started
+    h._emit(
+        "rendezvous.round_completed",
+        round=record.round,
+        rank=rank,
+        world_size=record.world_size,
+        # N members each listing N participants is O(N^2): only for a sink that takes them
+        participants=list(participants) if h._sink_takes_all() else [],
+        master_addr=record.master_addr,
+        master_port=record.master_port,
+        duration=None if started is None else round(now - started, 6),
+    )
+    return result
 
 
 async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
@@ -406,7 +439,7 @@ async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
 
 async def _arrives_as_standby(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> bool:
     """Whether a node arrives as a standby: the latest round is full and all alive."""
-    if latest is None or len(latest.members) < h._max or latest.rank_of(h.node_id) is not None:
+    if latest is None or latest.world_size < h._max or latest.round == h._round:
         return False
     live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
     return live.count >= h._max
@@ -431,18 +464,15 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
 
 async def _claim_driver(
     h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> bool:
-    """Claim ``c/driver`` for ``target`` (bound to the lease); whether this node drives it."""
-    current = ctl.driver
+) -> int | None:
+    """Claim ``c/driver`` for ``target`` (bound to the lease): the claim's mod_revision if this
+    node drives it, else None."""
+    current, kv = ctl.driver, ctl.driver_kv
     if current is not None and current.round >= target:
         # ours from an interrupted join with this lease: drive again
-        return (
-            current.round == target
-            and current.node_id == h.node_id
-            and ctl.driver_kv is not None
-            and ctl.driver_kv.lease == keeper.id
-        )
-    expected = 0 if ctl.driver_kv is None else ctl.driver_kv.mod_revision
+        mine = current.round == target and current.node_id == h.node_id
+        return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
+    expected = 0 if kv is None else kv.mod_revision
     record = DriverRecord(target, h.node_id).encode()
     result = await h._store.compare_and_swap(h._keys.driver, expected, record, lease=keeper.id)
-    return result.succeeded
+    return result.kv.mod_revision if result.succeeded and result.kv is not None else None

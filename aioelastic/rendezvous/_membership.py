@@ -16,7 +16,7 @@ import anyio
 
 from ..errors import StoreError
 from ..store import EventType, RangeResult, Watch, WatchEvent
-from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys
+from ._state import ClosedRecord, NodeRecord, RosterBucket, RoundRecord, RunKeys, bucket_of
 from .api import RendezvousEvent, RendezvousEventKind
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ async def count_waiting(
     if latest is None:
         return (await store.range(keys.nodes_of(0), limit=1)).count
     live, waiting = await registrations(store, keys, latest.round)
-    return nodes_waiting(live.count, waiting.count, len(latest.members), max_nodes)
+    return nodes_waiting(live.count, waiting.count, latest.world_size, max_nodes)
 
 
 class Counts:
@@ -108,11 +108,33 @@ class MemberWatch:
         self._revision = 0  # the revision the round completed at
         self.rejoined: set[str] = set()  # members registered for the next round
         self._lost: set[str] = set()
+        self._members: frozenset[str] | None = None  # the roster, when the result has it
+        self._buckets: dict[int, RosterBucket] = {}  # roster buckets read so far
 
-    def reset(self, revision: int) -> None:
+    def reset(self, revision: int, participants: tuple[str, ...] = ()) -> None:
         self._revision = revision
         self.rejoined = set()
         self._lost = set()
+        self._members = frozenset(participants) if participants else None
+        self._buckets = {}
+
+    async def _is_member(self, node: str, record: RoundRecord) -> bool:
+        """Whether ``node`` is a member of ``record``'s round: from the roster the result has,
+        else from the node's roster bucket (one small get, kept: asked only of a node whose
+        record went without it registering again, a loss or a standby's)."""
+        if self._members is not None:
+            return node in self._members
+        if record.buckets == 0:  # a static round: every registration is a member
+            return True
+        index = bucket_of(node, record.buckets)
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            keys = self._handler._keys
+            key = keys.bucket(record.round, index)
+            kv = await self._handler._store.get(key)
+            bucket = RosterBucket({}) if kv is None else RosterBucket.decode(key, kv.value)
+            self._buckets[index] = bucket
+        return node in bucket.ranks
 
     async def aclose(self) -> None:
         watch, self._watch = self._watch, None
@@ -143,7 +165,7 @@ class MemberWatch:
         watch, counts = await self._open(round_)
         async for event in watch:
             counts.apply(event)
-            change = self._interpret(event, round_, members, counts)
+            change = await self._interpret(event, round_, members, counts)
             if change is not None:
                 self._emit(change)
                 return change
@@ -163,7 +185,7 @@ class MemberWatch:
         self._handler._emit(kind, **fields)
         self._handler._note_status()
 
-    def _interpret(
+    async def _interpret(
         self, event: WatchEvent, round_: int, members: RoundRecord, counts: Counts
     ) -> RendezvousEvent | None:
         handler, kv = self._handler, event.kv
@@ -192,10 +214,10 @@ class MemberWatch:
         if (
             node_round == round_
             and not put
-            and members.rank_of(node) is not None
             and node != handler.node_id
             and node not in self.rejoined
             and node not in self._lost
+            and await self._is_member(node, members)
         ):
             self._lost.add(node)
             return self._node_change(
@@ -212,9 +234,7 @@ class MemberWatch:
         counts: Counts,
     ) -> RendezvousEvent | None:
         """A change about ``node``; a newcomer only when a new round could take it."""
-        waiting = nodes_waiting(
-            counts.live, counts.waiting, len(members.members), self._handler._max
-        )
+        waiting = nodes_waiting(counts.live, counts.waiting, members.world_size, self._handler._max)
         if kind is RendezvousEventKind.NODES_WAITING and not waiting:
             return None
         return RendezvousEvent(

@@ -2,11 +2,16 @@
 
 Everything a rendezvous writes lives under ``aioelastic/rdzv/<run_id>/``::
 
-    c/round            RoundRecord   the latest completed round (members in rank order), finalised
-                                     by compare-and-swap on its mod_revision; never lease-bound
+    c/round            RoundRecord   the latest completed round: its number, world size, rank 0's
+                                     address and how many roster buckets it has (no member list:
+                                     every node watches c/), finalised by compare-and-swap on its
+                                     mod_revision; never lease-bound
     c/driver           DriverRecord  which node drives the forming round (bound to its lease)
     c/closed           ClosedRecord  present once the run is closed
     n/<round>/<node>   NodeRecord    a node registered for <round> (bound to the node's lease)
+    r/<round>/<b>      RosterBucket  the members of <round> whose id hashes to bucket <b>, with
+                                     their ranks (:func:`bucket_of`): a member reads its own
+                                     bucket (one small get), the driver and tools all of them
 
 and each round's key-value store for its members under ``aioelastic/rdzv-data/<run_id>/<round>/``.
 
@@ -19,28 +24,38 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
-from dataclasses import dataclass, field
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._checks import ID_PATTERN, check_run_id
 from ..errors import RendezvousStateError
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store import KeyValue, Store
 
 __all__ = [
     "ClosedRecord",
     "DriverRecord",
     "NodeRecord",
+    "RosterBucket",
     "RoundRecord",
     "RunKeys",
+    "bucket_of",
     "check_node_id",
     "check_run_id",
     "read_standby_round",
 ]
 
 SCHEMA_VERSION = 1
+#: the round record's: schema 1 listed every member in it (sent to every node of the run)
+ROUND_SCHEMA_VERSION = 2
+#: members per roster bucket (about 1.3 KB of JSON with 12-character ids): what a member reads
+#: to find its rank
+ROSTER_BUCKET = 64
 
 _ID = ID_PATTERN
 _ID_RE = re.compile(_ID)
@@ -67,6 +82,7 @@ class RunKeys:
         self.driver = self.ctl + "driver"
         self.closed = self.ctl + "closed"
         self.nodes = self.root + "n/"
+        self.roster = self.root + "r/"
         self.data_root = f"aioelastic/rdzv-data/{run_id}/"
 
     def nodes_of(self, round_: int) -> str:
@@ -75,6 +91,13 @@ class RunKeys:
 
     def node(self, round_: int, node_id: str) -> str:
         return f"{self.nodes}{round_}/{node_id}"
+
+    def roster_of(self, round_: int) -> str:
+        """The prefix of ``round_``'s roster buckets."""
+        return f"{self.roster}{round_}/"
+
+    def bucket(self, round_: int, index: int) -> str:
+        return f"{self.roster}{round_}/{index}"
 
     def data(self, round_: int) -> str:
         """The prefix of ``round_``'s key-value store (``RendezvousResult.store``)."""
@@ -93,7 +116,7 @@ class RunKeys:
 # -- decoding helpers ---------------------------------------------------------------------------
 
 
-def _load(key: str, value: bytes, kind: str) -> dict[str, Any]:
+def _load(key: str, value: bytes, kind: str, version: int = SCHEMA_VERSION) -> dict[str, Any]:
     try:
         obj = json.loads(value.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -102,10 +125,10 @@ def _load(key: str, value: bytes, kind: str) -> dict[str, Any]:
         ) from None
     if not isinstance(obj, dict):
         raise RendezvousStateError(f"rendezvous state at {key!r} is not a JSON object")
-    if obj.get("v") != SCHEMA_VERSION or obj.get("kind") != kind:
+    if obj.get("v") != version or obj.get("kind") != kind:
         raise RendezvousStateError(
             f"rendezvous state at {key!r} is foreign: expected kind {kind!r} schema "
-            f"{SCHEMA_VERSION}, got kind {obj.get('kind')!r} schema {obj.get('v')!r}"
+            f"{version}, got kind {obj.get('kind')!r} schema {obj.get('v')!r}"
         )
     return obj
 
@@ -176,55 +199,153 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """A completed round: its number, its members in rank order and rank 0's master address."""
+    """A completed round: its number, world size, rank 0's master address, and its roster's
+    bucket count (``buckets``: the members are in ``r/<round>/0 .. buckets-1``; 0 for a static
+    round, whose members are ``rank0 .. rank<world_size - 1>``).
+
+    Every node of the run watches ``c/`` and receives this record: it is O(1) bytes, so a round
+    of N costs N small events, not N copies of an N-member list.
+    """
 
     round: int
-    members: tuple[str, ...]
+    world_size: int
     master_addr: str
     master_port: int
-    # node id -> rank, built on the first rank_of (a record is shared by every task of a
-    # process that decodes the same bytes, see decode): not a field of the record
-    _ranks: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def rank_of(self, node_id: str) -> int | None:
-        """``node_id``'s rank in this round, None if it is not a member (O(1) after the first
-        call, so that each of N members finding itself costs O(1), not a scan of N)."""
-        ranks = self._ranks
-        if not ranks:  # built whole, then added in one C-level update: a thread that shares
-            # the record (decode's cache is per process) never sees it half-filled
-            ranks.update({node: rank for rank, node in enumerate(self.members)})
-        return ranks.get(node_id)
+    buckets: int
 
     def encode(self) -> bytes:
-        return _dump({"v": SCHEMA_VERSION, "kind": "round", "r": self.round,
-                      "m": list(self.members), "ma": self.master_addr,
-                      "mp": self.master_port})  # fmt: skip
+        return _dump({"v": ROUND_SCHEMA_VERSION, "kind": "round", "r": self.round,
+                      "w": self.world_size, "ma": self.master_addr, "mp": self.master_port,
+                      "b": self.buckets})  # fmt: skip
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
-        # Every member decodes the same record when a round completes: in one process (tasks
-        # on a memory store share the value's bytes, whose hash Python caches) that is done once.
-        return _decode_round(key, value)
-
-
-@functools.lru_cache(maxsize=8)
-def _decode_round(key: str, value: bytes) -> RoundRecord:
-    """:meth:`RoundRecord.decode` (errors are raised each time: lru_cache keeps only results)."""
-    obj = _load(key, value, "round")
-    round_ = _field_int(key, obj, "r", 0)
-    raw = obj.get("m")
-    members: list[str] = raw if isinstance(raw, list) else []
-    try:  # one C-level pass: join refuses non-strings, the regex checks every id
-        joined = ",".join(members)
-    except TypeError:
-        joined = ""
-    if not joined or not _ID_LIST_RE.fullmatch(joined) or len(set(members)) != len(members):
-        raise RendezvousStateError(
-            f"rendezvous state at {key!r}: field 'm' must be a non-empty list of distinct "
-            f"node ids, got {str(raw)[:80]}"
+        obj = _load(key, value, "round", ROUND_SCHEMA_VERSION)
+        record = cls(
+            _field_int(key, obj, "r", 0),
+            _field_int(key, obj, "w", 1),
+            _field_str(key, obj, "ma"),
+            _field_int(key, obj, "mp", 0),
+            _field_int(key, obj, "b", 0),
         )
-    port = _field_int(key, obj, "mp", 0)
-    return RoundRecord(round_, tuple(members), _field_str(key, obj, "ma"), port)
+        if record.buckets > record.world_size:
+            raise RendezvousStateError(
+                f"rendezvous state at {key!r}: {record.buckets} roster buckets for "
+                f"{record.world_size} members"
+            )
+        return record
+
+
+def bucket_count(world_size: int) -> int:
+    """How many roster buckets a round of ``world_size`` members has."""
+    return max(1, math.ceil(world_size / ROSTER_BUCKET))
+
+
+def bucket_of(node_id: str, buckets: int) -> int:
+    """The roster bucket of ``node_id`` among ``buckets`` (the same in every process)."""
+    return zlib.crc32(node_id.encode()) % buckets
+
+
+@dataclass(frozen=True, slots=True)
+class RosterBucket:
+    """Members of a round with their ranks: those whose id hashes to this bucket."""
+
+    ranks: dict[str, int]
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "m": self.ranks})
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> RosterBucket:
+        # the members of a bucket read it at once (in one process: the same bytes), so once
+        return _decode_bucket(key, value)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_bucket(key: str, value: bytes) -> RosterBucket:
+    obj = _load(key, value, "roster")
+    ranks = obj.get("m")
+    if not isinstance(ranks, dict) or not all(
+        isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0
+        for rank in ranks.values()
+    ):
+        raise RendezvousStateError(
+            f"rendezvous state at {key!r}: field 'm' must map node ids to ranks >= 0, "
+            f"got {str(ranks)[:80]}"
+        )
+    joined = ",".join(ranks)
+    if ranks and not _ID_LIST_RE.fullmatch(joined):
+        raise RendezvousStateError(f"rendezvous state at {key!r}: a foreign node id in 'm'")
+    return RosterBucket(ranks)
+
+
+def roster_buckets(members: Sequence[str]) -> list[RosterBucket]:
+    """The buckets of a round whose members are ``members`` in rank order."""
+    buckets: list[dict[str, int]] = [{} for _ in range(bucket_count(len(members)))]
+    for rank, node in enumerate(members):
+        buckets[bucket_of(node, len(buckets))][node] = rank
+    return [RosterBucket(ranks) for ranks in buckets]
+
+
+def static_members(world_size: int) -> tuple[str, ...]:
+    """The members of a static round: ``rank0 .. rank<world_size - 1>``."""
+    return tuple(f"rank{rank}" for rank in range(world_size))
+
+
+def roster_members(keys: RunKeys, record: RoundRecord, kvs: Iterable[KeyValue]) -> tuple[str, ...]:
+    """The members of ``record``'s round in rank order, from its roster buckets among ``kvs``
+    (other keys are skipped); RendezvousStateError unless each rank is there exactly once."""
+    if record.buckets == 0:
+        return static_members(record.world_size)
+    prefix = keys.roster_of(record.round)
+    slots: list[str | None] = [None] * record.world_size
+    seen = 0
+    for kv in kvs:
+        if not kv.key.startswith(prefix):
+            continue
+        index = kv.key[len(prefix) :]
+        if not index.isdigit() or int(index) >= record.buckets:
+            raise RendezvousStateError(f"rendezvous state at {kv.key!r}: not a roster bucket")
+        for node, rank in RosterBucket.decode(kv.key, kv.value).ranks.items():
+            if rank >= record.world_size or slots[rank] is not None:
+                raise RendezvousStateError(
+                    f"rendezvous state at {kv.key!r}: rank {rank} of {node!r} is out of range "
+                    f"or taken twice"
+                )
+            slots[rank] = node
+            seen += 1
+    if seen != record.world_size:
+        raise RendezvousStateError(
+            f"rendezvous state under {prefix!r}: {seen} of the round's "
+            f"{record.world_size} members are in its roster"
+        )
+    return tuple(node for node in slots if node is not None)
+
+
+async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple[str, ...]:
+    """The members of ``record``'s round in rank order: one range of its roster (O(N))."""
+    if record.buckets == 0:
+        return static_members(record.world_size)
+    result = await store.range(keys.roster_of(record.round))
+    return roster_members(keys, record, result.kvs)
+
+
+async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
+    """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
+    roster bucket (O(1) bytes: about ``ROSTER_BUCKET`` members)."""
+    if record.buckets == 0:
+        members = static_members(record.world_size)
+        return members.index(node_id) if node_id in members else None
+    key = keys.bucket(record.round, bucket_of(node_id, record.buckets))
+    kv = await store.get(key)
+    if kv is None:
+        raise RendezvousStateError(
+            f"rendezvous state at {key!r}: the roster bucket of round {record.round} is missing"
+        )
+    rank = RosterBucket.decode(key, kv.value).ranks.get(node_id)
+    if rank is not None and rank >= record.world_size:
+        raise RendezvousStateError(f"rendezvous state at {key!r}: rank {rank} out of range")
+    return rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,12 +397,15 @@ async def read_standby_round(
     """``(round, members)`` of the run's latest round when it is full without ``node_id`` (the
     node stands by for the next round), else None.
 
-    One read of the round record (O(1), not the run's every record, as
-    :func:`~aioelastic.rendezvous.read_run_status` does); store errors propagate.
+    One read of the round record, and of this node's roster bucket when the round is full
+    (O(1), not the run's every record, as :func:`~aioelastic.rendezvous.read_run_status` does);
+    store errors propagate.
     """
     key = RunKeys(run_id).round
     kv = await store.get(key)
     latest = None if kv is None else RoundRecord.decode(key, kv.value)
-    if latest is None or len(latest.members) < max_nodes or node_id in latest.members:
+    if latest is None or latest.world_size < max_nodes:
         return None
-    return latest.round, len(latest.members)
+    if await read_rank(store, RunKeys(run_id), latest, node_id) is not None:
+        return None
+    return latest.round, latest.world_size

@@ -132,6 +132,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     ``fast_reform`` (default on): a round after a completed one forms at once, without its last
     call, when every surviving member of the last round has registered again and no other node
     is waiting (torchft's "fast quorum"); off, the last call is always waited out, as torch does.
+    ``participants`` (default on): each completed round reads its whole roster into
+    :attr:`RendezvousResult.participants` (about 20 bytes per member, for every member: N^2 bytes
+    a round in all); off, ``participants`` is ``()`` and a member reads only its own roster
+    bucket to find its rank (O(1) bytes), which is what rounds of thousands of nodes want.
 
     Its parts, each in a module of its own: the join coordinator (:mod:`._join`: registration,
     driver claim, standby, reopen, withdrawal), the driver of a forming round (:mod:`._driver`)
@@ -155,6 +159,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         local_addr: str | None = None,
         reopen_closed: bool = False,
         fast_reform: bool = True,
+        participants: bool = True,
         backend: str = "memory",
         owns_store: bool = False,
         event_sink: EventSink | None = None,
@@ -183,6 +188,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             importlib.import_module("anyio._backends._asyncio")
         self._reopen_closed = reopen_closed
         self._fast_reform = bool(fast_reform)
+        self._with_participants = bool(participants)
         self._backend = backend
         self._owns_store = owns_store
         self._keeper: LeaseKeeper | None = None
