@@ -210,7 +210,7 @@ class JoinCoordinator:
             target = 0 if latest is None else latest.round + 1
             if not blocked and self.record_round != target:
                 self.standby = await _arrives_as_standby(self._h, latest)
-                await self._register(target, keeper)
+                await _register(self, target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
             if not tasks.event_ready():
                 await anyio.lowlevel.checkpoint()  # let the watch hand over what it holds
@@ -326,66 +326,70 @@ class JoinCoordinator:
         elif unread is not None:
             ctl.apply_event(unread)
         if not completed:
-            await self._withdraw(keeper)
+            await _withdraw(self, keeper)
 
-    # -- the writes of a join
 
-    async def _register(self, target: int, keeper: LeaseKeeper) -> None:
-        h = self._h
-        store, keys, node_id = h._store, h._keys, h.node_id
-        addr = h._local_addr or default_addr()
-        record = NodeRecord(node_id, addr, free_port()).encode()
-        key = keys.node(target, node_id)
-        old = self.record_round
-        leaving = old is not None and old != target
-        try:
-            if leaving:  # register and leave the round we were in, in one request
-                assert old is not None
-                result = await store.txn(
-                    compare=[Compare.mod_revision(key) == 0],
-                    success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
-                    failure=[Get(key)],
-                )
-                succeeded, kv = result.succeeded, None
-                if not succeeded:
-                    got = result[0]
-                    assert isinstance(got, GetResult)
-                    kv = got.kv
-            else:
-                cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
-                succeeded, kv = cas.succeeded, cas.kv
-        except WriteOutcomeUnknownError:
-            self.record_round = target  # it may have applied: a withdrawal deletes it
-            raise
-        if not succeeded and (kv is None or kv.lease != keeper.id):
-            raise RendezvousError(
-                f"node id {node_id!r} is already registered for round {target} of "
-                f"{h.run_id!r} by another live handler"
-            )
-        self.record_round = target
-        if leaving and not succeeded:  # registered already (by this lease): leave the old round
+# -- the writes of a join
+
+
+async def _register(j: JoinCoordinator, target: int, keeper: LeaseKeeper) -> None:
+    """Register ``j``'s node for ``target``, leaving the round it was registered for."""
+    h = j._h
+    store, keys, node_id = h._store, h._keys, h.node_id
+    addr = h._local_addr or default_addr()
+    record = NodeRecord(node_id, addr, free_port()).encode()
+    key = keys.node(target, node_id)
+    old = j.record_round
+    leaving = old is not None and old != target
+    try:
+        if leaving:  # register and leave the round we were in, in one request
             assert old is not None
-            await store.delete(keys.node(old, node_id))
+            result = await store.txn(
+                compare=[Compare.mod_revision(key) == 0],
+                success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
+                failure=[Get(key)],
+            )
+            succeeded, kv = result.succeeded, None
+            if not succeeded:
+                got = result[0]
+                assert isinstance(got, GetResult)
+                kv = got.kv
+        else:
+            cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+            succeeded, kv = cas.succeeded, cas.kv
+    except WriteOutcomeUnknownError:
+        j.record_round = target  # it may have applied: a withdrawal deletes it
+        raise
+    if not succeeded and (kv is None or kv.lease != keeper.id):
+        raise RendezvousError(
+            f"node id {node_id!r} is already registered for round {target} of "
+            f"{h.run_id!r} by another live handler"
+        )
+    j.record_round = target
+    if leaving and not succeeded:  # registered already (by this lease): leave the old round
+        assert old is not None
+        await store.delete(keys.node(old, node_id))
 
-    async def _withdraw(self, keeper: LeaseKeeper) -> None:
-        """Undo a join that did not complete: drop our registration and driver claim."""
-        h = self._h
-        if keeper.lost or h._store.closed:
-            self.record_round = None
-            return
-        store, keys = h._store, h._keys
-        with anyio.move_on_after(h._close_timeout, shield=True):
-            try:
-                # our registration, and our record as a member of the round we were leaving
-                for round_ in {self.record_round, h._round} - {None, -1}:
-                    assert round_ is not None
-                    await store.delete(keys.node(round_, h.node_id))
-                self.record_round = None
-                kv = await store.get(keys.driver)
-                if kv is not None and kv.lease == keeper.id:
-                    await store.compare_and_delete(keys.driver, kv.mod_revision)
-            except (StoreError, RendezvousError) as exc:
-                log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
+
+async def _withdraw(j: JoinCoordinator, keeper: LeaseKeeper) -> None:
+    """Undo a join that did not complete: drop our registration and driver claim."""
+    h = j._h
+    if keeper.lost or h._store.closed:
+        j.record_round = None
+        return
+    store, keys = h._store, h._keys
+    with anyio.move_on_after(h._close_timeout, shield=True):
+        try:
+            # our registration, and our record as a member of the round we were leaving
+            for round_ in {j.record_round, h._round} - {None, -1}:
+                assert round_ is not None
+                await store.delete(keys.node(round_, h.node_id))
+            j.record_round = None
+            kv = await store.get(keys.driver)
+            if kv is not None and kv.lease == keeper.id:
+                await store.compare_and_delete(keys.driver, kv.mod_revision)
+        except (StoreError, RendezvousError) as exc:
+            log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
 
 
 def completed(
