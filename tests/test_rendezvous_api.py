@@ -37,6 +37,8 @@ from aioelastic.rendezvous._state import (
     RosterBucket,
     RoundRecord,
     RunKeys,
+    read_rank,
+    read_roster,
     roster_buckets,
     roster_members,
 )
@@ -381,3 +383,19 @@ def test_static_from_parameters() -> None:
             await create_handler(RendezvousParameters("static", "", "sjob", 1, 2, rank=0))
 
     run_virtual(body())
+
+
+def test_a_superseded_roster_reads_as_none() -> None:
+    """The roster of a round that a later one replaced is gone (its driver deleted it): a node
+    whose view is behind reads no members, not a corrupt state."""
+
+    async def scenario() -> tuple[tuple[str, ...], int | None]:
+        store = MemoryStore()
+        keys = RunKeys("job")
+        record = RoundRecord(4, 2, "h", 1, buckets=1)
+        members = await read_roster(store, keys, record)
+        rank = await read_rank(store, keys, record, "a")
+        await store.aclose()
+        return members, rank
+
+    assert asyncio.run(scenario()) == ((), None)

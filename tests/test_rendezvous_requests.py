@@ -116,20 +116,32 @@ def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
     return store
 
 
-def _driving(node: str, round_: int, *, roster_read: bool = False) -> list[tuple[str, str]]:
-    """What driving ``round_`` adds to a join: the claim, the previous roster when this node
-    does not have it, the count, and the roster (one bucket here) and the round record written
-    with the previous round's data and roster deleted (one transaction)."""
-    garbage = (
-        f", delete_prefix {KEYS.data(round_ - 1)}, delete_prefix {KEYS.roster_of(round_ - 1)}"
-        if round_ > 0
-        else ""
-    )
+def _driving(
+    node: str, round_: int, *, roster_read: bool = False, due: bool = False
+) -> list[tuple[str, str]]:
+    """What driving ``round_`` of one member (``node``) adds to a join: the claim, the previous
+    roster when this node does not have it, the count, the word to the previous round's
+    members that a round forms (``due``), and the roster (one bucket here), the members'
+    records and the round record, written with the previous round's garbage and its members
+    told it is over (one transaction)."""
+    garbage = ""
+    if round_ > 0:
+        garbage = (
+            f", put {KEYS.next_marker(round_ - 1)}, delete_prefix {KEYS.data(round_ - 1)}, "
+            f"delete_prefix {KEYS.roster_of(round_ - 1)}"
+        )
+        if round_ > 1:
+            garbage += f", delete_prefix {KEYS.members_of(round_ - 2)}"
     return [
         ("cas", KEYS.driver),
         *([("range", KEYS.roster_of(round_ - 1))] if roster_read else []),
         ("range_and_watch", KEYS.nodes),
-        ("txn", f"put {KEYS.bucket(round_, 0)}, put {KEYS.round}{garbage}"),
+        *([("put", KEYS.due(round_ - 1))] if due else []),
+        (
+            "txn",
+            f"put {KEYS.bucket(round_, 0)}, put {KEYS.member(round_, node)}, "
+            f"put {KEYS.round}{garbage}",
+        ),
     ]
 
 
@@ -152,7 +164,7 @@ async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
     # (one transaction)
     assert log.take() == [
         ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
-        *_driving(me, 1),
+        *_driving(me, 1),  # (a round of one restarting: no other member to tell)
     ]
     await handler.aclose()
 
@@ -238,9 +250,9 @@ async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_er
 
 
 @virtual_test
-async def test_without_participants_a_member_reads_only_its_roster_bucket() -> None:
+async def test_without_participants_a_member_reads_only_its_own_record() -> None:
     """``participants=False``: a member that did not drive finds its rank with one get of its
-    roster bucket (O(1) bytes), not a read of the whole roster."""
+    member record (O(1) bytes), not a read of the whole roster."""
     engine = MemoryEngine()
     hs = [_handler(engine, 2, 2, participants=False) for _ in range(2)]
     results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
@@ -252,7 +264,7 @@ async def test_without_participants_a_member_reads_only_its_roster_bucket() -> N
         ("range_and_watch", KEYS.ctl),
         ("lease_grant", ""),
         ("cas", KEYS.node(0, other.node_id)),
-        ("get", KEYS.bucket(0, 0)),
+        ("get", KEYS.member(0, other.node_id)),
     ]
-    assert ("get", KEYS.bucket(0, 0)) not in _log_of(driver).take()  # it wrote the roster
+    assert ("get", KEYS.member(0, driver.node_id)) not in _log_of(driver).take()  # it wrote it
     await asyncio.gather(*(h.aclose() for h in hs))

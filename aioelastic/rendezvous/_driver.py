@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ..errors import LeaseNotFoundError
 from ..store import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -29,7 +30,7 @@ from ..store import (
     Watch,
     WatchEvent,
 )
-from ._state import NodeRecord, RoundRecord, read_roster, roster_buckets
+from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_buckets
 
 #: bucket writes per transaction: within the store's limits with room for the round's own ops
 _BATCH_OPS = MAX_TXN_OPS - 8
@@ -99,6 +100,8 @@ class RoundDriver:
         self._current: dict[str, KeyValue] = {}  # registered for target
         self._previous: set[str] = set()  # still registered for target - 1 (it must drain)
         self._newcomers: set[str] = set()  # registered for target, not members of target - 1
+        self._restart = False  # a member of target - 1 registered: its members were told
+        self._due: list[DueRecord] = []  # to tell the members of target - 1, in order
         self.finalizing = False
 
     def apply(self, type_: EventType, kv: KeyValue) -> None:
@@ -110,9 +113,12 @@ class RoundDriver:
         if round_ == self.target:
             if type_ is EventType.PUT:
                 NodeRecord.decode(kv.key, kv.value)  # validate on read
+                arrived = node not in self._current
                 self._current[node] = kv
                 if node not in self._prev_ranks:
                     self._newcomers.add(node)
+                if arrived:
+                    self._arrived(node)
             else:
                 self._current.pop(node, None)
                 self._newcomers.discard(node)
@@ -121,6 +127,29 @@ class RoundDriver:
                 self._previous.add(node)
             else:
                 self._previous.discard(node)
+
+    def _arrived(self, node: str) -> None:
+        """A registration the members of the previous round are told of (``m/<round>/~due``):
+        the first of their own (a restart), and each newcomer a round could take. Telling them
+        is this node's one write per such registration, so that they need not watch ``n/``:
+        N members re-registering cost N events in all, not N each."""
+        prev = self._prev
+        if prev is None:
+            return
+        if node in self._prev_ranks:
+            if self._restart or prev.world_size == 1:  # told, or nobody else to tell
+                return
+            self._restart = True
+        elif prev.world_size >= self._handler._max:
+            return  # a standby of a full round: a restart could not take it
+        self._due.append(DueRecord(node, len(self._current), self._restart))
+
+    async def _tell_members(self) -> None:
+        if self._due and self._prev is not None:
+            key = self._handler._keys.due(self._prev.round)
+            for due in self._due:
+                await self._handler._store.put(key, due.encode())
+            self._due.clear()
 
     async def run(self) -> None:
         """Count registrations for the round; complete it at max, or at the last-call deadline."""
@@ -137,16 +166,21 @@ class RoundDriver:
             self._prev_ranks = {node: rank for rank, node in enumerate(members)}
         snapshot, events = await handler._store.range_and_watch(handler._keys.nodes)
         async with events:
-            for kv in snapshot:
+            for kv in sorted(snapshot, key=lambda kv: kv.mod_revision):  # in store order
                 self.apply(EventType.PUT, kv)
             last_call_at: float | None = None
             while True:
+                await self._tell_members()
                 now = loop.time()
                 last_call_at = self._window(now, last_call_at)
+                event = None
                 if last_call_at is not None and self._complete_now(now, last_call_at):
-                    await self.finalize()
-                    return
-                event = await self._next_event(events, last_call_at)
+                    if await self.finalize() is not None:
+                        return
+                    # a registrant's lease ended: its records' deletion is on the watch
+                    event = await events.__anext__()
+                else:
+                    event = await self._next_event(events, last_call_at)
                 if event is not None and event.revision > snapshot.revision:
                     self.apply(event.type, event.kv)
 
@@ -181,9 +215,11 @@ class RoundDriver:
             return await events.__anext__()
         return None
 
-    async def finalize(self) -> bool:
-        """Write the roster (members in rank order, in buckets), then the round record (rank
-        0's address, the world size) by compare-and-swap, while this node's claim holds."""
+    async def finalize(self) -> bool | None:
+        """Write the roster (members in rank order, in buckets) and each member's record (bound
+        to its lease), then the round record (rank 0's address, the world size) by
+        compare-and-swap, while this node's claim holds. Whether it was written; None when a
+        member's lease had ended (its deletion is on the way: count again, then write)."""
         handler, prev, current = self._handler, self._prev, self._current
         store, keys = handler._store, handler._keys
         previous = sorted(self._prev_ranks, key=self._prev_ranks.__getitem__)
@@ -198,6 +234,10 @@ class RoundDriver:
             Put(keys.bucket(self.target, i), bucket.encode())
             for i, bucket in enumerate(roster_buckets(members))
         ]
+        member_records = [
+            Put(keys.member(self.target, node), MemberRecord(rank).encode(), current[node].lease)
+            for rank, node in enumerate(members)
+        ]
         record = RoundRecord(self.target, len(members), master.addr, master.port, len(buckets))
         expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
         compare = [
@@ -205,22 +245,32 @@ class RoundDriver:
             Compare.mod_revision(keys.driver) == self._claim,
         ]
         # the previous round has drained: its data store and roster are garbage, deleted with
-        # the same write
-        garbage: list[TxnOp] = (
-            [DeletePrefix(keys.data(self.target - 1)), DeletePrefix(keys.roster_of(prev.round))]
-            if prev is not None
-            else []
-        )
-        *early, last = _batches(buckets)
+        # the same write; its members are told it is over (they have all moved on, unless one
+        # lost its lease); the members' records of the round before go
+        garbage: list[TxnOp] = []
+        if prev is not None:
+            garbage += [
+                Put(keys.next_marker(prev.round), record.encode()),
+                DeletePrefix(keys.data(prev.round)),
+                DeletePrefix(keys.roster_of(prev.round)),
+            ]
+            if prev.round > 0:
+                garbage.append(DeletePrefix(keys.members_of(prev.round - 1)))
+        *early, last = _batches([*buckets, *member_records])
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
             with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                for batch in early:  # a roster too large for one transaction: written first
-                    if not (await store.txn(compare=compare, success=batch)).succeeded:
-                        return False
-                result = await store.txn(
-                    compare=compare, success=[*last, Put(keys.round, record.encode()), *garbage]
-                )
+                try:
+                    for batch in early:  # a roster too large for one transaction: written first
+                        if not (await store.txn(compare=compare, success=batch)).succeeded:
+                            return False
+                    result = await store.txn(
+                        compare=compare,
+                        success=[*last, Put(keys.round, record.encode()), *garbage],
+                    )
+                except LeaseNotFoundError as exc:
+                    log.debug("run %r: %s; counting again", handler.run_id, exc)
+                    return None
                 if result.succeeded:
                     handler._stats.rounds_driven += 1
                     self.ranks = {node: rank for rank, node in enumerate(members)}

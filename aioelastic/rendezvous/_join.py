@@ -274,7 +274,7 @@ class JoinCoordinator:
 
         The round record has no member list: this node's rank comes from its driver (when it
         drove the round), from the roster (read whole only for ``participants``), or from its
-        roster bucket (one small get).
+        member record (one small get).
         """
         h = self._h
         store, keys, node_id = h._store, h._keys, h.node_id
@@ -412,7 +412,7 @@ def completed(
         bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
     )
     h._round, h._round_record, h._result = record.round, record, result
-    h._members.reset(revision, participants)
+    h._members.reset(revision)
     h._stats.completed_at = now = asyncio.get_running_loop().time()
     started = h._stats.join_started
     h._emit(

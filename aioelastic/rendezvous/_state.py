@@ -10,8 +10,18 @@ Everything a rendezvous writes lives under ``aioelastic/rdzv/<run_id>/``::
     c/closed           ClosedRecord  present once the run is closed
     n/<round>/<node>   NodeRecord    a node registered for <round> (bound to the node's lease)
     r/<round>/<b>      RosterBucket  the members of <round> whose id hashes to bucket <b>, with
-                                     their ranks (:func:`bucket_of`): a member reads its own
-                                     bucket (one small get), the driver and tools all of them
+                                     their ranks (:func:`bucket_of`): the roster, which the
+                                     driver, tools and ``participants`` read
+    m/<round>/<node>   MemberRecord  a member of <round> and its rank (bound to the member's
+                                     lease; written by the driver): its own get tells a node its
+                                     rank, and its deletion is a loss for the others
+    m/<round>/~due     DueRecord     a next round is forming that would change <round> (written
+                                     by that round's driver): NODES_WAITING for its members
+    m/<round>/~closed  ClosedRecord  the run was closed after <round> (with ``c/closed``)
+    m/<round>/~next    RoundRecord   the next round completed (written with it)
+
+The members of a round watch ``m/<round>/`` only: what a member's re-registration writes (under
+``n/``) reaches the driver alone, so N members rejoining cost O(N), not N events each.
 
 and each round's key-value store for its members under ``aioelastic/rdzv-data/<run_id>/<round>/``.
 
@@ -40,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ClosedRecord",
     "DriverRecord",
+    "DueRecord",
+    "MemberRecord",
     "NodeRecord",
     "RosterBucket",
     "RoundRecord",
@@ -83,6 +95,7 @@ class RunKeys:
         self.closed = self.ctl + "closed"
         self.nodes = self.root + "n/"
         self.roster = self.root + "r/"
+        self.members = self.root + "m/"
         self.data_root = f"aioelastic/rdzv-data/{run_id}/"
 
     def nodes_of(self, round_: int) -> str:
@@ -98,6 +111,22 @@ class RunKeys:
 
     def bucket(self, round_: int, index: int) -> str:
         return f"{self.roster}{round_}/{index}"
+
+    def members_of(self, round_: int) -> str:
+        """The prefix a member of ``round_`` watches (its members' records and markers)."""
+        return f"{self.members}{round_}/"
+
+    def member(self, round_: int, node_id: str) -> str:
+        return f"{self.members}{round_}/{node_id}"
+
+    def due(self, round_: int) -> str:
+        return f"{self.members}{round_}/~due"
+
+    def closed_marker(self, round_: int) -> str:
+        return f"{self.members}{round_}/~closed"
+
+    def next_marker(self, round_: int) -> str:
+        return f"{self.members}{round_}/~next"
 
     def data(self, round_: int) -> str:
         """The prefix of ``round_``'s key-value store (``RendezvousResult.store``)."""
@@ -279,6 +308,41 @@ def _decode_bucket(key: str, value: bytes) -> RosterBucket:
     return RosterBucket(ranks)
 
 
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """A member of a round and its rank (``m/<round>/<node>``, bound to the member's lease)."""
+
+    rank: int
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "member", "k": self.rank})
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> MemberRecord:
+        return cls(_field_int(key, _load(key, value, "member"), "k", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class DueRecord:
+    """A next round is forming that would change the round (``m/<round>/~due``): ``node_id``
+    registered for it, ``waiting`` nodes have, ``restart``: a member of the round has (the
+    round restarts, full or not)."""
+
+    node_id: str
+    waiting: int
+    restart: bool
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "due", "id": self.node_id, "n": self.waiting,
+                      "s": int(self.restart)})  # fmt: skip
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> DueRecord:
+        obj = _load(key, value, "due")
+        restart = _field_int(key, obj, "s", 0)
+        return cls(_field_id(key, obj, "id"), _field_int(key, obj, "n", 0), restart > 0)
+
+
 def roster_buckets(members: Sequence[str]) -> list[RosterBucket]:
     """The buckets of a round whose members are ``members`` in rank order."""
     buckets: list[dict[str, int]] = [{} for _ in range(bucket_count(len(members)))]
@@ -323,27 +387,30 @@ def roster_members(keys: RunKeys, record: RoundRecord, kvs: Iterable[KeyValue]) 
 
 
 async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple[str, ...]:
-    """The members of ``record``'s round in rank order: one range of its roster (O(N))."""
+    """The members of ``record``'s round in rank order: one range of its roster (O(N)).
+
+    ``()`` when the roster is gone: a later round completed since (its driver deleted it), so
+    whoever asks is not in that later round's view yet; what it read was superseded."""
     if record.buckets == 0:
         return static_members(record.world_size)
     result = await store.range(keys.roster_of(record.round))
+    if not result.kvs:
+        return ()
     return roster_members(keys, record, result.kvs)
 
 
 async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
     """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
-    roster bucket (O(1) bytes: about ``ROSTER_BUCKET`` members)."""
+    member record (O(1) bytes)."""
     if record.buckets == 0:
         members = static_members(record.world_size)
         return members.index(node_id) if node_id in members else None
-    key = keys.bucket(record.round, bucket_of(node_id, record.buckets))
+    key = keys.member(record.round, node_id)
     kv = await store.get(key)
     if kv is None:
-        raise RendezvousStateError(
-            f"rendezvous state at {key!r}: the roster bucket of round {record.round} is missing"
-        )
-    rank = RosterBucket.decode(key, kv.value).ranks.get(node_id)
-    if rank is not None and rank >= record.world_size:
+        return None
+    rank = MemberRecord.decode(key, kv.value).rank
+    if rank >= record.world_size:
         raise RendezvousStateError(f"rendezvous state at {key!r}: rank {rank} out of range")
     return rank
 

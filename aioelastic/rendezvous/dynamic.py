@@ -62,6 +62,7 @@ from ..errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
+from ..store import Compare, Put
 from ._addr import looked_up_default_addr, prefetch_default_addr
 from ._driver import assign_ranks, log
 from ._join import JoinCoordinator
@@ -367,6 +368,27 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
         raise RendezvousConnectionError(f"the watch of {self.run_id!r} ended")  # pragma: no cover
 
+    async def _write_closed(self) -> ClosedRecord:
+        """Write the close record, and its marker where the latest round's members watch
+        (both in one transaction, as of the round record read: again if it changed)."""
+        store, keys = self._store, self._keys
+        while True:
+            kv = await store.get(keys.round)
+            if kv is None:
+                record = ClosedRecord(-1)
+                await store.put(keys.closed, record.encode())
+                return record
+            record = ClosedRecord(RoundRecord.decode(kv.key, kv.value).round)
+            result = await store.txn(
+                compare=[Compare.mod_revision(keys.round) == kv.mod_revision],
+                success=[
+                    Put(keys.closed, record.encode()),
+                    Put(keys.closed_marker(record.round), record.encode()),
+                ],
+            )
+            if result.succeeded:
+                return record
+
     async def _latest_round(self) -> RoundRecord | None:
         kv = await self._store.get(self._keys.round)
         return None if kv is None else RoundRecord.decode(kv.key, kv.value)
@@ -408,9 +430,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         with self._translate("set_closed"):
             try:
                 with anyio.fail_after(self._close_timeout):
-                    latest = await self._latest_round()
-                    record = ClosedRecord(-1 if latest is None else latest.round)
-                    await self._store.put(self._keys.closed, record.encode())
+                    record = await self._write_closed()
             except TimeoutError:
                 raise RendezvousTimeoutError(
                     f"closing {self.run_id!r} took longer than close_timeout={self._close_timeout}s"
