@@ -285,11 +285,12 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
             v = f.per_node(value)
             return "-" if v is None else f"{v:.2f}"
 
+        roster = "-" if f.roster_bytes is None else f"{f.roster_bytes:,}"
         lines.append(
             f"{n:>7} {med:>10.3f}s {min(times):>6.3f}-{max(times):.3f}s {cpu:>9.3f}s "
             f"{med / base:>5.2f} {cpu / base_cpu:>6.2f} {n / first:>5.1f} {per(f.events):>8} "
             f"{per(f.event_bytes):>7} {per(f.writes):>8} {per(f.watcher_visits):>8} "
-            f"{f.record_bytes:>9,} {f.roster_bytes or 0:>10,} {f.state_bytes:>10,}"
+            f"{f.record_bytes:>9,} {roster:>10} {f.state_bytes:>10,}"
         )
     return "\n".join(lines)
 

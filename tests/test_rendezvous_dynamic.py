@@ -28,7 +28,7 @@ from aioelastic.rendezvous import (
     RendezvousStatus,
 )
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import MemoryEngine, MemoryStore, Put, Txn, TxnResult
 from aioelastic.testing import run_virtual, virtual_test
 
 T = TypeVar("T")
@@ -739,3 +739,46 @@ async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> 
         task.cancel()
     await asyncio.gather(*late, return_exceptions=True)
     await close_all([h for h in hs if h is not hs[1]])
+
+
+class _LeaseEndsBeforeTheRound(MemoryStore):
+    """The driver's store: the lease of ``victim`` ends just before the driver's write of the
+    round (its member record would be bound to it)."""
+
+    victim: DynamicRendezvousHandler | None = None
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        victim = self.victim
+        if victim is not None and any(
+            isinstance(op, Put) and op.key == RunKeys("job").round for op in txn.success
+        ):
+            self.victim = None
+            assert victim.lease is not None
+            self.engine.lease_revoke(victim.lease.id)
+        return await super()._txn(txn)
+
+
+@virtual
+async def test_a_member_whose_lease_ends_as_the_round_is_written_is_counted_out() -> None:
+    """The driver binds each member's record to that member's lease: one that ended since the
+    count fails the write, and the driver counts again (the lease's deletions are on its watch)
+    and writes the round without it."""
+    engine = MemoryEngine()
+    store = _LeaseEndsBeforeTheRound(engine)
+    kw: dict[str, Any] = {"lease_ttl": TTL, "last_call_timeout": 5.0}
+    first = DynamicRendezvousHandler(store, "job", 1, 2, **kw)
+    late = DynamicRendezvousHandler(MemoryStore(engine), "job", 1, 2, **kw)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    joining = spawn(first.next_rendezvous())
+    await settle()
+    store.victim = late
+    lost = spawn(late.next_rendezvous())  # the second: the round is full, the driver writes it
+    result = await joining
+    assert store.victim is None  # the write failed once
+    assert (result.world_size, result.rank, result.participants) == (1, 0, (first.node_id,))
+    assert loop.time() - start == pytest.approx(5.0)  # counted again: the last call ran out
+    assert first.statistics().rounds_driven == 1
+    with pytest.raises(RendezvousConnectionError):
+        await lost
+    await close_all([first, late])
