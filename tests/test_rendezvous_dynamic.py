@@ -27,7 +27,7 @@ from aioelastic.rendezvous import (
     RendezvousResult,
     RendezvousStatus,
 )
-from aioelastic.rendezvous._state import RunKeys
+from aioelastic.rendezvous._state import RoundRecord, RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore, Put, Txn, TxnResult
 from aioelastic.testing import run_virtual, virtual_test
 
@@ -782,3 +782,19 @@ async def test_a_member_whose_lease_ends_as_the_round_is_written_is_counted_out(
     with pytest.raises(RendezvousConnectionError):
         await lost
     await close_all([first, late])
+
+
+@virtual
+async def test_a_member_is_told_when_a_next_round_is_out_without_it() -> None:
+    """The next round's driver marks the round it replaces (``m/<round>/~next``): a member
+    still waiting on it (one whose lease went unnoticed yet) gets ROUND_SUPERSEDED."""
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs)))
+    change = spawn(hs[0].wait_for_change())
+    await settle()
+    keys = RunKeys("job")
+    await hs[1].store.put(keys.next_marker(0), RoundRecord(1, 1, "h", 1, 1).encode())
+    event = await change
+    assert (event.kind, event.round) == (RendezvousEventKind.ROUND_SUPERSEDED, 0)
+    await close_all(hs)
