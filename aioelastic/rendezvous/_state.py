@@ -71,7 +71,6 @@ ROSTER_BUCKET = 64
 
 _ID = ID_PATTERN
 _ID_RE = re.compile(_ID)
-_ID_LIST_RE = re.compile(f"{_ID}(?:,{_ID})*")  # ids never contain ','
 
 
 def check_node_id(node_id: object) -> str:
@@ -277,12 +276,17 @@ def bucket_of(node_id: str, buckets: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class RosterBucket:
-    """Members of a round with their ranks: those whose id hashes to this bucket."""
+    """Members of a round with their ranks: those whose id hashes to this bucket.
+
+    Encoded as one string ``"id=rank,id=rank"`` (ids have no ``=`` nor ``,``): about 19 bytes
+    a member with 12-character ids, where a JSON object takes 21.
+    """
 
     ranks: dict[str, int]
 
     def encode(self) -> bytes:
-        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "m": self.ranks})
+        members = ",".join(f"{node}={rank}" for node, rank in self.ranks.items())
+        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "m": members})
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RosterBucket:
@@ -290,21 +294,23 @@ class RosterBucket:
         return _decode_bucket(key, value)
 
 
+_BUCKET_RE = re.compile(f"{_ID}=(?:0|[1-9][0-9]{{0,8}})(?:,{_ID}=(?:0|[1-9][0-9]{{0,8}}))*")
+
+
 @functools.lru_cache(maxsize=64)
 def _decode_bucket(key: str, value: bytes) -> RosterBucket:
-    obj = _load(key, value, "roster")
-    ranks = obj.get("m")
-    if not isinstance(ranks, dict) or not all(
-        isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0
-        for rank in ranks.values()
-    ):
+    members = _load(key, value, "roster").get("m")
+    if not isinstance(members, str) or (members and not _BUCKET_RE.fullmatch(members)):
         raise RendezvousStateError(
-            f"rendezvous state at {key!r}: field 'm' must map node ids to ranks >= 0, "
-            f"got {str(ranks)[:80]}"
+            f"rendezvous state at {key!r}: field 'm' must be 'id=rank,...', got "
+            f"{str(members)[:80]!r}"
         )
-    joined = ",".join(ranks)
-    if ranks and not _ID_LIST_RE.fullmatch(joined):
-        raise RendezvousStateError(f"rendezvous state at {key!r}: a foreign node id in 'm'")
+    ranks: dict[str, int] = {}
+    for entry in members.split(",") if members else ():
+        node, _, rank = entry.partition("=")
+        if node in ranks:
+            raise RendezvousStateError(f"rendezvous state at {key!r}: {node!r} twice")
+        ranks[node] = int(rank)
     return RosterBucket(ranks)
 
 
