@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..errors import StoreError
+from ..errors import (
+    LeaseExpiredError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    StoreError,
+)
 from ..store import EventType, RangeResult, Watch, WatchEvent
 from ._state import ClosedRecord, DueRecord, RoundRecord, RunKeys
 from .api import RendezvousEvent, RendezvousEventKind
@@ -53,14 +59,40 @@ def nodes_waiting(live: int, waiting: int, world_size: int, max_nodes: int) -> i
     return waiting
 
 
-async def count_waiting(
-    store: Store, keys: RunKeys, latest: RoundRecord | None, max_nodes: int
-) -> int:
-    """``num_nodes_waiting`` after the ``latest`` round (two counts, nothing decoded)."""
+async def count_waiting(store: Store, keys: RunKeys, max_nodes: int) -> int:
+    """``num_nodes_waiting`` after the latest round (its record, and two counts)."""
+    kv = await store.get(keys.round)
+    latest = None if kv is None else RoundRecord.decode(kv.key, kv.value)
     if latest is None:
         return (await store.range(keys.nodes_of(0), limit=1)).count
     live, waiting = await registrations(store, keys, latest.round)
     return nodes_waiting(live.count, waiting.count, latest.world_size, max_nodes)
+
+
+async def wait_for_change(h: DynamicRendezvousHandler) -> RendezvousEvent:
+    """:meth:`DynamicRendezvousHandler.wait_for_change`."""
+    if h._handler_closed:
+        raise RendezvousClosedError(f"the rendezvous handler for {h.run_id!r} is closed")
+    if h._result is None or h._round_record is None:
+        raise RendezvousError("wait_for_change() needs a completed round: call next_rendezvous")
+    round_ = h._result.round
+    if h._closed_seen:
+        return RendezvousEvent(RendezvousEventKind.CLOSED, round_, 0)
+    keeper = h._keeper
+    if h._error is not None or keeper is None or keeper.lost:
+        return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=h._error)
+    try:
+        with keeper.guard(), h._translate("wait_for_change"):
+            change = await h._members.next_change(round_, h._round_record)
+    except LeaseExpiredError as exc:
+        h._error = exc
+        h._note_status()
+        return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
+    if change is not None:
+        return change
+    if h._handler_closed:
+        raise RendezvousClosedError(f"the rendezvous handler for {h.run_id!r} is closed")
+    raise RendezvousConnectionError(f"the watch of {h.run_id!r} ended")  # pragma: no cover
 
 
 class MemberWatch:

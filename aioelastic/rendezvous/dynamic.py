@@ -58,19 +58,17 @@ from .. import events as _events
 from ..errors import (
     LeaseExpiredError,
     RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousError,
     RendezvousTimeoutError,
 )
-from ..store import Compare, Put
 from ._addr import looked_up_default_addr, prefetch_default_addr
+from ._control import write_closed
 from ._driver import assign_ranks, log
 from ._join import JoinCoordinator
-from ._membership import MemberWatch, count_waiting
+from ._membership import MemberWatch, count_waiting, wait_for_change
 from ._state import ClosedRecord, RoundRecord, RunKeys, check_node_id
 from .api import (
     RendezvousEvent,
-    RendezvousEventKind,
     RendezvousResult,
     RendezvousStatistics,
     RendezvousStatus,
@@ -340,58 +338,12 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     async def wait_for_change(self) -> RendezvousEvent:
         """Wait for the next change to the round last returned to this node.
 
-        ``NODES_WAITING`` (a node registered for the next round and it could take it),
-        ``PARTICIPANT_LOST`` (a member's lease expired, or it left without re-registering),
+        ``NODES_WAITING`` (the next round's driver saw the first member register again, or a
+        newcomer it could take), ``PARTICIPANT_LOST`` (a member's lease ended, or it left),
         ``ROUND_SUPERSEDED``, ``CLOSED``, or ``ERROR`` (this node's lease was lost). Events are
         delivered once each, in store order; nothing polls.
         """
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        if self._result is None or self._round_record is None:
-            raise RendezvousError("wait_for_change() needs a completed round: call next_rendezvous")
-        round_ = self._result.round
-        if self._closed_seen:
-            return RendezvousEvent(RendezvousEventKind.CLOSED, round_, 0)
-        keeper = self._keeper
-        if self._error is not None or keeper is None or keeper.lost:
-            return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=self._error)
-        try:
-            with keeper.guard(), self._translate("wait_for_change"):
-                change = await self._members.next_change(round_, self._round_record)
-        except LeaseExpiredError as exc:
-            self._error = exc
-            self._note_status()
-            return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
-        if change is not None:
-            return change
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        raise RendezvousConnectionError(f"the watch of {self.run_id!r} ended")  # pragma: no cover
-
-    async def _write_closed(self) -> ClosedRecord:
-        """Write the close record, and its marker where the latest round's members watch
-        (both in one transaction, as of the round record read: again if it changed)."""
-        store, keys = self._store, self._keys
-        while True:
-            kv = await store.get(keys.round)
-            if kv is None:
-                record = ClosedRecord(-1)
-                await store.put(keys.closed, record.encode())
-                return record
-            record = ClosedRecord(RoundRecord.decode(kv.key, kv.value).round)
-            result = await store.txn(
-                compare=[Compare.mod_revision(keys.round) == kv.mod_revision],
-                success=[
-                    Put(keys.closed, record.encode()),
-                    Put(keys.closed_marker(record.round), record.encode()),
-                ],
-            )
-            if result.succeeded:
-                return record
-
-    async def _latest_round(self) -> RoundRecord | None:
-        kv = await self._store.get(self._keys.round)
-        return None if kv is None else RoundRecord.decode(kv.key, kv.value)
+        return await wait_for_change(self)
 
     async def num_nodes_waiting(self) -> int:
         """How many nodes a re-rendezvous would change: > 0 means "restart to take them".
@@ -404,8 +356,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         """
         self._check_usable()
         with self._translate("num_nodes_waiting"):
-            latest = await self._latest_round()
-            return await count_waiting(self._store, self._keys, latest, self._max)
+            return await count_waiting(self._store, self._keys, self._max)
 
     async def is_closed(self) -> bool:
         """Whether the run is closed (this handler's own close state is sticky)."""
@@ -430,7 +381,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         with self._translate("set_closed"):
             try:
                 with anyio.fail_after(self._close_timeout):
-                    record = await self._write_closed()
+                    record = await write_closed(self._store, self._keys)
             except TimeoutError:
                 raise RendezvousTimeoutError(
                     f"closing {self.run_id!r} took longer than close_timeout={self._close_timeout}s"
