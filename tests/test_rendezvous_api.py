@@ -211,6 +211,20 @@ def test_create_handler_from_torchrun_config() -> None:
     run_virtual(body())
 
 
+def test_the_participants_key_turns_the_roster_read_off() -> None:
+    async def body() -> list[tuple[str, ...]]:
+        params = RendezvousParameters.from_rdzv_conf(
+            "memory", "pjob", "pjob", 2, 2, "participants=0,last_call_timeout=0"
+        )
+        handlers = [await create_handler(params) for _ in range(2)]
+        results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+        for h in handlers:
+            await h.aclose()
+        return [r.participants for r in results]
+
+    assert run_virtual(body()) == [(), ()]
+
+
 @pytest.mark.parametrize(
     ("conf", "key"),
     [
@@ -218,6 +232,7 @@ def test_create_handler_from_torchrun_config() -> None:
         ("last_call_timeout=-1", "last_call_timeout"),
         ("keep_alive_max_attempt=0", "keep_alive_max_attempt"),
         ("reopen_closed=perhaps", "reopen_closed"),
+        ("participants=some", "participants"),
         ("lease_ttl=inf", "lease_ttl"),
     ],
 )
