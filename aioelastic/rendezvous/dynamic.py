@@ -14,14 +14,17 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    (they leave it by registering for the next one, or by dying). Once they have, a round whose
    registrations are all survivors of the last one completes at once (``fast_reform``): after a
    loss or a restart nobody waits out a last call for nodes that are not coming.
-3. The driver finalises the round by compare-and-swap of ``c/round`` (members in rank order,
-   rank 0's master address). Every waiting node wakes on that one write: completion costs each
-   node one watch event. If the driver dies, its lease takes ``c/driver`` with it and a waiting
-   node claims it.
-4. A member's record stays while it is a member: if it dies, the lease expiry deletes it and the
-   other members get a ``PARTICIPANT_LOST`` event (torch misses this, #111646). A node that
-   registers for the next round is ``NODES_WAITING`` for them. ``wait_for_change`` counts the
-   registrations once and keeps the counts from its watch's events (no reads per event).
+3. The driver writes the roster (``r/<round>/``, in buckets) and each member's record
+   ``m/<round>/<node>`` (its rank, bound to that member's lease), then finalises the round by
+   compare-and-swap of the small ``c/round`` (world size, rank 0's master address; no member
+   list), all only while its claim holds. Every waiting node wakes on that one write (one small
+   watch event each) and reads its own member record (one get). If the driver dies, its lease
+   takes ``c/driver`` with it and a waiting node claims it.
+4. A member watches ``m/<round>/`` only: if a member dies or leaves, its lease takes its record
+   and the others get ``PARTICIPANT_LOST`` (torch misses this, #111646). The next round's
+   driver tells them of the first member registering again and of each newcomer it could take
+   (``NODES_WAITING``, with the count); a re-registration reaches the driver alone, so N members
+   rejoining at once cost O(N) in all.
 5. The watch of ``c/`` and the view it keeps outlive a completed join: the next join of the
    handler starts from them (no watch to open, nothing to read before registering), and applies
    what the watch holds before it claims the driver (no claim the watch shows was taken). A
