@@ -27,8 +27,15 @@ from aioelastic.rendezvous import (
     RendezvousResult,
     RendezvousStatus,
 )
-from aioelastic.rendezvous._state import RoundRecord, RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore, Put, Txn, TxnResult
+from aioelastic.rendezvous._driver import RoundDriver
+from aioelastic.rendezvous._state import (
+    DriverRecord,
+    NodeRecord,
+    RoundRecord,
+    RunKeys,
+    read_roster,
+)
+from aioelastic.store import EventType, MemoryEngine, MemoryStore, Put, Txn, TxnResult
 from aioelastic.testing import run_virtual, virtual_test
 
 T = TypeVar("T")
@@ -798,3 +805,35 @@ async def test_a_member_is_told_when_a_next_round_is_out_without_it() -> None:
     event = await change
     assert (event.kind, event.round) == (RendezvousEventKind.ROUND_SUPERSEDED, 0)
     await close_all(hs)
+
+
+@virtual
+async def test_a_driver_whose_claim_is_gone_writes_nothing_of_the_round() -> None:
+    """Every write of the roster (here 300 members: three transactions) compares the driver's
+    claim: a driver that lost it (its lease expired, another node drives) writes nothing."""
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    handler = DynamicRendezvousHandler(store, "job", 1, 300, last_call_timeout=0)
+    claim = await store.put(keys.driver, DriverRecord(0, handler.node_id).encode())
+    for i in range(300):
+        node = f"node-{i:03d}"
+        await store.put(keys.node(0, node), NodeRecord(node, "h", 1).encode())
+
+    async def drive(claim: int) -> bool | None:
+        driver = RoundDriver(handler, 0, None, claim)
+        for kv in await store.range(keys.nodes):
+            driver.apply(EventType.PUT, kv)
+        return await driver.finalize()
+
+    assert await drive(claim + 1) is False  # not the claim that holds
+    assert not (await store.range(keys.roster)).kvs
+    assert not (await store.range(keys.members)).kvs
+    assert await store.get(keys.round) is None
+    assert await drive(claim) is True
+    record = await store.get(keys.round)
+    assert record is not None
+    assert len(await read_roster(store, keys, RoundRecord.decode(record.key, record.value))) == 300
+    assert len((await store.range(keys.members)).kvs) == 300
+    await handler.aclose()
+    await store.aclose()
