@@ -109,7 +109,7 @@ def make_handlers(
 ) -> list[DynamicRendezvousHandler]:
     """N handlers of one run (min = max = N unless ``min_nodes``), one memory store client each
     over ``engine``; ``participants=False`` unless ``kw`` says otherwise (a member reads its
-    roster bucket, not the whole roster: what rounds of thousands want)."""
+    member record, not the whole roster: what rounds of thousands want)."""
     low = n if min_nodes is None else min_nodes
     kw.setdefault("participants", False)
     return [

@@ -30,16 +30,16 @@ from aioelastic.rendezvous import (
     store_url_for,
 )
 from aioelastic.rendezvous._state import (
-    ROSTER_BUCKET,
+    ROSTER_CHUNK,
     ClosedRecord,
     DriverRecord,
     NodeRecord,
-    RosterBucket,
+    RosterChunk,
     RoundRecord,
     RunKeys,
     read_rank,
     read_roster,
-    roster_buckets,
+    roster_chunks,
     roster_members,
 )
 from aioelastic.store import KeyValue, MemoryEngine, MemoryStore
@@ -248,23 +248,27 @@ def test_create_handler_names_the_bad_key(conf: str, key: str) -> None:
 def test_records_round_trip_and_are_small() -> None:
     node = NodeRecord("abc", "host.example", 29500)
     assert NodeRecord.decode("x/n/0/abc", node.encode()) == node
-    members = tuple(f"{i:012x}" for i in range(1000))
-    buckets = roster_buckets(members)
-    record = RoundRecord(7, len(members), "host.example", 29500, len(buckets))
+    members = tuple(f"{i:012x}" for i in range(3000))
+    chunks = roster_chunks(members)
+    record = RoundRecord(7, len(members), "host.example", 29500, len(chunks))
     assert RoundRecord.decode("k", record.encode()) == record
     assert len(record.encode()) <= 100  # what every node receives: no member list
+    assert [len(c.members) for c in chunks] == [ROSTER_CHUNK, ROSTER_CHUNK, 3000 - 2 * ROSTER_CHUNK]
     keys = RunKeys("job")
-    kvs = [
-        KeyValue(keys.bucket(7, i), bucket.encode(), 1, 1, 1, 0) for i, bucket in enumerate(buckets)
-    ]
-    assert roster_members(keys, record, kvs) == members
-    assert sum(len(kv.value) for kv in kvs) / len(members) <= 20  # the roster, for who reads it
-    assert max(len(bucket.ranks) for bucket in buckets) <= 2 * ROSTER_BUCKET
+    kvs = [KeyValue(keys.chunk(7, i), c.encode(), 1, 1, 1, 0) for i, c in enumerate(chunks)]
+    assert roster_members(keys, record, reversed(kvs)) == members
+    assert sum(len(kv.value) for kv in kvs) / len(members) <= 14  # the roster, for who reads it
     # a roster that lacks a member, or has a rank twice, is corrupt
-    with pytest.raises(RendezvousStateError, match="members are in its roster"):
+    with pytest.raises(RendezvousStateError, match="distinct ids"):
         roster_members(keys, record, kvs[1:])
     with pytest.raises(RendezvousStateError, match="taken twice"):
         roster_members(keys, record, [*kvs, kvs[0]])
+    # an id at two ranks
+    twice = RosterChunk(2 * ROSTER_CHUNK, (members[0],)).encode()
+    last = KeyValue(keys.chunk(7, 2), twice, 1, 1, 1, 0)
+    short = RoundRecord(7, 2 * ROSTER_CHUNK + 1, "h", 1, 3)
+    with pytest.raises(RendezvousStateError, match="distinct ids"):
+        roster_members(keys, short, [*kvs[:2], last])
     assert DriverRecord.decode("k", DriverRecord(3, "a").encode()) == DriverRecord(3, "a")
     closed = ClosedRecord(-1, reopened=True)
     assert ClosedRecord.decode("k", closed.encode()) == closed
@@ -281,11 +285,11 @@ def test_records_round_trip_and_are_small() -> None:
         (ClosedRecord, b"\xff\xfe"),
         # schema 1 listed the members: a clear error, not a round without them
         (RoundRecord, b'{"v":1,"kind":"round","r":0,"m":["a"],"ma":"h","mp":1}'),
-        (RoundRecord, b'{"v":2,"kind":"round","r":0,"w":1,"ma":"h","mp":1,"b":2}'),
-        (RosterBucket, b'{"v":1,"kind":"roster","m":"a=-1"}'),
-        (RosterBucket, b'{"v":1,"kind":"roster","m":"a/b=1"}'),
-        (RosterBucket, b'{"v":1,"kind":"roster","m":"a=1,a=2"}'),
-        (RosterBucket, b'{"v":1,"kind":"roster","m":{"a":1}}'),
+        (RoundRecord, b'{"v":2,"kind":"round","r":0,"w":1,"ma":"h","mp":1,"c":2}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":-1,"m":"a"}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":"a/b"}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":""}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":["a"]}'),
     ],
 )
 def test_bad_records_are_state_errors(record: Any, value: bytes) -> None:
@@ -409,7 +413,7 @@ def test_a_superseded_roster_reads_as_none() -> None:
     async def scenario() -> tuple[tuple[str, ...], int | None]:
         store = MemoryStore()
         keys = RunKeys("job")
-        record = RoundRecord(4, 2, "h", 1, buckets=1)
+        record = RoundRecord(4, 2, "h", 1, chunks=1)
         members = await read_roster(store, keys, record)
         rank = await read_rank(store, keys, record, "a")
         await store.aclose()

@@ -121,7 +121,7 @@ def _driving(
 ) -> list[tuple[str, str]]:
     """What driving ``round_`` of one member (``node``) adds to a join: the claim, the previous
     roster when this node does not have it, the count, the word to the previous round's
-    members that a round forms (``due``), and the roster (one bucket here), the members'
+    members that a round forms (``due``), and the roster (one chunk here), the members'
     records and the round record, written with the previous round's garbage and its members
     told it is over (one transaction)."""
     garbage = ""
@@ -139,7 +139,7 @@ def _driving(
         *([("put", KEYS.due(round_ - 1))] if due else []),
         (
             "txn",
-            f"put {KEYS.bucket(round_, 0)}, put {KEYS.member(round_, node)}, "
+            f"put {KEYS.chunk(round_, 0)}, put {KEYS.member(round_, node)}, "
             f"put {KEYS.round}{garbage}",
         ),
     ]

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import zlib
 from pathlib import Path
 
 import pytest
 
 from aioelastic.errors import CompactedError
 from aioelastic.rendezvous import DynamicRendezvousHandler, StaticRendezvousHandler
-from aioelastic.rendezvous._state import ROSTER_BUCKET, bucket_of, roster_buckets
 from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore, RangeResult, WatchEvent
 from aioelastic.store.memory import Commit
 from aioelastic.testing import run_virtual
@@ -63,7 +61,7 @@ def test_round_work_per_node_is_small(measured: dict[int, list[RoundFigures]], w
         assert f.event_bytes <= 200 * n  # each event is small: no member list in any of them
         assert f.writes <= 2 * n + 4  # each node: its registration (and its old one's removal)
         assert f.record_bytes <= 100  # every node receives it: a few constant fields
-        assert f.roster_bytes <= 30 * n  # the members' ids and ranks, in buckets
+        assert f.roster_bytes <= 20 * n  # the members' ids, in chunks
         # node records, the members' records (this round's and the last's) and the roster
         assert f.state_bytes <= 300 * n
 
@@ -104,27 +102,15 @@ async def _bytes_read(n: int, participants: bool) -> int:
 
 
 def test_members_find_their_rank_without_reading_the_roster() -> None:
-    """Each member reads its roster bucket (O(1) bytes), not the whole roster: the bytes read
+    """Each member reads its member record (O(1) bytes), not the whole roster: the bytes read
     in a round grow linearly; with ``participants`` every member reads all N (N^2)."""
     small, large = (run_virtual(_bytes_read(n, participants=False)) for n in (SMALL, LARGE))
     assert small > 0
     assert large <= LINEAR * small, (small, large)
-    assert large <= 2_000 * LARGE  # a bucket of ~64 members each, and the driver's reads
+    assert large <= 200 * LARGE  # a member record each, and the driver's reads
     # the check can fail: the whole roster to every member grows 16-fold
     whole = [run_virtual(_bytes_read(n, participants=True)) for n in (SMALL, LARGE)]
     assert whole[1] > 10 * whole[0], whole
-
-
-def test_roster_buckets_are_stable_and_even() -> None:
-    assert bucket_of("abc", 7) == zlib.crc32(b"abc") % 7  # the same in every process
-    members = tuple(f"{i:012x}" for i in range(10_000))
-    buckets = roster_buckets(members)
-    assert len(buckets) == 157
-    assert sum(len(b.ranks) for b in buckets) == len(members)
-    assert max(len(b.ranks) for b in buckets) <= 2 * ROSTER_BUCKET
-    for rank in (0, 1234, 9999):
-        node = members[rank]
-        assert buckets[bucket_of(node, len(buckets))].ranks[node] == rank
 
 
 async def _closing_stores_visits(n: int) -> int:

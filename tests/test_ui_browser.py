@@ -178,14 +178,14 @@ async def _close_run(url: str) -> None:
 
 async def _put_round(url: str, run_id: str) -> None:
     """A completed round 3 of ``run_id`` whose members x and y have no records (gone)."""
-    from aioelastic.rendezvous._state import RoundRecord, RunKeys, roster_buckets
+    from aioelastic.rendezvous._state import RoundRecord, RunKeys, roster_chunks
     from aioelastic.store import open_store
 
     async with open_store(url) as store:
         keys = RunKeys(run_id)
-        (bucket,) = roster_buckets(("x", "y"))
-        await store.put(keys.bucket(3, 0), bucket.encode())
-        record = RoundRecord(3, 2, "127.0.0.1", 29500, buckets=1)
+        (chunk,) = roster_chunks(("x", "y"))
+        await store.put(keys.chunk(3, 0), chunk.encode())
+        record = RoundRecord(3, 2, "127.0.0.1", 29500, chunks=1)
         await store.put(keys.round, record.encode())
 
 

@@ -4,7 +4,7 @@ One node per round (the one whose claim of ``c/driver`` landed) watches the node
 keeps a local count, and completes the round at ``max_nodes``, at the last-call deadline after
 ``min_nodes``, or at once for a re-form of survivors (``fast_reform``), never while a member of
 the previous round is still in it. It writes the roster (the members with their ranks,
-:func:`assign_ranks`, in buckets under ``r/<round>/``), then finalises by compare-and-swap of the
+:func:`assign_ranks`, in chunks under ``r/<round>/``), then finalises by compare-and-swap of the
 small ``c/round``, both only while its claim of ``c/driver`` holds.
 """
 
@@ -30,9 +30,9 @@ from ..store import (
     Watch,
     WatchEvent,
 )
-from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_buckets
+from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_chunks
 
-#: bucket writes per transaction: within the store's limits with room for the round's own ops
+#: roster writes per transaction: within the store's limits with room for the round's own ops
 _BATCH_OPS = MAX_TXN_OPS - 8
 _BATCH_BYTES = MAX_TXN_BYTES // 2
 
@@ -216,7 +216,7 @@ class RoundDriver:
         return None
 
     async def finalize(self) -> bool | None:
-        """Write the roster (members in rank order, in buckets) and each member's record (bound
+        """Write the roster (members in rank order, in chunks) and each member's record (bound
         to its lease), then the round record (rank 0's address, the world size) by
         compare-and-swap, while this node's claim holds. Whether it was written; None when a
         member's lease had ended (its deletion is on the way: count again, then write)."""
@@ -230,15 +230,15 @@ class RoundDriver:
         )
         rank0 = current[members[0]]
         master = NodeRecord.decode(rank0.key, rank0.value)
-        buckets = [
-            Put(keys.bucket(self.target, i), bucket.encode())
-            for i, bucket in enumerate(roster_buckets(members))
+        chunks = [
+            Put(keys.chunk(self.target, i), chunk.encode())
+            for i, chunk in enumerate(roster_chunks(members))
         ]
         member_records = [
             Put(keys.member(self.target, node), MemberRecord(rank).encode(), current[node].lease)
             for rank, node in enumerate(members)
         ]
-        record = RoundRecord(self.target, len(members), master.addr, master.port, len(buckets))
+        record = RoundRecord(self.target, len(members), master.addr, master.port, len(chunks))
         expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
         compare = [
             Compare.mod_revision(keys.round) == expected,
@@ -256,7 +256,7 @@ class RoundDriver:
             ]
             if prev.round > 0:
                 garbage.append(DeletePrefix(keys.members_of(prev.round - 1)))
-        *early, last = _batches([*buckets, *member_records])
+        *early, last = _batches([*chunks, *member_records])
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
             with anyio.CancelScope(shield=True):  # the joiner may see the write before we return

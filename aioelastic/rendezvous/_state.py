@@ -3,15 +3,15 @@
 Everything a rendezvous writes lives under ``aioelastic/rdzv/<run_id>/``::
 
     c/round            RoundRecord   the latest completed round: its number, world size, rank 0's
-                                     address and how many roster buckets it has (no member list:
+                                     address and how many roster chunks it has (no member list:
                                      every node watches c/), finalised by compare-and-swap on its
                                      mod_revision; never lease-bound
     c/driver           DriverRecord  which node drives the forming round (bound to its lease)
     c/closed           ClosedRecord  present once the run is closed
     n/<round>/<node>   NodeRecord    a node registered for <round> (bound to the node's lease)
-    r/<round>/<b>      RosterBucket  the members of <round> whose id hashes to bucket <b>, with
-                                     their ranks (:func:`bucket_of`): the roster, which the
-                                     driver, tools and ``participants`` read
+    r/<round>/<i>      RosterChunk   the members of <round> of ranks i x ROSTER_CHUNK and on, in
+                                     rank order: the roster, which the driver, tools and
+                                     ``participants`` read (a member reads its member record)
     m/<round>/<node>   MemberRecord  a member of <round> and its rank (bound to the member's
                                      lease; written by the driver): its own get tells a node its
                                      rank, and its deletion is a loss for the others
@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,10 +51,9 @@ __all__ = [
     "DueRecord",
     "MemberRecord",
     "NodeRecord",
-    "RosterBucket",
+    "RosterChunk",
     "RoundRecord",
     "RunKeys",
-    "bucket_of",
     "check_node_id",
     "check_run_id",
     "read_standby_round",
@@ -65,12 +62,12 @@ __all__ = [
 SCHEMA_VERSION = 1
 #: the round record's: schema 1 listed every member in it (sent to every node of the run)
 ROUND_SCHEMA_VERSION = 2
-#: members per roster bucket (about 1.3 KB of JSON with 12-character ids): what a member reads
-#: to find its rank
-ROSTER_BUCKET = 64
+#: members per roster chunk (about 13 KB with 12-character ids)
+ROSTER_CHUNK = 1024
 
 _ID = ID_PATTERN
 _ID_RE = re.compile(_ID)
+_ID_LIST_RE = re.compile(f"{_ID}(?:,{_ID})*")  # ids never contain ','
 
 
 def check_node_id(node_id: object) -> str:
@@ -105,10 +102,10 @@ class RunKeys:
         return f"{self.nodes}{round_}/{node_id}"
 
     def roster_of(self, round_: int) -> str:
-        """The prefix of ``round_``'s roster buckets."""
+        """The prefix of ``round_``'s roster chunks."""
         return f"{self.roster}{round_}/"
 
-    def bucket(self, round_: int, index: int) -> str:
+    def chunk(self, round_: int, index: int) -> str:
         return f"{self.roster}{round_}/{index}"
 
     def members_of(self, round_: int) -> str:
@@ -227,8 +224,8 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """A completed round: its number, world size, rank 0's master address, and its roster's
-    bucket count (``buckets``: the members are in ``r/<round>/0 .. buckets-1``; 0 for a static
+    """A completed round: its number, world size, rank 0's master address, and how many chunks
+    its roster has (``chunks``: the members are in ``r/<round>/0 .. chunks-1``; 0 for a static
     round, whose members are ``rank0 .. rank<world_size - 1>``).
 
     Every node of the run watches ``c/`` and receives this record: it is O(1) bytes, so a round
@@ -239,12 +236,12 @@ class RoundRecord:
     world_size: int
     master_addr: str
     master_port: int
-    buckets: int
+    chunks: int
 
     def encode(self) -> bytes:
         return _dump({"v": ROUND_SCHEMA_VERSION, "kind": "round", "r": self.round,
                       "w": self.world_size, "ma": self.master_addr, "mp": self.master_port,
-                      "b": self.buckets})  # fmt: skip
+                      "c": self.chunks})  # fmt: skip
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
@@ -254,64 +251,46 @@ class RoundRecord:
             _field_int(key, obj, "w", 1),
             _field_str(key, obj, "ma"),
             _field_int(key, obj, "mp", 0),
-            _field_int(key, obj, "b", 0),
+            _field_int(key, obj, "c", 0),
         )
-        if record.buckets > record.world_size:
+        if record.chunks > record.world_size:
             raise RendezvousStateError(
-                f"rendezvous state at {key!r}: {record.buckets} roster buckets for "
+                f"rendezvous state at {key!r}: {record.chunks} roster chunks for "
                 f"{record.world_size} members"
             )
         return record
 
 
-def bucket_count(world_size: int) -> int:
-    """How many roster buckets a round of ``world_size`` members has."""
-    return max(1, math.ceil(world_size / ROSTER_BUCKET))
-
-
-def bucket_of(node_id: str, buckets: int) -> int:
-    """The roster bucket of ``node_id`` among ``buckets`` (the same in every process)."""
-    return zlib.crc32(node_id.encode()) % buckets
-
-
 @dataclass(frozen=True, slots=True)
-class RosterBucket:
-    """Members of a round with their ranks: those whose id hashes to this bucket.
+class RosterChunk:
+    """Members of a round in rank order, from rank ``first`` on (``r/<round>/<i>``): one
+    string of ids joined by ``,`` (ids have none), about 13 bytes a member with 12-character
+    ids."""
 
-    Encoded as one string ``"id=rank,id=rank"`` (ids have no ``=`` nor ``,``): about 19 bytes
-    a member with 12-character ids, where a JSON object takes 21.
-    """
-
-    ranks: dict[str, int]
+    first: int
+    members: tuple[str, ...]
 
     def encode(self) -> bytes:
-        members = ",".join(f"{node}={rank}" for node, rank in self.ranks.items())
-        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "m": members})
+        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "k": self.first,
+                      "m": ",".join(self.members)})  # fmt: skip
 
     @classmethod
-    def decode(cls, key: str, value: bytes) -> RosterBucket:
-        # the members of a bucket read it at once (in one process: the same bytes), so once
-        return _decode_bucket(key, value)
-
-
-_BUCKET_RE = re.compile(f"{_ID}=(?:0|[1-9][0-9]{{0,8}})(?:,{_ID}=(?:0|[1-9][0-9]{{0,8}}))*")
+    def decode(cls, key: str, value: bytes) -> RosterChunk:
+        # whoever reads the roster in a process reads the same bytes: decoded once
+        return _decode_chunk(key, value)
 
 
 @functools.lru_cache(maxsize=64)
-def _decode_bucket(key: str, value: bytes) -> RosterBucket:
-    members = _load(key, value, "roster").get("m")
-    if not isinstance(members, str) or (members and not _BUCKET_RE.fullmatch(members)):
+def _decode_chunk(key: str, value: bytes) -> RosterChunk:
+    obj = _load(key, value, "roster")
+    first = _field_int(key, obj, "k", 0)
+    members = obj.get("m")
+    if not isinstance(members, str) or not _ID_LIST_RE.fullmatch(members):
         raise RendezvousStateError(
-            f"rendezvous state at {key!r}: field 'm' must be 'id=rank,...', got "
+            f"rendezvous state at {key!r}: field 'm' must be node ids joined by ',', got "
             f"{str(members)[:80]!r}"
         )
-    ranks: dict[str, int] = {}
-    for entry in members.split(",") if members else ():
-        node, _, rank = entry.partition("=")
-        if node in ranks:
-            raise RendezvousStateError(f"rendezvous state at {key!r}: {node!r} twice")
-        ranks[node] = int(rank)
-    return RosterBucket(ranks)
+    return RosterChunk(first, tuple(members.split(",")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,12 +328,12 @@ class DueRecord:
         return cls(_field_id(key, obj, "id"), _field_int(key, obj, "n", 0), restart > 0)
 
 
-def roster_buckets(members: Sequence[str]) -> list[RosterBucket]:
-    """The buckets of a round whose members are ``members`` in rank order."""
-    buckets: list[dict[str, int]] = [{} for _ in range(bucket_count(len(members)))]
-    for rank, node in enumerate(members):
-        buckets[bucket_of(node, len(buckets))][node] = rank
-    return [RosterBucket(ranks) for ranks in buckets]
+def roster_chunks(members: Sequence[str]) -> list[RosterChunk]:
+    """The chunks of a round whose members are ``members`` in rank order."""
+    return [
+        RosterChunk(first, tuple(members[first : first + ROSTER_CHUNK]))
+        for first in range(0, len(members), ROSTER_CHUNK)
+    ]
 
 
 def static_members(world_size: int) -> tuple[str, ...]:
@@ -363,31 +342,32 @@ def static_members(world_size: int) -> tuple[str, ...]:
 
 
 def roster_members(keys: RunKeys, record: RoundRecord, kvs: Iterable[KeyValue]) -> tuple[str, ...]:
-    """The members of ``record``'s round in rank order, from its roster buckets among ``kvs``
+    """The members of ``record``'s round in rank order, from its roster chunks among ``kvs``
     (other keys are skipped); RendezvousStateError unless each rank is there exactly once."""
-    if record.buckets == 0:
+    if record.chunks == 0:
         return static_members(record.world_size)
     prefix = keys.roster_of(record.round)
     slots: list[str | None] = [None] * record.world_size
-    seen = 0
+    seen: set[str] = set()
     for kv in kvs:
         if not kv.key.startswith(prefix):
             continue
         index = kv.key[len(prefix) :]
-        if not index.isdigit() or int(index) >= record.buckets:
-            raise RendezvousStateError(f"rendezvous state at {kv.key!r}: not a roster bucket")
-        for node, rank in RosterBucket.decode(kv.key, kv.value).ranks.items():
-            if rank >= record.world_size or slots[rank] is not None:
-                raise RendezvousStateError(
-                    f"rendezvous state at {kv.key!r}: rank {rank} of {node!r} is out of range "
-                    f"or taken twice"
-                )
-            slots[rank] = node
-            seen += 1
-    if seen != record.world_size:
+        if not index.isdigit() or int(index) >= record.chunks:
+            raise RendezvousStateError(f"rendezvous state at {kv.key!r}: not a roster chunk")
+        chunk = RosterChunk.decode(kv.key, kv.value)
+        end = chunk.first + len(chunk.members)
+        if end > record.world_size or any(slots[chunk.first : end]):
+            raise RendezvousStateError(
+                f"rendezvous state at {kv.key!r}: ranks {chunk.first}-{end - 1} are out of "
+                f"range or taken twice"
+            )
+        slots[chunk.first : end] = chunk.members
+        seen.update(chunk.members)
+    if len(seen) != record.world_size or None in slots:
         raise RendezvousStateError(
-            f"rendezvous state under {prefix!r}: {seen} of the round's "
-            f"{record.world_size} members are in its roster"
+            f"rendezvous state under {prefix!r}: {len(seen)} distinct ids for the round's "
+            f"{record.world_size} ranks in its roster"
         )
     return tuple(node for node in slots if node is not None)
 
@@ -397,7 +377,7 @@ async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple
 
     ``()`` when the roster is gone: a later round completed since (its driver deleted it), so
     whoever asks is not in that later round's view yet; what it read was superseded."""
-    if record.buckets == 0:
+    if record.chunks == 0:
         return static_members(record.world_size)
     result = await store.range(keys.roster_of(record.round))
     if not result.kvs:
@@ -408,7 +388,7 @@ async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple
 async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
     """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
     member record (O(1) bytes)."""
-    if record.buckets == 0:
+    if record.chunks == 0:
         members = static_members(record.world_size)
         return members.index(node_id) if node_id in members else None
     key = keys.member(record.round, node_id)
@@ -470,7 +450,7 @@ async def read_standby_round(
     """``(round, members)`` of the run's latest round when it is full without ``node_id`` (the
     node stands by for the next round), else None.
 
-    One read of the round record, and of this node's roster bucket when the round is full
+    One read of the round record, and of this node's member record when the round is full
     (O(1), not the run's every record, as :func:`~aioelastic.rendezvous.read_run_status` does);
     store errors propagate.
     """

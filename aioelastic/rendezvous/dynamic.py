@@ -14,7 +14,7 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    (they leave it by registering for the next one, or by dying). Once they have, a round whose
    registrations are all survivors of the last one completes at once (``fast_reform``): after a
    loss or a restart nobody waits out a last call for nodes that are not coming.
-3. The driver writes the roster (``r/<round>/``, in buckets) and each member's record
+3. The driver writes the roster (``r/<round>/``, in chunks) and each member's record
    ``m/<round>/<node>`` (its rank, bound to that member's lease), then finalises the round by
    compare-and-swap of the small ``c/round`` (world size, rank 0's master address; no member
    list), all only while its claim holds. Every waiting node wakes on that one write (one small
@@ -135,9 +135,9 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     call, when every surviving member of the last round has registered again and no other node
     is waiting (torchft's "fast quorum"); off, the last call is always waited out, as torch does.
     ``participants`` (default on): each completed round reads its whole roster into
-    :attr:`RendezvousResult.participants` (about 20 bytes per member, for every member: N^2 bytes
-    a round in all); off, ``participants`` is ``()`` and a member reads only its own roster
-    bucket to find its rank (O(1) bytes), which is what rounds of thousands of nodes want.
+    :attr:`RendezvousResult.participants` (about 13 bytes per member, for every member: N^2 bytes
+    a round in all); off, ``participants`` is ``()`` and a member reads only its own member
+    record to find its rank (O(1) bytes), which is what rounds of thousands of nodes want.
 
     Its parts, each in a module of its own: the join coordinator (:mod:`._join`: registration,
     driver claim, standby, reopen, withdrawal), the driver of a forming round (:mod:`._driver`)

@@ -181,7 +181,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
                 put = event.type is EventType.PUT
                 self._apply(event.kv.key, event.kv.value, put, found)
         rank0 = found[self.node_name(0)]
-        record = RoundRecord(0, self._world_size, rank0.addr, rank0.port, buckets=0)
+        record = RoundRecord(0, self._world_size, rank0.addr, rank0.port, chunks=0)
         await store.put(keys.round, record.encode(), lease=keeper.id)
         return record, revision
 
@@ -210,7 +210,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
         if key != self._keys.round:
             return None
         record = RoundRecord.decode(key, value)
-        if record.world_size != self._world_size or record.buckets != 0:
+        if record.world_size != self._world_size or record.chunks != 0:
             raise RendezvousError(
                 f"static rendezvous {self.run_id!r}: the round record has "
                 f"{record.world_size} ranks, this handler expects {self._world_size}"
