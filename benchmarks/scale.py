@@ -44,7 +44,7 @@ from aioelastic.rendezvous import (
     RendezvousResult,
 )
 from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import MemoryEngine, MemoryStore, WatchEvent
 from aioelastic.testing import run_virtual
 
 SIZES = (1000, 2000, 5000, 10_000)
@@ -58,8 +58,11 @@ class RoundFigures:
     (on a loaded machine the fairer figure). ``events``: events delivered to watchers while
     the round formed; ``writes``: store writes (revisions); ``watcher_visits`` and
     ``keys_scanned``: the engine's work counters; the bytes are
-    the round record every member reads (``c/round``) and every key and value of the run at
-    completion (node records included). Counters are None where the store does not count
+    the round record every member reads (``c/round``), every key and value of the run at
+    completion (node records and the roster included), and ``event_bytes`` the keys and values
+    of every event delivered to a watcher (memory: counted by :class:`CountingEngine`).
+    ``roster_bytes``: the round's roster (what the driver writes, and a tool or a handler with
+    ``participants`` reads). Counters are None where the store does not count
     (http: another process); there ``cpu_seconds`` is the server's CPU time over the round and
     ``server_rss_bytes`` its resident memory after it.
     """
@@ -83,17 +86,32 @@ class RoundFigures:
     #: return of the round of N - 1
     lost_seen_seconds: float | None = None
     new_round_seconds: float | None = None
+    roster_bytes: int | None = None
 
     def per_node(self, value: int | None) -> float | None:
         return None if value is None else value / self.n
+
+
+class CountingEngine(MemoryEngine):
+    """A memory engine that also counts the bytes (keys and values) of the events it hands to
+    watchers: what a round sends its nodes, on a store where they are not in this process."""
+
+    event_bytes = 0
+
+    def read_events(self, watcher: Any) -> list[WatchEvent]:
+        events = super().read_events(watcher)
+        self.event_bytes += sum(len(e.kv.key) + len(e.kv.value) for e in events)
+        return events
 
 
 def make_handlers(
     engine: MemoryEngine, n: int, min_nodes: int | None = None, **kw: Any
 ) -> list[DynamicRendezvousHandler]:
     """N handlers of one run (min = max = N unless ``min_nodes``), one memory store client each
-    over ``engine``."""
+    over ``engine``; ``participants=False`` unless ``kw`` says otherwise (a member reads its
+    member record, not the whole roster: what rounds of thousands want)."""
     low = n if min_nodes is None else min_nodes
+    kw.setdefault("participants", False)
     return [
         DynamicRendezvousHandler(
             MemoryStore(engine), "scale", low, n, local_addr="127.0.0.1", owns_store=True, **kw
@@ -119,6 +137,8 @@ async def timed_round(
     collector still runs over what the round makes."""
     n = len(handlers)
     before = engine.work()
+    counting = engine if isinstance(engine, CountingEngine) else None
+    bytes_before = 0 if counting is None else counting.event_bytes
     if freeze_gc:
         gc.collect()
         gc.freeze()
@@ -141,6 +161,7 @@ async def timed_round(
     record = engine.get(keys.round)
     assert record is not None
     state = engine.range(keys.root)
+    roster = engine.range(keys.roster)
     return RoundFigures(
         n=n,
         seconds=seconds,
@@ -151,6 +172,8 @@ async def timed_round(
         keys_scanned=after.keys_scanned - before.keys_scanned,
         record_bytes=len(record.value),
         state_bytes=sum(len(kv.key) + len(kv.value) for kv in state.kvs),
+        event_bytes=None if counting is None else counting.event_bytes - bytes_before,
+        roster_bytes=sum(len(kv.key) + len(kv.value) for kv in roster.kvs),
     )
 
 
@@ -168,7 +191,9 @@ async def memory_rounds(
     nodes' watches of ``c/`` fall behind a compaction while N registrations are written, and
     each node reads ``c/`` afresh instead of getting its events (fewer events, more reads).
     """
-    engine = MemoryEngine() if history_limit is None else MemoryEngine(history_limit=history_limit)
+    engine = (
+        CountingEngine() if history_limit is None else CountingEngine(history_limit=history_limit)
+    )
     handlers = make_handlers(engine, n)
     try:
         return [
@@ -183,7 +208,7 @@ async def memory_rounds(
 async def newcomer_round(n: int) -> RoundFigures:
     """N members wait in ``wait_for_change``; a newcomer arrives and every member rejoins at
     its ``NODES_WAITING``: the figures of that N+1 round (min = N, max = N + 1)."""
-    engine = MemoryEngine()
+    engine = CountingEngine()
     handlers = make_handlers(engine, n + 1, min_nodes=n, last_call_timeout=0.0)
     members, newcomer = handlers[:n], handlers[n]
     try:
@@ -246,8 +271,8 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
     base_cpu = statistics.median(f.cpu_seconds for f in runs[first])
     lines = [
         f"{'N':>7} {'wall median':>11} {'range':>15} {'cpu median':>10} {'t/t0':>5} {'cpu/c0':>6} "
-        f"{'N/N0':>5} {'events/N':>8} {'writes/N':>8} {'visits/N':>8} {'record B':>9} "
-        f"{'state B':>10}"
+        f"{'N/N0':>5} {'events/N':>8} {'ev B/N':>7} {'writes/N':>8} {'visits/N':>8} "
+        f"{'record B':>9} {'roster B':>10} {'state B':>10}"
     ]
     for n in sizes:
         figures = runs[n]
@@ -260,11 +285,12 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
             v = f.per_node(value)
             return "-" if v is None else f"{v:.2f}"
 
+        roster = "-" if f.roster_bytes is None else f"{f.roster_bytes:,}"
         lines.append(
             f"{n:>7} {med:>10.3f}s {min(times):>6.3f}-{max(times):.3f}s {cpu:>9.3f}s "
             f"{med / base:>5.2f} {cpu / base_cpu:>6.2f} {n / first:>5.1f} {per(f.events):>8} "
-            f"{per(f.writes):>8} {per(f.watcher_visits):>8} {f.record_bytes:>9,} "
-            f"{f.state_bytes:>10,}"
+            f"{per(f.event_bytes):>7} {per(f.writes):>8} {per(f.watcher_visits):>8} "
+            f"{f.record_bytes:>9,} {roster:>10} {f.state_bytes:>10,}"
         )
     return "\n".join(lines)
 

@@ -205,6 +205,7 @@ async def client(
             join_timeout=join_timeout,
             lease_ttl=lease_ttl,
             last_call_timeout=KILL_LAST_CALL if kill else 30.0,
+            participants=False,  # a member reads its own record, not all N ids
             owns_store=True,
         )
         for store in stores

@@ -29,8 +29,20 @@ from aioelastic.rendezvous import (
     parse_rdzv_conf,
     store_url_for,
 )
-from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.rendezvous._state import (
+    ROSTER_CHUNK,
+    ClosedRecord,
+    DriverRecord,
+    NodeRecord,
+    RosterChunk,
+    RoundRecord,
+    RunKeys,
+    read_rank,
+    read_roster,
+    roster_chunks,
+    roster_members,
+)
+from aioelastic.store import KeyValue, MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual
 
 
@@ -199,6 +211,20 @@ def test_create_handler_from_torchrun_config() -> None:
     run_virtual(body())
 
 
+def test_the_participants_key_turns_the_roster_read_off() -> None:
+    async def body() -> list[tuple[str, ...]]:
+        params = RendezvousParameters.from_rdzv_conf(
+            "memory", "pjob", "pjob", 2, 2, "participants=0,last_call_timeout=0"
+        )
+        handlers = [await create_handler(params) for _ in range(2)]
+        results = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+        for h in handlers:
+            await h.aclose()
+        return [r.participants for r in results]
+
+    assert run_virtual(body()) == [(), ()]
+
+
 @pytest.mark.parametrize(
     ("conf", "key"),
     [
@@ -206,6 +232,7 @@ def test_create_handler_from_torchrun_config() -> None:
         ("last_call_timeout=-1", "last_call_timeout"),
         ("keep_alive_max_attempt=0", "keep_alive_max_attempt"),
         ("reopen_closed=perhaps", "reopen_closed"),
+        ("participants=some", "participants"),
         ("lease_ttl=inf", "lease_ttl"),
     ],
 )
@@ -221,10 +248,27 @@ def test_create_handler_names_the_bad_key(conf: str, key: str) -> None:
 def test_records_round_trip_and_are_small() -> None:
     node = NodeRecord("abc", "host.example", 29500)
     assert NodeRecord.decode("x/n/0/abc", node.encode()) == node
-    members = tuple(f"{i:012x}" for i in range(1000))
-    record = RoundRecord(7, members, "host.example", 29500)
+    members = tuple(f"{i:012x}" for i in range(3000))
+    chunks = roster_chunks(members)
+    record = RoundRecord(7, len(members), "host.example", 29500, len(chunks))
     assert RoundRecord.decode("k", record.encode()) == record
-    assert len(record.encode()) / len(members) <= 20
+    assert len(record.encode()) <= 100  # what every node receives: no member list
+    assert [len(c.members) for c in chunks] == [ROSTER_CHUNK, ROSTER_CHUNK, 3000 - 2 * ROSTER_CHUNK]
+    keys = RunKeys("job")
+    kvs = [KeyValue(keys.chunk(7, i), c.encode(), 1, 1, 1, 0) for i, c in enumerate(chunks)]
+    assert roster_members(keys, record, reversed(kvs)) == members
+    assert sum(len(kv.value) for kv in kvs) / len(members) <= 14  # the roster, for who reads it
+    # a roster that lacks a member, or has a rank twice, is corrupt
+    with pytest.raises(RendezvousStateError, match="distinct ids"):
+        roster_members(keys, record, kvs[1:])
+    with pytest.raises(RendezvousStateError, match="taken twice"):
+        roster_members(keys, record, [*kvs, kvs[0]])
+    # an id at two ranks
+    twice = RosterChunk(2 * ROSTER_CHUNK, (members[0],)).encode()
+    last = KeyValue(keys.chunk(7, 2), twice, 1, 1, 1, 0)
+    short = RoundRecord(7, 2 * ROSTER_CHUNK + 1, "h", 1, 3)
+    with pytest.raises(RendezvousStateError, match="distinct ids"):
+        roster_members(keys, short, [*kvs[:2], last])
     assert DriverRecord.decode("k", DriverRecord(3, "a").encode()) == DriverRecord(3, "a")
     closed = ClosedRecord(-1, reopened=True)
     assert ClosedRecord.decode("k", closed.encode()) == closed
@@ -239,7 +283,13 @@ def test_records_round_trip_and_are_small() -> None:
         (DriverRecord, b'{"v":1,"kind":"driver","r":true,"id":"a"}'),
         (ClosedRecord, b'{"v":1,"kind":"closed","r":0,"o":2}'),
         (ClosedRecord, b"\xff\xfe"),
-        (RoundRecord, b'{"v":1,"kind":"round","r":0,"m":[],"ma":"h","mp":1}'),
+        # schema 1 listed the members: a clear error, not a round without them
+        (RoundRecord, b'{"v":1,"kind":"round","r":0,"m":["a"],"ma":"h","mp":1}'),
+        (RoundRecord, b'{"v":2,"kind":"round","r":0,"w":1,"ma":"h","mp":1,"c":2}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":-1,"m":"a"}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":"a/b"}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":""}'),
+        (RosterChunk, b'{"v":1,"kind":"roster","k":0,"m":["a"]}'),
     ],
 )
 def test_bad_records_are_state_errors(record: Any, value: bytes) -> None:
@@ -354,3 +404,19 @@ def test_static_from_parameters() -> None:
             await create_handler(RendezvousParameters("static", "", "sjob", 1, 2, rank=0))
 
     run_virtual(body())
+
+
+def test_a_superseded_roster_reads_as_none() -> None:
+    """The roster of a round that a later one replaced is gone (its driver deleted it): a node
+    whose view is behind reads no members, not a corrupt state."""
+
+    async def scenario() -> tuple[tuple[str, ...], int | None]:
+        store = MemoryStore()
+        keys = RunKeys("job")
+        record = RoundRecord(4, 2, "h", 1, chunks=1)
+        members = await read_roster(store, keys, record)
+        rank = await read_rank(store, keys, record, "a")
+        await store.aclose()
+        return members, rank
+
+    assert asyncio.run(scenario()) == ((), None)

@@ -27,8 +27,15 @@ from aioelastic.rendezvous import (
     RendezvousResult,
     RendezvousStatus,
 )
-from aioelastic.rendezvous._state import RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.rendezvous._driver import RoundDriver
+from aioelastic.rendezvous._state import (
+    DriverRecord,
+    NodeRecord,
+    RoundRecord,
+    RunKeys,
+    read_roster,
+)
+from aioelastic.store import EventType, MemoryEngine, MemoryStore, Put, Txn, TxnResult
 from aioelastic.testing import run_virtual, virtual_test
 
 T = TypeVar("T")
@@ -720,7 +727,7 @@ async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> 
     stores[0].ranges.clear()
     first = spawn(member.wait_for_change())
     await settle()
-    assert len(stores[0].ranges) == 2  # the two counts, when the member watch opened
+    assert not stores[0].ranges  # nothing counted: the driver's word carries the count
     late = [spawn(h.next_rendezvous()) for h in hs[2:]]
     seen: list[int] = []
     for _ in late:
@@ -728,14 +735,105 @@ async def test_member_events_are_counted_from_the_watch_not_read_per_event() -> 
         assert event.kind is RendezvousEventKind.NODES_WAITING
         seen.append(event.num_nodes_waiting)
     assert seen == [1, 2, 3, 4]  # counted as each registration arrived
-    assert len(stores[0].ranges) == 2  # and not read again per event
+    assert not stores[0].ranges  # and not read per event
     # a member crash is counted the same way: one gone, four waiting
     await crash(hs[1])
     event = await member.wait_for_change()
     assert event.kind is RendezvousEventKind.PARTICIPANT_LOST
     assert event.num_nodes_waiting == 4 == await member.num_nodes_waiting()
-    assert len(stores[0].ranges) == 4  # (num_nodes_waiting just now: two more)
+    assert len(stores[0].ranges) == 2  # (num_nodes_waiting just now: two)
     for task in late:
         task.cancel()
     await asyncio.gather(*late, return_exceptions=True)
     await close_all([h for h in hs if h is not hs[1]])
+
+
+class _LeaseEndsBeforeTheRound(MemoryStore):
+    """The driver's store: the lease of ``victim`` ends just before the driver's write of the
+    round (its member record would be bound to it)."""
+
+    victim: DynamicRendezvousHandler | None = None
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        victim = self.victim
+        if victim is not None and any(
+            isinstance(op, Put) and op.key == RunKeys("job").round for op in txn.success
+        ):
+            self.victim = None
+            assert victim.lease is not None
+            self.engine.lease_revoke(victim.lease.id)
+        return await super()._txn(txn)
+
+
+@virtual
+async def test_a_member_whose_lease_ends_as_the_round_is_written_is_counted_out() -> None:
+    """The driver binds each member's record to that member's lease: one that ended since the
+    count fails the write, and the driver counts again (the lease's deletions are on its watch)
+    and writes the round without it."""
+    engine = MemoryEngine()
+    store = _LeaseEndsBeforeTheRound(engine)
+    kw: dict[str, Any] = {"lease_ttl": TTL, "last_call_timeout": 5.0}
+    first = DynamicRendezvousHandler(store, "job", 1, 2, **kw)
+    late = DynamicRendezvousHandler(MemoryStore(engine), "job", 1, 2, **kw)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    joining = spawn(first.next_rendezvous())
+    await settle()
+    store.victim = late
+    lost = spawn(late.next_rendezvous())  # the second: the round is full, the driver writes it
+    result = await joining
+    assert store.victim is None  # the write failed once
+    assert (result.world_size, result.rank, result.participants) == (1, 0, (first.node_id,))
+    assert loop.time() - start == pytest.approx(5.0)  # counted again: the last call ran out
+    assert first.statistics().rounds_driven == 1
+    with pytest.raises(RendezvousConnectionError):
+        await lost
+    await close_all([first, late])
+
+
+@virtual
+async def test_a_member_is_told_when_a_next_round_is_out_without_it() -> None:
+    """The next round's driver marks the round it replaces (``m/<round>/~next``): a member
+    still waiting on it (one whose lease went unnoticed yet) gets ROUND_SUPERSEDED."""
+    engine = MemoryEngine()
+    hs = handlers(engine, 2, 2, 2)
+    check_round(await asyncio.gather(*(h.next_rendezvous() for h in hs)))
+    change = spawn(hs[0].wait_for_change())
+    await settle()
+    keys = RunKeys("job")
+    await hs[1].store.put(keys.next_marker(0), RoundRecord(1, 1, "h", 1, 1).encode())
+    event = await change
+    assert (event.kind, event.round) == (RendezvousEventKind.ROUND_SUPERSEDED, 0)
+    await close_all(hs)
+
+
+@virtual
+async def test_a_driver_whose_claim_is_gone_writes_nothing_of_the_round() -> None:
+    """Every write of the roster (here 300 members: three transactions) compares the driver's
+    claim: a driver that lost it (its lease expired, another node drives) writes nothing."""
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    handler = DynamicRendezvousHandler(store, "job", 1, 300, last_call_timeout=0)
+    claim = await store.put(keys.driver, DriverRecord(0, handler.node_id).encode())
+    for i in range(300):
+        node = f"node-{i:03d}"
+        await store.put(keys.node(0, node), NodeRecord(node, "h", 1).encode())
+
+    async def drive(claim: int) -> bool | None:
+        driver = RoundDriver(handler, 0, None, claim)
+        for kv in await store.range(keys.nodes):
+            driver.apply(EventType.PUT, kv)
+        return await driver.finalize()
+
+    assert await drive(claim + 1) is False  # not the claim that holds
+    assert not (await store.range(keys.roster)).kvs
+    assert not (await store.range(keys.members)).kvs
+    assert await store.get(keys.round) is None
+    assert await drive(claim) is True
+    record = await store.get(keys.round)
+    assert record is not None
+    assert len(await read_roster(store, keys, RoundRecord.decode(record.key, record.value))) == 300
+    assert len((await store.range(keys.members)).kvs) == 300
+    await handler.aclose()
+    await store.aclose()

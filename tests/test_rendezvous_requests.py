@@ -102,9 +102,11 @@ def _describe(op: TxnOp) -> str:
     return f"{type(op).__name__.lower()} {getattr(op, 'key', getattr(op, 'prefix', ''))}"
 
 
-def _handler(engine: MemoryEngine, min_nodes: int, max_nodes: int) -> DynamicRendezvousHandler:
+def _handler(
+    engine: MemoryEngine, min_nodes: int, max_nodes: int, **kw: Any
+) -> DynamicRendezvousHandler:
     return DynamicRendezvousHandler(
-        _RequestLog(engine), "job", min_nodes, max_nodes, lease_ttl=6.0, last_call_timeout=0
+        _RequestLog(engine), "job", min_nodes, max_nodes, lease_ttl=6.0, last_call_timeout=0, **kw
     )
 
 
@@ -114,14 +116,32 @@ def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
     return store
 
 
-def _driving(node: str, round_: int) -> list[tuple[str, str]]:
-    """What driving ``round_`` adds to a join: the claim, the count, and the round record
-    written with the previous round's data deleted (one transaction)."""
-    garbage = f", delete_prefix {KEYS.data(round_ - 1)}" if round_ > 0 else ""
+def _driving(
+    node: str, round_: int, *, roster_read: bool = False, due: bool = False
+) -> list[tuple[str, str]]:
+    """What driving ``round_`` of one member (``node``) adds to a join: the claim, the previous
+    roster when this node does not have it, the count, the word to the previous round's
+    members that a round forms (``due``), and the roster (one chunk here), the members'
+    records and the round record, written with the previous round's garbage and its members
+    told it is over (one transaction)."""
+    garbage = ""
+    if round_ > 0:
+        garbage = (
+            f", put {KEYS.next_marker(round_ - 1)}, delete_prefix {KEYS.data(round_ - 1)}, "
+            f"delete_prefix {KEYS.roster_of(round_ - 1)}"
+        )
+        if round_ > 1:
+            garbage += f", delete_prefix {KEYS.members_of(round_ - 2)}"
     return [
         ("cas", KEYS.driver),
+        *([("range", KEYS.roster_of(round_ - 1))] if roster_read else []),
         ("range_and_watch", KEYS.nodes),
-        ("txn", f"put {KEYS.round}{garbage}"),
+        *([("put", KEYS.due(round_ - 1))] if due else []),
+        (
+            "txn",
+            f"put {KEYS.chunk(round_, 0)}, put {KEYS.member(round_, node)}, "
+            f"put {KEYS.round}{garbage}",
+        ),
     ]
 
 
@@ -144,7 +164,7 @@ async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
     # (one transaction)
     assert log.take() == [
         ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
-        *_driving(me, 1),
+        *_driving(me, 1),  # (a round of one restarting: no other member to tell)
     ]
     await handler.aclose()
 
@@ -162,6 +182,7 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
         ("range_and_watch", KEYS.ctl),
         ("lease_grant", ""),
         ("cas", KEYS.node(0, other.node_id)),
+        ("range", KEYS.roster_of(0)),  # participants: the roster, read once the round is out
     ]
     for h in members:
         _log_of(h).take()
@@ -175,8 +196,11 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
         # the registration with the removal of the old one (how a member leaves its round)
         assert _log_of(h).take() == [
             ("txn", f"put {KEYS.node(1, h.node_id)}, delete {KEYS.node(0, h.node_id)}"),
+            ("range", KEYS.roster_of(1)),
         ]
     assert newcomer.statistics().rounds_driven == 1
+    # the newcomer drove round 1 without the roster of round 0: it read it (O(N), one node)
+    assert ("range", KEYS.roster_of(0)) in _log_of(newcomer).take()
     await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
 
 
@@ -223,3 +247,24 @@ async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_er
     assert handler.lease is not early
     assert not handler.lease.lost
     await handler.aclose()
+
+
+@virtual_test
+async def test_without_participants_a_member_reads_only_its_own_record() -> None:
+    """``participants=False``: a member that did not drive finds its rank with one get of its
+    member record (O(1) bytes), not a read of the whole roster."""
+    engine = MemoryEngine()
+    hs = [_handler(engine, 2, 2, participants=False) for _ in range(2)]
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    assert sorted(r.rank for r in results) == [0, 1]
+    assert all(r.participants == () and r.world_size == 2 for r in results)
+    (driver,) = [h for h in hs if h.statistics().rounds_driven]
+    (other,) = [h for h in hs if h is not driver]
+    assert _log_of(other).take() == [
+        ("range_and_watch", KEYS.ctl),
+        ("lease_grant", ""),
+        ("cas", KEYS.node(0, other.node_id)),
+        ("get", KEYS.member(0, other.node_id)),
+    ]
+    assert ("get", KEYS.member(0, driver.node_id)) not in _log_of(driver).take()  # it wrote it
+    await asyncio.gather(*(h.aclose() for h in hs))

@@ -178,12 +178,15 @@ async def _close_run(url: str) -> None:
 
 async def _put_round(url: str, run_id: str) -> None:
     """A completed round 3 of ``run_id`` whose members x and y have no records (gone)."""
-    from aioelastic.rendezvous._state import RoundRecord, RunKeys
+    from aioelastic.rendezvous._state import RoundRecord, RunKeys, roster_chunks
     from aioelastic.store import open_store
 
     async with open_store(url) as store:
-        record = RoundRecord(3, ("x", "y"), "127.0.0.1", 29500)
-        await store.put(RunKeys(run_id).round, record.encode())
+        keys = RunKeys(run_id)
+        (chunk,) = roster_chunks(("x", "y"))
+        await store.put(keys.chunk(3, 0), chunk.encode())
+        record = RoundRecord(3, 2, "127.0.0.1", 29500, chunks=1)
+        await store.put(keys.round, record.encode())
 
 
 def _members(page: Any) -> Any:

@@ -9,7 +9,8 @@ is empty). ``store_url`` in the config overrides the store URL for any backend.
 torchrun ``--rdzv-conf`` keys understood: ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt`` (the lease TTL is their
 product unless ``lease_ttl`` is given), ``lease_ttl``, ``node_id``, ``reopen_closed``,
-``fast_reform``, ``rank`` (static), ``store_url``, and the store's credentials: ``token_file``
+``fast_reform``, ``participants``, ``rank`` (static), ``store_url``, and the store's
+credentials: ``token_file``
 (http/https: a file holding the bearer token), ``username`` and ``password_file`` (etcd: a file
 holding the password; never the password itself, which would show in ``ps``). Keys torch accepts
 that mean nothing here (``timeout``, ``heartbeat_timeout``, ``read_timeout``, ``is_host``,
@@ -48,6 +49,7 @@ _KNOWN_KEYS = {
     "node_id",
     "reopen_closed",
     "fast_reform",
+    "participants",
     "rank",
     "store_url",
     "token_file",
@@ -167,6 +169,7 @@ def _dynamic_options(params: RendezvousParameters) -> dict[str, Any]:
     close_timeout = params.get_as_seconds("close_timeout", DEFAULTS["close_timeout"])
     reopen = params.get_as_bool("reopen_closed", False)
     fast_reform = params.get_as_bool("fast_reform", True)
+    participants = params.get_as_bool("participants", True)
     node_id = params.get("node_id")
     if node_id is not None and not isinstance(node_id, str):
         raise ConfigError("node_id", node_id, "a string")
@@ -183,6 +186,7 @@ def _dynamic_options(params: RendezvousParameters) -> dict[str, Any]:
         "local_addr": params.local_addr,
         "reopen_closed": bool(reopen),
         "fast_reform": bool(fast_reform),
+        "participants": bool(participants),
     }
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ..errors import StoreError
-from ..store import EventType, KeyValue, RangeResult, Watch, WatchEvent
+from ..store import Compare, EventType, KeyValue, Put, RangeResult, Watch, WatchEvent
 from ._state import ClosedRecord, DriverRecord, RoundRecord, RunKeys
 
 if TYPE_CHECKING:
@@ -87,3 +87,25 @@ class ControlView:
         elif kv.key == keys.closed:
             self.closed_kv = kv if put else None
             self.closed = ClosedRecord.decode(kv.key, kv.value) if put else None
+
+
+async def write_closed(store: Store, keys: RunKeys) -> ClosedRecord:
+    """Close the run: the close record, and its marker where the latest round's members watch
+    (``m/<round>/~closed``), in one transaction as of the round record read (again if it
+    changed meanwhile)."""
+    while True:
+        kv = await store.get(keys.round)
+        if kv is None:
+            record = ClosedRecord(-1)
+            await store.put(keys.closed, record.encode())
+            return record
+        record = ClosedRecord(RoundRecord.decode(kv.key, kv.value).round)
+        result = await store.txn(
+            compare=[Compare.mod_revision(keys.round) == kv.mod_revision],
+            success=[
+                Put(keys.closed, record.encode()),
+                Put(keys.closed_marker(record.round), record.encode()),
+            ],
+        )
+        if result.succeeded:
+            return record

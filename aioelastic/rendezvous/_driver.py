@@ -3,8 +3,9 @@
 One node per round (the one whose claim of ``c/driver`` landed) watches the node records ``n/``,
 keeps a local count, and completes the round at ``max_nodes``, at the last-call deadline after
 ``min_nodes``, or at once for a re-form of survivors (``fast_reform``), never while a member of
-the previous round is still in it. It finalises by compare-and-swap of ``c/round`` with the
-members in rank order (:func:`assign_ranks`).
+the previous round is still in it. It writes the roster (the members with their ranks,
+:func:`assign_ranks`, in chunks under ``r/<round>/``), then finalises by compare-and-swap of the
+small ``c/round``, both only while its claim of ``c/driver`` holds.
 """
 
 from __future__ import annotations
@@ -16,8 +17,24 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..store import Compare, DeletePrefix, EventType, KeyValue, Put, Watch, WatchEvent
-from ._state import NodeRecord, RoundRecord
+from ..errors import LeaseNotFoundError
+from ..store import (
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    Compare,
+    DeletePrefix,
+    EventType,
+    KeyValue,
+    Put,
+    TxnOp,
+    Watch,
+    WatchEvent,
+)
+from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_chunks
+
+#: roster writes per transaction: within the store's limits with room for the round's own ops
+_BATCH_OPS = MAX_TXN_OPS - 8
+_BATCH_BYTES = MAX_TXN_BYTES // 2
 
 if TYPE_CHECKING:
     from .dynamic import DynamicRendezvousHandler
@@ -58,21 +75,33 @@ def assign_ranks(
 class RoundDriver:
     """Drives round ``target`` for ``handler``: :meth:`run` counts, then finalises.
 
-    ``prev_kv`` is the round record as the joiner last saw it (the finalising compare-and-swap
-    fails harmlessly if it has changed since). ``finalizing`` is True while the driver writes
-    the round (or cleans up after it): the joiner lets it finish then instead of cancelling it.
+    ``prev_kv`` is the round record as the joiner last saw it, ``claim`` the mod_revision of
+    this node's ``c/driver`` claim (every write compares both: it fails harmlessly if either has
+    changed since). ``finalizing`` is True while the driver writes the round (or cleans up after
+    it): the joiner lets it finish then instead of cancelling it. ``ranks``: after a successful
+    :meth:`finalize`, the members' ranks (the joiner's own needs no read then).
     """
 
     def __init__(
-        self, handler: DynamicRendezvousHandler, target: int, prev_kv: KeyValue | None
+        self,
+        handler: DynamicRendezvousHandler,
+        target: int,
+        prev_kv: KeyValue | None,
+        claim: int,
     ) -> None:
         self._handler = handler
         self.target = target
         self._prev_kv = prev_kv
+        self._claim = claim
         self._prev = None if prev_kv is None else RoundRecord.decode(prev_kv.key, prev_kv.value)
+        self._prev_ranks: dict[str, int] = {}  # the previous round's members (read in run)
+        self.ranks: dict[str, int] | None = None
+        self.members: tuple[str, ...] | None = None
         self._current: dict[str, KeyValue] = {}  # registered for target
         self._previous: set[str] = set()  # still registered for target - 1 (it must drain)
         self._newcomers: set[str] = set()  # registered for target, not members of target - 1
+        self._restart = False  # a member of target - 1 registered: its members were told
+        self._due: list[DueRecord] = []  # to tell the members of target - 1, in order
         self.finalizing = False
 
     def apply(self, type_: EventType, kv: KeyValue) -> None:
@@ -84,9 +113,12 @@ class RoundDriver:
         if round_ == self.target:
             if type_ is EventType.PUT:
                 NodeRecord.decode(kv.key, kv.value)  # validate on read
+                arrived = node not in self._current
                 self._current[node] = kv
-                if self._prev is None or self._prev.rank_of(node) is None:
+                if node not in self._prev_ranks:
                     self._newcomers.add(node)
+                if arrived:
+                    self._arrived(node)
             else:
                 self._current.pop(node, None)
                 self._newcomers.discard(node)
@@ -96,23 +128,59 @@ class RoundDriver:
             else:
                 self._previous.discard(node)
 
+    def _arrived(self, node: str) -> None:
+        """A registration the members of the previous round are told of (``m/<round>/~due``):
+        the first of their own (a restart), and each newcomer a round could take. Telling them
+        is this node's one write per such registration, so that they need not watch ``n/``:
+        N members re-registering cost N events in all, not N each."""
+        prev = self._prev
+        if prev is None:
+            return
+        if node in self._prev_ranks:
+            if self._restart or prev.world_size == 1:  # told, or nobody else to tell
+                return
+            self._restart = True
+        elif prev.world_size >= self._handler._max:
+            return  # a standby of a full round: a restart could not take it
+        self._due.append(DueRecord(node, len(self._current), self._restart))
+
+    async def _tell_members(self) -> None:
+        if self._due and self._prev is not None:
+            key = self._handler._keys.due(self._prev.round)
+            for due in self._due:
+                await self._handler._store.put(key, due.encode())
+            self._due.clear()
+
     async def run(self) -> None:
         """Count registrations for the round; complete it at max, or at the last-call deadline."""
         if (-1 if self._prev is None else self._prev.round) != self.target - 1:
             return  # a newer round completed meanwhile: the joiner sees it on its watch
         loop = asyncio.get_running_loop()
-        snapshot, events = await self._handler._store.range_and_watch(self._handler._keys.nodes)
+        handler = self._handler
+        if self._prev is not None:  # the previous roster: O(N), for this node only
+            known = handler._result
+            if known is not None and known.round == self._prev.round and known.participants:
+                members = known.participants  # this node has it: no read
+            else:
+                members = await read_roster(handler._store, handler._keys, self._prev)
+            self._prev_ranks = {node: rank for rank, node in enumerate(members)}
+        snapshot, events = await handler._store.range_and_watch(handler._keys.nodes)
         async with events:
-            for kv in snapshot:
+            for kv in sorted(snapshot, key=lambda kv: kv.mod_revision):  # in store order
                 self.apply(EventType.PUT, kv)
             last_call_at: float | None = None
             while True:
+                await self._tell_members()
                 now = loop.time()
                 last_call_at = self._window(now, last_call_at)
+                event = None
                 if last_call_at is not None and self._complete_now(now, last_call_at):
-                    await self.finalize()
-                    return
-                event = await self._next_event(events, last_call_at)
+                    if await self.finalize() is not None:
+                        return
+                    # a registrant's lease ended: its records' deletion is on the watch
+                    event = await events.__anext__()
+                else:
+                    event = await self._next_event(events, last_call_at)
                 if event is not None and event.revision > snapshot.revision:
                     self.apply(event.type, event.kv)
 
@@ -147,30 +215,66 @@ class RoundDriver:
             return await events.__anext__()
         return None
 
-    async def finalize(self) -> bool:
-        """Write the round record (members in rank order, rank 0's address) by compare-and-swap."""
+    async def finalize(self) -> bool | None:
+        """Write the roster (members in rank order, in chunks) and each member's record (bound
+        to its lease), then the round record (rank 0's address, the world size) by
+        compare-and-swap, while this node's claim holds. Whether it was written; None when a
+        member's lease had ended (its deletion is on the way: count again, then write)."""
         handler, prev, current = self._handler, self._prev, self._current
         store, keys = handler._store, handler._keys
+        previous = sorted(self._prev_ranks, key=self._prev_ranks.__getitem__)
         members = assign_ranks(
             ((node, kv.create_revision) for node, kv in current.items()),
-            prev.members if prev is not None else (),
+            tuple(previous),
             handler._max,
         )
         rank0 = current[members[0]]
         master = NodeRecord.decode(rank0.key, rank0.value)
-        record = RoundRecord(self.target, members, master.addr, master.port)
+        chunks = [
+            Put(keys.chunk(self.target, i), chunk.encode())
+            for i, chunk in enumerate(roster_chunks(members))
+        ]
+        member_records = [
+            Put(keys.member(self.target, node), MemberRecord(rank).encode(), current[node].lease)
+            for rank, node in enumerate(members)
+        ]
+        record = RoundRecord(self.target, len(members), master.addr, master.port, len(chunks))
         expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
-        # the previous round has drained: its data store is garbage, deleted with the same write
-        garbage = [DeletePrefix(keys.data(self.target - 1))] if self.target > 0 else []
+        compare = [
+            Compare.mod_revision(keys.round) == expected,
+            Compare.mod_revision(keys.driver) == self._claim,
+        ]
+        # the previous round has drained: its data store and roster are garbage, deleted with
+        # the same write; its members are told it is over (they have all moved on, unless one
+        # lost its lease); the members' records of the round before go
+        garbage: list[TxnOp] = []
+        if prev is not None:
+            garbage += [
+                Put(keys.next_marker(prev.round), record.encode()),
+                DeletePrefix(keys.data(prev.round)),
+                DeletePrefix(keys.roster_of(prev.round)),
+            ]
+            if prev.round > 0:
+                garbage.append(DeletePrefix(keys.members_of(prev.round - 1)))
+        *early, last = _batches([*chunks, *member_records])
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
             with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                result = await store.txn(
-                    compare=[Compare.mod_revision(keys.round) == expected],
-                    success=[Put(keys.round, record.encode()), *garbage],
-                )
+                try:
+                    for batch in early:  # a roster too large for one transaction: written first
+                        if not (await store.txn(compare=compare, success=batch)).succeeded:
+                            return False
+                    result = await store.txn(
+                        compare=compare,
+                        success=[*last, Put(keys.round, record.encode()), *garbage],
+                    )
+                except LeaseNotFoundError as exc:
+                    log.debug("run %r: %s; counting again", handler.run_id, exc)
+                    return None
                 if result.succeeded:
                     handler._stats.rounds_driven += 1
+                    self.ranks = {node: rank for rank, node in enumerate(members)}
+                    self.members = members
             if result.succeeded:
                 log.info(
                     "run %r round %d complete: %d members",
@@ -184,3 +288,17 @@ class RoundDriver:
         finally:
             self.finalizing = False
         return result.succeeded
+
+
+def _batches(puts: list[Put]) -> list[list[TxnOp]]:
+    """``puts`` cut into transactions within the store's limits (at least one, maybe empty)."""
+    batches: list[list[TxnOp]] = [[]]
+    size = 0
+    for put in puts:
+        cost = len(put.key) + len(put.value)
+        if len(batches[-1]) >= _BATCH_OPS or (batches[-1] and size + cost > _BATCH_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(put)
+        size += cost
+    return batches

@@ -28,7 +28,7 @@ from ..store import Compare, Delete, Get, GetResult, Put
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import RoundDriver
-from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord
+from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, read_rank, read_roster
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
@@ -56,6 +56,7 @@ class JoinCoordinator:
         self._closing: asyncio.Future[None] | None = None  # resolved by interrupt()
         self._driver: RoundDriver | None = None  # this join's driver, if it drives
         self._driven: int | None = None  # the round this join's driver ran for
+        self._standby_of: int | None = None  # a round this node registered for, not chosen
         self._armed = False  # the lease's loss is the handler's (records are bound to it)
 
     # -- run and close state
@@ -202,11 +203,14 @@ class JoinCoordinator:
             latest = ctl.round
             if self._is_mine(latest) and ctl.round_kv is not None:
                 assert latest is not None
-                return self._completed(latest, ctl.round_kv.mod_revision)
+                result = await self._if_chosen(latest, ctl.round_kv.mod_revision)
+                if result is not None:
+                    return result
+                self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
             if not blocked and self.record_round != target:
                 self.standby = await _arrives_as_standby(self._h, latest)
-                await self._register(target, keeper)
+                await _register(self, target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
             if not tasks.event_ready():
                 await anyio.lowlevel.checkpoint()  # let the watch hand over what it holds
@@ -219,10 +223,10 @@ class JoinCoordinator:
                 not blocked
                 and tasks.driver is None
                 and self._driven != target
-                and await _claim_driver(self._h, ctl, target, keeper)
+                and (claim := await _claim_driver(self._h, ctl, target, keeper)) is not None
             ):
                 self._driven = target
-                self._driver = RoundDriver(self._h, target, ctl.round_kv)
+                self._driver = RoundDriver(self._h, target, ctl.round_kv, claim)
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
 
@@ -257,13 +261,37 @@ class JoinCoordinator:
         return blocked
 
     def _is_mine(self, latest: RoundRecord | None) -> bool:
-        """Whether ``latest`` is the round this node registered for and was chosen in."""
+        """Whether ``latest`` is the round this node registered for (it may be chosen in it)."""
         return (
             latest is not None
             and latest.round > self._h._round
             and latest.round == self.record_round
-            and latest.rank_of(self._h.node_id) is not None
+            and self._standby_of != latest.round
         )
+
+    async def _if_chosen(self, record: RoundRecord, revision: int) -> RendezvousResult | None:
+        """The result of ``record``'s round if this node is a member (None: a standby).
+
+        The round record has no member list: this node's rank comes from its driver (when it
+        drove the round), from the roster (read whole only for ``participants``), or from its
+        member record (one small get).
+        """
+        h = self._h
+        store, keys, node_id = h._store, h._keys, h.node_id
+        participants: tuple[str, ...] = ()
+        driver = self._driver
+        if driver is not None and driver.target == record.round and driver.ranks is not None:
+            rank = driver.ranks.get(node_id)  # it wrote the round: nothing to read
+            if h._with_participants and driver.members is not None:
+                participants = driver.members
+        elif h._with_participants:
+            participants = await read_roster(store, keys, record)
+            rank = participants.index(node_id) if node_id in participants else None
+        else:
+            rank = await read_rank(store, keys, record, node_id)
+        if rank is None:
+            return None
+        return completed(h, record, rank, participants, revision)
 
     async def _wait(
         self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
@@ -298,98 +326,107 @@ class JoinCoordinator:
         elif unread is not None:
             ctl.apply_event(unread)
         if not completed:
-            await self._withdraw(keeper)
+            await _withdraw(self, keeper)
 
-    # -- the writes of a join
 
-    async def _register(self, target: int, keeper: LeaseKeeper) -> None:
-        h = self._h
-        store, keys, node_id = h._store, h._keys, h.node_id
-        addr = h._local_addr or default_addr()
-        record = NodeRecord(node_id, addr, free_port()).encode()
-        key = keys.node(target, node_id)
-        old = self.record_round
-        leaving = old is not None and old != target
-        try:
-            if leaving:  # register and leave the round we were in, in one request
-                assert old is not None
-                result = await store.txn(
-                    compare=[Compare.mod_revision(key) == 0],
-                    success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
-                    failure=[Get(key)],
-                )
-                succeeded, kv = result.succeeded, None
-                if not succeeded:
-                    got = result[0]
-                    assert isinstance(got, GetResult)
-                    kv = got.kv
-            else:
-                cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
-                succeeded, kv = cas.succeeded, cas.kv
-        except WriteOutcomeUnknownError:
-            self.record_round = target  # it may have applied: a withdrawal deletes it
-            raise
-        if not succeeded and (kv is None or kv.lease != keeper.id):
-            raise RendezvousError(
-                f"node id {node_id!r} is already registered for round {target} of "
-                f"{h.run_id!r} by another live handler"
-            )
-        self.record_round = target
-        if leaving and not succeeded:  # registered already (by this lease): leave the old round
+# -- the writes of a join
+
+
+async def _register(j: JoinCoordinator, target: int, keeper: LeaseKeeper) -> None:
+    """Register ``j``'s node for ``target``, leaving the round it was registered for."""
+    h = j._h
+    store, keys, node_id = h._store, h._keys, h.node_id
+    addr = h._local_addr or default_addr()
+    record = NodeRecord(node_id, addr, free_port()).encode()
+    key = keys.node(target, node_id)
+    old = j.record_round
+    leaving = old is not None and old != target
+    try:
+        if leaving:  # register and leave the round we were in, in one request
             assert old is not None
-            await store.delete(keys.node(old, node_id))
-
-    async def _withdraw(self, keeper: LeaseKeeper) -> None:
-        """Undo a join that did not complete: drop our registration and driver claim."""
-        h = self._h
-        if keeper.lost or h._store.closed:
-            self.record_round = None
-            return
-        store, keys = h._store, h._keys
-        with anyio.move_on_after(h._close_timeout, shield=True):
-            try:
-                # our registration, and our record as a member of the round we were leaving
-                for round_ in {self.record_round, h._round} - {None, -1}:
-                    assert round_ is not None
-                    await store.delete(keys.node(round_, h.node_id))
-                self.record_round = None
-                kv = await store.get(keys.driver)
-                if kv is not None and kv.lease == keeper.id:
-                    await store.compare_and_delete(keys.driver, kv.mod_revision)
-            except (StoreError, RendezvousError) as exc:
-                log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
-
-    def _completed(self, record: RoundRecord, revision: int) -> RendezvousResult:
-        h = self._h
-        rank = record.rank_of(h.node_id)
-        assert rank is not None
-        self.standby = False
-        result = RendezvousResult(
-            run_id=h.run_id,
-            round=record.round,
-            rank=rank,
-            world_size=len(record.members),
-            participants=record.members,
-            node_id=h.node_id,
-            store=h._store.namespace(h._keys.data(record.round)),
-            bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
+            result = await store.txn(
+                compare=[Compare.mod_revision(key) == 0],
+                success=[Put(key, record, keeper.id), Delete(keys.node(old, node_id))],
+                failure=[Get(key)],
+            )
+            succeeded, kv = result.succeeded, None
+            if not succeeded:
+                got = result[0]
+                assert isinstance(got, GetResult)
+                kv = got.kv
+        else:
+            cas = await store.compare_and_swap(key, 0, record, lease=keeper.id)
+            succeeded, kv = cas.succeeded, cas.kv
+    except WriteOutcomeUnknownError:
+        j.record_round = target  # it may have applied: a withdrawal deletes it
+        raise
+    if not succeeded and (kv is None or kv.lease != keeper.id):
+        raise RendezvousError(
+            f"node id {node_id!r} is already registered for round {target} of "
+            f"{h.run_id!r} by another live handler"
         )
-        h._round, h._round_record, h._result = record.round, record, result
-        h._members.reset(revision)
-        h._stats.completed_at = now = asyncio.get_running_loop().time()
-        started = h._stats.join_started
-        h._emit(
-            "rendezvous.round_completed",
-            round=record.round,
-            rank=rank,
-            world_size=len(record.members),
-            # N members each listing N participants is O(N^2): only for a sink that takes them
-            participants=list(record.members) if h._sink_takes_all() else [],
-            master_addr=record.master_addr,
-            master_port=record.master_port,
-            duration=None if started is None else round(now - started, 6),
-        )
-        return result
+    j.record_round = target
+    if leaving and not succeeded:  # registered already (by this lease): leave the old round
+        assert old is not None
+        await store.delete(keys.node(old, node_id))
+
+
+async def _withdraw(j: JoinCoordinator, keeper: LeaseKeeper) -> None:
+    """Undo a join that did not complete: drop our registration and driver claim."""
+    h = j._h
+    if keeper.lost or h._store.closed:
+        j.record_round = None
+        return
+    store, keys = h._store, h._keys
+    with anyio.move_on_after(h._close_timeout, shield=True):
+        try:
+            # our registration, and our record as a member of the round we were leaving
+            for round_ in {j.record_round, h._round} - {None, -1}:
+                assert round_ is not None
+                await store.delete(keys.node(round_, h.node_id))
+            j.record_round = None
+            kv = await store.get(keys.driver)
+            if kv is not None and kv.lease == keeper.id:
+                await store.compare_and_delete(keys.driver, kv.mod_revision)
+        except (StoreError, RendezvousError) as exc:
+            log.warning("could not withdraw %s from %r: %s", h.node_id, h.run_id, exc)
+
+
+def completed(
+    h: DynamicRendezvousHandler,
+    record: RoundRecord,
+    rank: int,
+    participants: tuple[str, ...],
+    revision: int,
+) -> RendezvousResult:
+    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``."""
+    h._joiner.standby = False
+    result = RendezvousResult(
+        run_id=h.run_id,
+        round=record.round,
+        rank=rank,
+        world_size=record.world_size,
+        participants=participants,
+        node_id=h.node_id,
+        store=h._store.namespace(h._keys.data(record.round)),
+        bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
+    )
+    h._round, h._round_record, h._result = record.round, record, result
+    h._members.reset(revision)
+    h._stats.completed_at = now = asyncio.get_running_loop().time()
+    started = h._stats.join_started
+    h._emit(
+        "rendezvous.round_completed",
+        round=record.round,
+        rank=rank,
+        world_size=record.world_size,
+        # N members each listing N participants is O(N^2): only for a sink that takes them
+        participants=list(participants) if h._sink_takes_all() else [],
+        master_addr=record.master_addr,
+        master_port=record.master_port,
+        duration=None if started is None else round(now - started, 6),
+    )
+    return result
 
 
 async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
@@ -406,7 +443,7 @@ async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
 
 async def _arrives_as_standby(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> bool:
     """Whether a node arrives as a standby: the latest round is full and all alive."""
-    if latest is None or len(latest.members) < h._max or latest.rank_of(h.node_id) is not None:
+    if latest is None or latest.world_size < h._max or latest.round == h._round:
         return False
     live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
     return live.count >= h._max
@@ -431,18 +468,15 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
 
 async def _claim_driver(
     h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> bool:
-    """Claim ``c/driver`` for ``target`` (bound to the lease); whether this node drives it."""
-    current = ctl.driver
+) -> int | None:
+    """Claim ``c/driver`` for ``target`` (bound to the lease): the claim's mod_revision if this
+    node drives it, else None."""
+    current, kv = ctl.driver, ctl.driver_kv
     if current is not None and current.round >= target:
         # ours from an interrupted join with this lease: drive again
-        return (
-            current.round == target
-            and current.node_id == h.node_id
-            and ctl.driver_kv is not None
-            and ctl.driver_kv.lease == keeper.id
-        )
-    expected = 0 if ctl.driver_kv is None else ctl.driver_kv.mod_revision
+        mine = current.round == target and current.node_id == h.node_id
+        return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
+    expected = 0 if kv is None else kv.mod_revision
     record = DriverRecord(target, h.node_id).encode()
     result = await h._store.compare_and_swap(h._keys.driver, expected, record, lease=keeper.id)
-    return result.succeeded
+    return result.kv.mod_revision if result.succeeded and result.kv is not None else None

@@ -1,10 +1,10 @@
 """Membership and change notification of a completed round (``wait_for_change``).
 
-A member watches the run's whole prefix from the revision its round completed at. It counts
-the registrations for its round (``live``) and for the next (``waiting``) once, when the watch
-opens, and keeps the counts from the watch's events: telling N members about a newcomer costs N
-watch events and no reads. Each event is interpreted as at most one change: a node waiting for
-the next round, a member lost, the round superseded, the run closed.
+A member watches its round's prefix ``m/<round>/`` from the revision the round completed at: its
+members' lease-bound records (a deletion is a loss), and what the next round's driver, a close
+and the next round write there. Nothing a member's re-registration writes is in it, so N members
+rejoining at once cost O(N) events, not N each. Each event is interpreted as at most one change:
+a node waiting for the next round, a member lost, the round superseded, the run closed.
 """
 
 from __future__ import annotations
@@ -14,9 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..errors import StoreError
+from ..errors import (
+    LeaseExpiredError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    StoreError,
+)
 from ..store import EventType, RangeResult, Watch, WatchEvent
-from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys
+from ._state import ClosedRecord, DueRecord, RoundRecord, RunKeys
 from .api import RendezvousEvent, RendezvousEventKind
 
 if TYPE_CHECKING:
@@ -53,49 +59,50 @@ def nodes_waiting(live: int, waiting: int, world_size: int, max_nodes: int) -> i
     return waiting
 
 
-async def count_waiting(
-    store: Store, keys: RunKeys, latest: RoundRecord | None, max_nodes: int
-) -> int:
-    """``num_nodes_waiting`` after the ``latest`` round (two counts, nothing decoded)."""
+async def count_waiting(store: Store, keys: RunKeys, max_nodes: int) -> int:
+    """``num_nodes_waiting`` after the latest round (its record, and two counts)."""
+    kv = await store.get(keys.round)
+    latest = None if kv is None else RoundRecord.decode(kv.key, kv.value)
     if latest is None:
         return (await store.range(keys.nodes_of(0), limit=1)).count
     live, waiting = await registrations(store, keys, latest.round)
-    return nodes_waiting(live.count, waiting.count, len(latest.members), max_nodes)
+    return nodes_waiting(live.count, waiting.count, latest.world_size, max_nodes)
 
 
-class Counts:
-    """How many nodes are registered for a member's round (``live``) and for the next
-    (``waiting``): counted once, then kept by the member watch's events after each count."""
-
-    def __init__(self, keys: RunKeys, round_: int, live: RangeResult, waiting: RangeResult) -> None:
-        self.keys = keys
-        self.round = round_
-        self.live = live.count
-        self.waiting = waiting.count
-        self._counted_at = (live.revision, waiting.revision)
-
-    def apply(self, event: WatchEvent) -> None:
-        parsed = self.keys.parse_node_key(event.kv.key)
-        if parsed is None:
-            return
-        index = parsed[0] - self.round
-        if index not in (0, 1) or event.revision <= self._counted_at[index]:
-            return  # another round, or already in the count
-        kv = event.kv
-        if event.type is EventType.DELETE:
-            delta = -1
-        elif kv.create_revision == kv.mod_revision:  # created (an update changes no count)
-            delta = 1
-        else:
-            return
-        if index == 0:
-            self.live += delta
-        else:
-            self.waiting += delta
+async def wait_for_change(h: DynamicRendezvousHandler) -> RendezvousEvent:
+    """:meth:`DynamicRendezvousHandler.wait_for_change`."""
+    if h._handler_closed:
+        raise RendezvousClosedError(f"the rendezvous handler for {h.run_id!r} is closed")
+    if h._result is None or h._round_record is None:
+        raise RendezvousError("wait_for_change() needs a completed round: call next_rendezvous")
+    round_ = h._result.round
+    if h._closed_seen:
+        return RendezvousEvent(RendezvousEventKind.CLOSED, round_, 0)
+    keeper = h._keeper
+    if h._error is not None or keeper is None or keeper.lost:
+        return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=h._error)
+    try:
+        with keeper.guard(), h._translate("wait_for_change"):
+            change = await h._members.next_change(round_, h._round_record)
+    except LeaseExpiredError as exc:
+        h._error = exc
+        h._note_status()
+        return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
+    if change is not None:
+        return change
+    if h._handler_closed:
+        raise RendezvousClosedError(f"the rendezvous handler for {h.run_id!r} is closed")
+    raise RendezvousConnectionError(f"the watch of {h.run_id!r} ended")  # pragma: no cover
 
 
 class MemberWatch:
     """The change notification of the round last returned to ``handler``.
+
+    A member watches ``m/<round>/`` only (from the revision its round completed at): the
+    members' records (a deletion is a loss: the lease expired, or the node left), the driver's
+    word of a next round forming (``~due``), the close (``~closed``) and the next round
+    (``~next``). A member's re-registration writes only under ``n/``, which the driver alone
+    watches: N members rejoining at once cost the others nothing.
 
     :meth:`reset` starts over for a new round (completed at ``revision``); :meth:`next_change`
     waits for the next change; :meth:`aclose` drops the watch (a join does, first thing).
@@ -104,46 +111,41 @@ class MemberWatch:
     def __init__(self, handler: DynamicRendezvousHandler) -> None:
         self._handler = handler
         self._watch: Watch | None = None
-        self._counts: Counts | None = None
         self._revision = 0  # the revision the round completed at
-        self.rejoined: set[str] = set()  # members registered for the next round
         self._lost: set[str] = set()
+        self._due: DueRecord | None = None  # the driver's last word of a forming round
 
     def reset(self, revision: int) -> None:
         self._revision = revision
-        self.rejoined = set()
         self._lost = set()
+        self._due = None
 
     async def aclose(self) -> None:
         watch, self._watch = self._watch, None
-        self._counts = None
         if watch is not None:
             with contextlib.suppress(StoreError):
                 await watch.aclose()
 
-    async def _open(self, round_: int) -> tuple[Watch, Counts]:
-        if self._watch is None or self._counts is None:
+    async def _open(self, round_: int) -> Watch:
+        if self._watch is None:
             handler = self._handler
-            store, keys = handler._store, handler._keys
-            watch = store.watch(keys.root, start_revision=self._revision + 1)
+            watch = handler._store.watch(
+                handler._keys.members_of(round_), start_revision=self._revision + 1
+            )
             try:
                 await watch.start()
-                # counted once; the watch's events keep the counts (no reads per event)
-                live, waiting = await registrations(store, keys, round_)
             except BaseException:
                 with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
                     await watch.aclose()
                 raise
             self._watch = watch
-            self._counts = Counts(keys, round_, live, waiting)
-        return self._watch, self._counts
+        return self._watch
 
-    async def next_change(self, round_: int, members: RoundRecord) -> RendezvousEvent | None:
-        """The next change to ``round_`` (of ``members``); None if the watch ended."""
-        watch, counts = await self._open(round_)
+    async def next_change(self, round_: int, record: RoundRecord) -> RendezvousEvent | None:
+        """The next change to ``round_`` (``record``); None if the watch ended."""
+        watch = await self._open(round_)
         async for event in watch:
-            counts.apply(event)
-            change = self._interpret(event, round_, members, counts)
+            change = self._interpret(event, round_, record)
             if change is not None:
                 self._emit(change)
                 return change
@@ -164,59 +166,51 @@ class MemberWatch:
         self._handler._note_status()
 
     def _interpret(
-        self, event: WatchEvent, round_: int, members: RoundRecord, counts: Counts
+        self, event: WatchEvent, round_: int, record: RoundRecord
     ) -> RendezvousEvent | None:
         handler, kv = self._handler, event.kv
         keys = handler._keys
         put = event.type is EventType.PUT
-        if kv.key == keys.closed and put:
+        if kv.key == keys.closed_marker(round_) and put:
             if not handler._joiner.closed_by(ClosedRecord.decode(kv.key, kv.value)):
                 return None
             handler._closed_seen = True
             return RendezvousEvent(RendezvousEventKind.CLOSED, round_, event.revision)
-        if kv.key == keys.round and put:
-            record = RoundRecord.decode(kv.key, kv.value)
-            if record.round > round_:
-                return RendezvousEvent(RendezvousEventKind.ROUND_SUPERSEDED, round_, event.revision)
-            return None
-        parsed = keys.parse_node_key(kv.key)
-        if parsed is None:
-            return None
-        node_round, node = parsed
-        if node_round == round_ + 1 and put:
-            NodeRecord.decode(kv.key, kv.value)
-            self.rejoined.add(node)
-            return self._node_change(
-                RendezvousEventKind.NODES_WAITING, event, node, members, counts
+        if kv.key == keys.next_marker(round_) and put:
+            RoundRecord.decode(kv.key, kv.value)
+            return RendezvousEvent(RendezvousEventKind.ROUND_SUPERSEDED, round_, event.revision)
+        if kv.key == keys.due(round_):
+            if not put:
+                return None
+            due = self._due = DueRecord.decode(kv.key, kv.value)
+            waiting = self._waiting(record)
+            if not waiting:
+                return None
+            return RendezvousEvent(
+                RendezvousEventKind.NODES_WAITING,
+                round_,
+                event.revision,
+                node_id=due.node_id,
+                num_nodes_waiting=waiting,
             )
-        if (
-            node_round == round_
-            and not put
-            and members.rank_of(node) is not None
-            and node != handler.node_id
-            and node not in self.rejoined
-            and node not in self._lost
-        ):
-            self._lost.add(node)
-            return self._node_change(
-                RendezvousEventKind.PARTICIPANT_LOST, event, node, members, counts
-            )
-        return None
-
-    def _node_change(
-        self,
-        kind: RendezvousEventKind,
-        event: WatchEvent,
-        node: str,
-        members: RoundRecord,
-        counts: Counts,
-    ) -> RendezvousEvent | None:
-        """A change about ``node``; a newcomer only when a new round could take it."""
-        waiting = nodes_waiting(
-            counts.live, counts.waiting, len(members.members), self._handler._max
-        )
-        if kind is RendezvousEventKind.NODES_WAITING and not waiting:
+        node = kv.key[len(keys.members_of(round_)) :]
+        if put or node.startswith("~") or node == handler.node_id or node in self._lost:
             return None
+        self._lost.add(node)
         return RendezvousEvent(
-            kind, members.round, event.revision, node_id=node, num_nodes_waiting=waiting
+            RendezvousEventKind.PARTICIPANT_LOST,
+            round_,
+            event.revision,
+            node_id=node,
+            num_nodes_waiting=max(1, self._waiting(record)),
         )
+
+    def _waiting(self, record: RoundRecord) -> int:
+        """``num_nodes_waiting`` as this member knows it: the losses it saw and the driver's
+        last count of the next round's registrations."""
+        due = self._due
+        world = record.world_size
+        waiting = nodes_waiting(
+            world - len(self._lost), 0 if due is None else due.waiting, world, self._handler._max
+        )
+        return max(waiting, 1) if due is not None and due.restart else waiting

@@ -2,11 +2,26 @@
 
 Everything a rendezvous writes lives under ``aioelastic/rdzv/<run_id>/``::
 
-    c/round            RoundRecord   the latest completed round (members in rank order), finalised
-                                     by compare-and-swap on its mod_revision; never lease-bound
+    c/round            RoundRecord   the latest completed round: its number, world size, rank 0's
+                                     address and how many roster chunks it has (no member list:
+                                     every node watches c/), finalised by compare-and-swap on its
+                                     mod_revision; never lease-bound
     c/driver           DriverRecord  which node drives the forming round (bound to its lease)
     c/closed           ClosedRecord  present once the run is closed
     n/<round>/<node>   NodeRecord    a node registered for <round> (bound to the node's lease)
+    r/<round>/<i>      RosterChunk   the members of <round> of ranks i x ROSTER_CHUNK and on, in
+                                     rank order: the roster, which the driver, tools and
+                                     ``participants`` read (a member reads its member record)
+    m/<round>/<node>   MemberRecord  a member of <round> and its rank (bound to the member's
+                                     lease; written by the driver): its own get tells a node its
+                                     rank, and its deletion is a loss for the others
+    m/<round>/~due     DueRecord     a next round is forming that would change <round> (written
+                                     by that round's driver): NODES_WAITING for its members
+    m/<round>/~closed  ClosedRecord  the run was closed after <round> (with ``c/closed``)
+    m/<round>/~next    RoundRecord   the next round completed (written with it)
+
+The members of a round watch ``m/<round>/`` only: what a member's re-registration writes (under
+``n/``) reaches the driver alone, so N members rejoining cost O(N), not N events each.
 
 and each round's key-value store for its members under ``aioelastic/rdzv-data/<run_id>/<round>/``.
 
@@ -20,19 +35,23 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._checks import ID_PATTERN, check_run_id
 from ..errors import RendezvousStateError
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store import KeyValue, Store
 
 __all__ = [
     "ClosedRecord",
     "DriverRecord",
+    "DueRecord",
+    "MemberRecord",
     "NodeRecord",
+    "RosterChunk",
     "RoundRecord",
     "RunKeys",
     "check_node_id",
@@ -41,6 +60,10 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: the round record's: schema 1 listed every member in it (sent to every node of the run)
+ROUND_SCHEMA_VERSION = 2
+#: members per roster chunk (about 13 KB with 12-character ids)
+ROSTER_CHUNK = 1024
 
 _ID = ID_PATTERN
 _ID_RE = re.compile(_ID)
@@ -67,6 +90,8 @@ class RunKeys:
         self.driver = self.ctl + "driver"
         self.closed = self.ctl + "closed"
         self.nodes = self.root + "n/"
+        self.roster = self.root + "r/"
+        self.members = self.root + "m/"
         self.data_root = f"aioelastic/rdzv-data/{run_id}/"
 
     def nodes_of(self, round_: int) -> str:
@@ -75,6 +100,29 @@ class RunKeys:
 
     def node(self, round_: int, node_id: str) -> str:
         return f"{self.nodes}{round_}/{node_id}"
+
+    def roster_of(self, round_: int) -> str:
+        """The prefix of ``round_``'s roster chunks."""
+        return f"{self.roster}{round_}/"
+
+    def chunk(self, round_: int, index: int) -> str:
+        return f"{self.roster}{round_}/{index}"
+
+    def members_of(self, round_: int) -> str:
+        """The prefix a member of ``round_`` watches (its members' records and markers)."""
+        return f"{self.members}{round_}/"
+
+    def member(self, round_: int, node_id: str) -> str:
+        return f"{self.members}{round_}/{node_id}"
+
+    def due(self, round_: int) -> str:
+        return f"{self.members}{round_}/~due"
+
+    def closed_marker(self, round_: int) -> str:
+        return f"{self.members}{round_}/~closed"
+
+    def next_marker(self, round_: int) -> str:
+        return f"{self.members}{round_}/~next"
 
     def data(self, round_: int) -> str:
         """The prefix of ``round_``'s key-value store (``RendezvousResult.store``)."""
@@ -93,7 +141,7 @@ class RunKeys:
 # -- decoding helpers ---------------------------------------------------------------------------
 
 
-def _load(key: str, value: bytes, kind: str) -> dict[str, Any]:
+def _load(key: str, value: bytes, kind: str, version: int = SCHEMA_VERSION) -> dict[str, Any]:
     try:
         obj = json.loads(value.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -102,10 +150,10 @@ def _load(key: str, value: bytes, kind: str) -> dict[str, Any]:
         ) from None
     if not isinstance(obj, dict):
         raise RendezvousStateError(f"rendezvous state at {key!r} is not a JSON object")
-    if obj.get("v") != SCHEMA_VERSION or obj.get("kind") != kind:
+    if obj.get("v") != version or obj.get("kind") != kind:
         raise RendezvousStateError(
             f"rendezvous state at {key!r} is foreign: expected kind {kind!r} schema "
-            f"{SCHEMA_VERSION}, got kind {obj.get('kind')!r} schema {obj.get('v')!r}"
+            f"{version}, got kind {obj.get('kind')!r} schema {obj.get('v')!r}"
         )
     return obj
 
@@ -176,55 +224,181 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """A completed round: its number, its members in rank order and rank 0's master address."""
+    """A completed round: its number, world size, rank 0's master address, and how many chunks
+    its roster has (``chunks``: the members are in ``r/<round>/0 .. chunks-1``; 0 for a static
+    round, whose members are ``rank0 .. rank<world_size - 1>``).
+
+    Every node of the run watches ``c/`` and receives this record: it is O(1) bytes, so a round
+    of N costs N small events, not N copies of an N-member list.
+    """
 
     round: int
-    members: tuple[str, ...]
+    world_size: int
     master_addr: str
     master_port: int
-    # node id -> rank, built on the first rank_of (a record is shared by every task of a
-    # process that decodes the same bytes, see decode): not a field of the record
-    _ranks: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def rank_of(self, node_id: str) -> int | None:
-        """``node_id``'s rank in this round, None if it is not a member (O(1) after the first
-        call, so that each of N members finding itself costs O(1), not a scan of N)."""
-        ranks = self._ranks
-        if not ranks:  # built whole, then added in one C-level update: a thread that shares
-            # the record (decode's cache is per process) never sees it half-filled
-            ranks.update({node: rank for rank, node in enumerate(self.members)})
-        return ranks.get(node_id)
+    chunks: int
 
     def encode(self) -> bytes:
-        return _dump({"v": SCHEMA_VERSION, "kind": "round", "r": self.round,
-                      "m": list(self.members), "ma": self.master_addr,
-                      "mp": self.master_port})  # fmt: skip
+        return _dump({"v": ROUND_SCHEMA_VERSION, "kind": "round", "r": self.round,
+                      "w": self.world_size, "ma": self.master_addr, "mp": self.master_port,
+                      "c": self.chunks})  # fmt: skip
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
-        # Every member decodes the same record when a round completes: in one process (tasks
-        # on a memory store share the value's bytes, whose hash Python caches) that is done once.
-        return _decode_round(key, value)
-
-
-@functools.lru_cache(maxsize=8)
-def _decode_round(key: str, value: bytes) -> RoundRecord:
-    """:meth:`RoundRecord.decode` (errors are raised each time: lru_cache keeps only results)."""
-    obj = _load(key, value, "round")
-    round_ = _field_int(key, obj, "r", 0)
-    raw = obj.get("m")
-    members: list[str] = raw if isinstance(raw, list) else []
-    try:  # one C-level pass: join refuses non-strings, the regex checks every id
-        joined = ",".join(members)
-    except TypeError:
-        joined = ""
-    if not joined or not _ID_LIST_RE.fullmatch(joined) or len(set(members)) != len(members):
-        raise RendezvousStateError(
-            f"rendezvous state at {key!r}: field 'm' must be a non-empty list of distinct "
-            f"node ids, got {str(raw)[:80]}"
+        obj = _load(key, value, "round", ROUND_SCHEMA_VERSION)
+        record = cls(
+            _field_int(key, obj, "r", 0),
+            _field_int(key, obj, "w", 1),
+            _field_str(key, obj, "ma"),
+            _field_int(key, obj, "mp", 0),
+            _field_int(key, obj, "c", 0),
         )
-    port = _field_int(key, obj, "mp", 0)
-    return RoundRecord(round_, tuple(members), _field_str(key, obj, "ma"), port)
+        if record.chunks > record.world_size:
+            raise RendezvousStateError(
+                f"rendezvous state at {key!r}: {record.chunks} roster chunks for "
+                f"{record.world_size} members"
+            )
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class RosterChunk:
+    """Members of a round in rank order, from rank ``first`` on (``r/<round>/<i>``): one
+    string of ids joined by ``,`` (ids have none), about 13 bytes a member with 12-character
+    ids."""
+
+    first: int
+    members: tuple[str, ...]
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "roster", "k": self.first,
+                      "m": ",".join(self.members)})  # fmt: skip
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> RosterChunk:
+        # whoever reads the roster in a process reads the same bytes: decoded once
+        return _decode_chunk(key, value)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_chunk(key: str, value: bytes) -> RosterChunk:
+    obj = _load(key, value, "roster")
+    first = _field_int(key, obj, "k", 0)
+    members = obj.get("m")
+    if not isinstance(members, str) or not _ID_LIST_RE.fullmatch(members):
+        raise RendezvousStateError(
+            f"rendezvous state at {key!r}: field 'm' must be node ids joined by ',', got "
+            f"{str(members)[:80]!r}"
+        )
+    return RosterChunk(first, tuple(members.split(",")))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """A member of a round and its rank (``m/<round>/<node>``, bound to the member's lease)."""
+
+    rank: int
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "member", "k": self.rank})
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> MemberRecord:
+        return cls(_field_int(key, _load(key, value, "member"), "k", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class DueRecord:
+    """A next round is forming that would change the round (``m/<round>/~due``): ``node_id``
+    registered for it, ``waiting`` nodes have, ``restart``: a member of the round has (the
+    round restarts, full or not)."""
+
+    node_id: str
+    waiting: int
+    restart: bool
+
+    def encode(self) -> bytes:
+        return _dump({"v": SCHEMA_VERSION, "kind": "due", "id": self.node_id, "n": self.waiting,
+                      "s": int(self.restart)})  # fmt: skip
+
+    @classmethod
+    def decode(cls, key: str, value: bytes) -> DueRecord:
+        obj = _load(key, value, "due")
+        restart = _field_int(key, obj, "s", 0)
+        return cls(_field_id(key, obj, "id"), _field_int(key, obj, "n", 0), restart > 0)
+
+
+def roster_chunks(members: Sequence[str]) -> list[RosterChunk]:
+    """The chunks of a round whose members are ``members`` in rank order."""
+    return [
+        RosterChunk(first, tuple(members[first : first + ROSTER_CHUNK]))
+        for first in range(0, len(members), ROSTER_CHUNK)
+    ]
+
+
+def static_members(world_size: int) -> tuple[str, ...]:
+    """The members of a static round: ``rank0 .. rank<world_size - 1>``."""
+    return tuple(f"rank{rank}" for rank in range(world_size))
+
+
+def roster_members(keys: RunKeys, record: RoundRecord, kvs: Iterable[KeyValue]) -> tuple[str, ...]:
+    """The members of ``record``'s round in rank order, from its roster chunks among ``kvs``
+    (other keys are skipped); RendezvousStateError unless each rank is there exactly once."""
+    if record.chunks == 0:
+        return static_members(record.world_size)
+    prefix = keys.roster_of(record.round)
+    slots: list[str | None] = [None] * record.world_size
+    seen: set[str] = set()
+    for kv in kvs:
+        if not kv.key.startswith(prefix):
+            continue
+        index = kv.key[len(prefix) :]
+        if not index.isdigit() or int(index) >= record.chunks:
+            raise RendezvousStateError(f"rendezvous state at {kv.key!r}: not a roster chunk")
+        chunk = RosterChunk.decode(kv.key, kv.value)
+        end = chunk.first + len(chunk.members)
+        if end > record.world_size or any(slots[chunk.first : end]):
+            raise RendezvousStateError(
+                f"rendezvous state at {kv.key!r}: ranks {chunk.first}-{end - 1} are out of "
+                f"range or taken twice"
+            )
+        slots[chunk.first : end] = chunk.members
+        seen.update(chunk.members)
+    if len(seen) != record.world_size or None in slots:
+        raise RendezvousStateError(
+            f"rendezvous state under {prefix!r}: {len(seen)} distinct ids for the round's "
+            f"{record.world_size} ranks in its roster"
+        )
+    return tuple(node for node in slots if node is not None)
+
+
+async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple[str, ...]:
+    """The members of ``record``'s round in rank order: one range of its roster (O(N)).
+
+    ``()`` when the roster is gone: a later round completed since (its driver deleted it), so
+    whoever asks is not in that later round's view yet; what it read was superseded."""
+    if record.chunks == 0:
+        return static_members(record.world_size)
+    result = await store.range(keys.roster_of(record.round))
+    if not result.kvs:
+        return ()
+    return roster_members(keys, record, result.kvs)
+
+
+async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
+    """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
+    member record (O(1) bytes)."""
+    if record.chunks == 0:
+        members = static_members(record.world_size)
+        return members.index(node_id) if node_id in members else None
+    key = keys.member(record.round, node_id)
+    kv = await store.get(key)
+    if kv is None:
+        return None
+    rank = MemberRecord.decode(key, kv.value).rank
+    if rank >= record.world_size:
+        raise RendezvousStateError(f"rendezvous state at {key!r}: rank {rank} out of range")
+    return rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,12 +450,15 @@ async def read_standby_round(
     """``(round, members)`` of the run's latest round when it is full without ``node_id`` (the
     node stands by for the next round), else None.
 
-    One read of the round record (O(1), not the run's every record, as
-    :func:`~aioelastic.rendezvous.read_run_status` does); store errors propagate.
+    One read of the round record, and of this node's member record when the round is full
+    (O(1), not the run's every record, as :func:`~aioelastic.rendezvous.read_run_status` does);
+    store errors propagate.
     """
     key = RunKeys(run_id).round
     kv = await store.get(key)
     latest = None if kv is None else RoundRecord.decode(key, kv.value)
-    if latest is None or len(latest.members) < max_nodes or node_id in latest.members:
+    if latest is None or latest.world_size < max_nodes:
         return None
-    return latest.round, len(latest.members)
+    if await read_rank(store, RunKeys(run_id), latest, node_id) is not None:
+        return None
+    return latest.round, latest.world_size

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CompactedError, LeaseNotFoundError, RendezvousNotFoundError
-from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, RunKeys
+from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, RunKeys, roster_members
 
 if TYPE_CHECKING:
     from ..store import KeyValue, Store
@@ -199,6 +199,7 @@ class _RunRecords:
     """The decoded records of one run, from one range."""
 
     round: RoundRecord | None = None
+    members: tuple[str, ...] = ()  # the round's, in rank order (from its roster)
     driver: DriverRecord | None = None
     closed: ClosedRecord | None = None
     nodes: _Nodes = field(default_factory=dict)
@@ -206,8 +207,11 @@ class _RunRecords:
 
 def _decode(keys: RunKeys, kvs: Sequence[KeyValue]) -> _RunRecords:
     found = _RunRecords()
+    roster: list[KeyValue] = []
     for kv in kvs:
-        if kv.key == keys.round:
+        if kv.key.startswith(keys.roster):
+            roster.append(kv)
+        elif kv.key == keys.round:
             found.round = RoundRecord.decode(kv.key, kv.value)
         elif kv.key == keys.driver:
             found.driver = DriverRecord.decode(kv.key, kv.value)
@@ -222,6 +226,8 @@ def _decode(keys: RunKeys, kvs: Sequence[KeyValue]) -> _RunRecords:
                     kv.create_revision,
                     kv.lease,
                 )
+    if found.round is not None:
+        found.members = roster_members(keys, found.round, roster)
     return found
 
 
@@ -254,7 +260,7 @@ async def _members(
     members: list[MemberStatus] = []
     intact = True
     live = found.nodes.get(found.round.round, {})
-    for rank, node_id in enumerate(found.round.members):
+    for rank, node_id in enumerate(found.members):
         entry = live.get(node_id)
         rejoined = node_id in registered
         if entry is None or rejoined:
@@ -278,7 +284,7 @@ async def _candidates(
     found: _RunRecords, registered: dict[str, tuple[NodeRecord, int, int]], leases: _LeaseTimes
 ) -> list[NodeStatus]:
     """The nodes registered for the forming round, in registration order."""
-    member_ids = set() if found.round is None else set(found.round.members)
+    member_ids = set(found.members)
     candidates: list[NodeStatus] = []
     for node_id, (record, revision, lease) in sorted(
         registered.items(), key=lambda item: (item[1][1], item[0])

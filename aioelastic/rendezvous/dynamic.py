@@ -14,14 +14,17 @@ How a round forms (keys as in :mod:`aioelastic.rendezvous._state`):
    (they leave it by registering for the next one, or by dying). Once they have, a round whose
    registrations are all survivors of the last one completes at once (``fast_reform``): after a
    loss or a restart nobody waits out a last call for nodes that are not coming.
-3. The driver finalises the round by compare-and-swap of ``c/round`` (members in rank order,
-   rank 0's master address). Every waiting node wakes on that one write: completion costs each
-   node one watch event. If the driver dies, its lease takes ``c/driver`` with it and a waiting
-   node claims it.
-4. A member's record stays while it is a member: if it dies, the lease expiry deletes it and the
-   other members get a ``PARTICIPANT_LOST`` event (torch misses this, #111646). A node that
-   registers for the next round is ``NODES_WAITING`` for them. ``wait_for_change`` counts the
-   registrations once and keeps the counts from its watch's events (no reads per event).
+3. The driver writes the roster (``r/<round>/``, in chunks) and each member's record
+   ``m/<round>/<node>`` (its rank, bound to that member's lease), then finalises the round by
+   compare-and-swap of the small ``c/round`` (world size, rank 0's master address; no member
+   list), all only while its claim holds. Every waiting node wakes on that one write (one small
+   watch event each) and reads its own member record (one get). If the driver dies, its lease
+   takes ``c/driver`` with it and a waiting node claims it.
+4. A member watches ``m/<round>/`` only: if a member dies or leaves, its lease takes its record
+   and the others get ``PARTICIPANT_LOST`` (torch misses this, #111646). The next round's
+   driver tells them of the first member registering again and of each newcomer it could take
+   (``NODES_WAITING``, with the count); a re-registration reaches the driver alone, so N members
+   rejoining at once cost O(N) in all.
 5. The watch of ``c/`` and the view it keeps outlive a completed join: the next join of the
    handler starts from them (no watch to open, nothing to read before registering), and applies
    what the watch holds before it claims the driver (no claim the watch shows was taken). A
@@ -58,18 +61,17 @@ from .. import events as _events
 from ..errors import (
     LeaseExpiredError,
     RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousError,
     RendezvousTimeoutError,
 )
 from ._addr import looked_up_default_addr, prefetch_default_addr
+from ._control import write_closed
 from ._driver import assign_ranks, log
 from ._join import JoinCoordinator
-from ._membership import MemberWatch, count_waiting
+from ._membership import MemberWatch, count_waiting, wait_for_change
 from ._state import ClosedRecord, RoundRecord, RunKeys, check_node_id
 from .api import (
     RendezvousEvent,
-    RendezvousEventKind,
     RendezvousResult,
     RendezvousStatistics,
     RendezvousStatus,
@@ -132,6 +134,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     ``fast_reform`` (default on): a round after a completed one forms at once, without its last
     call, when every surviving member of the last round has registered again and no other node
     is waiting (torchft's "fast quorum"); off, the last call is always waited out, as torch does.
+    ``participants`` (default on): each completed round reads its whole roster into
+    :attr:`RendezvousResult.participants` (about 13 bytes per member, for every member: N^2 bytes
+    a round in all); off, ``participants`` is ``()`` and a member reads only its own member
+    record to find its rank (O(1) bytes), which is what rounds of thousands of nodes want.
 
     Its parts, each in a module of its own: the join coordinator (:mod:`._join`: registration,
     driver claim, standby, reopen, withdrawal), the driver of a forming round (:mod:`._driver`)
@@ -155,6 +161,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         local_addr: str | None = None,
         reopen_closed: bool = False,
         fast_reform: bool = True,
+        participants: bool = True,
         backend: str = "memory",
         owns_store: bool = False,
         event_sink: EventSink | None = None,
@@ -183,6 +190,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
             importlib.import_module("anyio._backends._asyncio")
         self._reopen_closed = reopen_closed
         self._fast_reform = bool(fast_reform)
+        self._with_participants = bool(participants)
         self._backend = backend
         self._owns_store = owns_store
         self._keeper: LeaseKeeper | None = None
@@ -333,37 +341,12 @@ class DynamicRendezvousHandler(_BuiltinHandler):
     async def wait_for_change(self) -> RendezvousEvent:
         """Wait for the next change to the round last returned to this node.
 
-        ``NODES_WAITING`` (a node registered for the next round and it could take it),
-        ``PARTICIPANT_LOST`` (a member's lease expired, or it left without re-registering),
+        ``NODES_WAITING`` (the next round's driver saw the first member register again, or a
+        newcomer it could take), ``PARTICIPANT_LOST`` (a member's lease ended, or it left),
         ``ROUND_SUPERSEDED``, ``CLOSED``, or ``ERROR`` (this node's lease was lost). Events are
         delivered once each, in store order; nothing polls.
         """
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        if self._result is None or self._round_record is None:
-            raise RendezvousError("wait_for_change() needs a completed round: call next_rendezvous")
-        round_ = self._result.round
-        if self._closed_seen:
-            return RendezvousEvent(RendezvousEventKind.CLOSED, round_, 0)
-        keeper = self._keeper
-        if self._error is not None or keeper is None or keeper.lost:
-            return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=self._error)
-        try:
-            with keeper.guard(), self._translate("wait_for_change"):
-                change = await self._members.next_change(round_, self._round_record)
-        except LeaseExpiredError as exc:
-            self._error = exc
-            self._note_status()
-            return RendezvousEvent(RendezvousEventKind.ERROR, round_, 0, error=exc)
-        if change is not None:
-            return change
-        if self._handler_closed:
-            raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
-        raise RendezvousConnectionError(f"the watch of {self.run_id!r} ended")  # pragma: no cover
-
-    async def _latest_round(self) -> RoundRecord | None:
-        kv = await self._store.get(self._keys.round)
-        return None if kv is None else RoundRecord.decode(kv.key, kv.value)
+        return await wait_for_change(self)
 
     async def num_nodes_waiting(self) -> int:
         """How many nodes a re-rendezvous would change: > 0 means "restart to take them".
@@ -376,8 +359,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         """
         self._check_usable()
         with self._translate("num_nodes_waiting"):
-            latest = await self._latest_round()
-            return await count_waiting(self._store, self._keys, latest, self._max)
+            return await count_waiting(self._store, self._keys, self._max)
 
     async def is_closed(self) -> bool:
         """Whether the run is closed (this handler's own close state is sticky)."""
@@ -402,9 +384,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         with self._translate("set_closed"):
             try:
                 with anyio.fail_after(self._close_timeout):
-                    latest = await self._latest_round()
-                    record = ClosedRecord(-1 if latest is None else latest.round)
-                    await self._store.put(self._keys.closed, record.encode())
+                    record = await write_closed(self._store, self._keys)
             except TimeoutError:
                 raise RendezvousTimeoutError(
                     f"closing {self.run_id!r} took longer than close_timeout={self._close_timeout}s"

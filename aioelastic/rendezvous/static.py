@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..store import EventType, LeaseKeeper, Watch
 from ._addr import default_addr, free_port, prefetch_default_addr
-from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys
+from ._state import ClosedRecord, NodeRecord, RoundRecord, RunKeys, static_members
 from .api import (
     RendezvousEvent,
     RendezvousEventKind,
@@ -103,7 +103,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
     @staticmethod
     def node_name(rank: int) -> str:
         """The node id of ``rank`` in the store (``rank<N>``)."""
-        return f"rank{rank}"
+        return f"rank{rank}"  # as _state.static_members names them
 
     def get_backend(self) -> str:
         return self._backend
@@ -159,7 +159,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
             round=0,
             rank=self._rank,
             world_size=self._world_size,
-            participants=record.members,  # one tuple, shared by the ranks of a process
+            participants=static_members(self._world_size),
             node_id=name,
             store=store.namespace(keys.data(0)),
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
@@ -181,8 +181,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
                 put = event.type is EventType.PUT
                 self._apply(event.kv.key, event.kv.value, put, found)
         rank0 = found[self.node_name(0)]
-        members = tuple(self.node_name(r) for r in range(self._world_size))
-        record = RoundRecord(0, members, rank0.addr, rank0.port)
+        record = RoundRecord(0, self._world_size, rank0.addr, rank0.port, chunks=0)
         await store.put(keys.round, record.encode(), lease=keeper.id)
         return record, revision
 
@@ -211,10 +210,10 @@ class StaticRendezvousHandler(_BuiltinHandler):
         if key != self._keys.round:
             return None
         record = RoundRecord.decode(key, value)
-        if len(record.members) != self._world_size:
+        if record.world_size != self._world_size or record.chunks != 0:
             raise RendezvousError(
                 f"static rendezvous {self.run_id!r}: the round record has "
-                f"{len(record.members)} ranks, this handler expects {self._world_size}"
+                f"{record.world_size} ranks, this handler expects {self._world_size}"
             )
         return record
 
