@@ -290,8 +290,13 @@ class TorchRendezvousHandler(torch_api.RendezvousHandler):  # type: ignore[misc]
 
 
 def _parameters(params: torch_api.RendezvousParameters) -> RendezvousParameters:
-    """torch's parameters as aioelastic's: the endpoint is a store URL or ``host[:port]``."""
+    """torch's parameters as aioelastic's: the endpoint is a store URL or ``host[:port]``.
+
+    torch's ``RendezvousInfo`` has no member list, so the handler does not read the round's
+    roster (``participants`` off, unless the config asks for it): a member reads its own rank
+    record only, O(1) bytes a join instead of O(N)."""
     config = dict(params.config)
+    config.setdefault("participants", False)
     endpoint = params.endpoint or ""
     if "://" in endpoint:
         config.setdefault("store_url", endpoint)

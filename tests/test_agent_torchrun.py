@@ -214,6 +214,28 @@ def test_handler_creator_and_registration() -> None:
     assert rendezvous_handler_registry._registry[BACKEND] is creator
 
 
+def test_torch_handlers_do_not_read_the_roster_unless_asked() -> None:
+    """torch's RendezvousInfo has no member list: the adapter's handler skips the roster read
+    (O(N) bytes per member at every round), unless the config sets ``participants``."""
+    from torch.distributed.elastic.rendezvous import api as torch_api
+
+    from aioelastic.rendezvous import DynamicRendezvousHandler
+    from aioelastic.torchrun import create_torch_handler
+
+    for config, reads_roster in (({}, False), ({"participants": "1"}, True)):
+        params = torch_api.RendezvousParameters(
+            "aioelastic", "memory://roster", "j", 1, 1, node_id="only", **config
+        )
+        handler = create_torch_handler(params)
+        try:
+            handler.next_rendezvous()
+            inner = handler._handler
+            assert isinstance(inner, DynamicRendezvousHandler)
+            assert inner._with_participants is reads_roster
+        finally:
+            handler.shutdown()
+
+
 def test_torchrun_finds_the_backend_through_its_entry_point() -> None:
     """torchrun loads rendezvous plugins from the ``torchrun.handlers`` entry-point group."""
     from importlib.metadata import entry_points
