@@ -97,6 +97,15 @@ class Connection:
         if not self._dispatching:  # received() writes its own batch
             self._schedule_flush()
 
+    def send_parts(self, head: bytes, shared: bytes) -> None:
+        """Queue one frame given as two parts: its own ``head`` and a ``shared`` tail (an event
+        blob written to many sessions: it reaches the transport as it is, never copied)."""
+        if self._closing:
+            return
+        self._outbox += (head, shared)
+        if not self._dispatching:
+            self._schedule_flush()
+
     def _schedule_flush(self) -> None:
         if self._flush_handle is None and not self._closing:
             self._flush_handle = self._loop.call_soon(self._flush)
