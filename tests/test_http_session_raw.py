@@ -7,6 +7,7 @@ and uvloop, and the shutdown."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -378,3 +379,32 @@ async def test_shutdown_ends_sessions_at_once_with_unavailable() -> None:
         assert await silent.closed()
         await asyncio.wait_for(closing, 10)
         assert loop.time() - started < 5  # not aiohttp's wait of its shutdown timeout
+
+
+@pytest.mark.asyncio
+async def test_an_idle_session_outlives_the_servers_read_deadline() -> None:
+    async with (
+        HttpStoreServer(port=0, read_timeout=0.2) as server,
+        session_wire(server.url) as wire,
+    ):
+        await wire.hello()
+        await asyncio.sleep(0.8)  # four read deadlines: no 408, no close
+        await wire.send([[REQUEST, 1, "revision", []]])
+        [answer] = await wire.recv()
+        assert answer[:2] == [RESULT, 1]
+
+
+@pytest.mark.asyncio
+async def test_two_hundred_raw_sessions_at_once() -> None:
+    async with HttpStoreServer(port=0) as server, contextlib.AsyncExitStack() as stack:
+        wires = await asyncio.gather(
+            *(stack.enter_async_context(session_wire(server.url)) for _ in range(200))
+        )
+        await asyncio.gather(*(wire.hello() for wire in wires))
+        assert server.statistics()["sessions"] == 200
+        await asyncio.gather(
+            *(w.send([[REQUEST, 1, "put", [f"many/{i}", b"x", 0]]]) for i, w in enumerate(wires))
+        )
+        answers = await asyncio.gather(*(wire.recv() for wire in wires))
+        assert sorted(frames[0][2] for frames in answers) == list(range(1, 201))
+    assert server.statistics()["sessions"] == 0
