@@ -408,3 +408,14 @@ async def test_two_hundred_raw_sessions_at_once() -> None:
         answers = await asyncio.gather(*(wire.recv() for wire in wires))
         assert sorted(frames[0][2] for frames in answers) == list(range(1, 201))
     assert server.statistics()["sessions"] == 0
+
+
+@pytest.mark.asyncio
+async def test_requests_sent_right_behind_the_hello_are_answered_after_the_welcome() -> None:
+    async with HttpStoreServer(port=0) as server, session_wire(server.url) as wire:
+        hello = pack([REQUEST, 0, "hello", {"versions": [1]}])
+        get = pack([REQUEST, 1, "get", ["x"]]) + pack([REQUEST, 2, "revision", []])
+        await wire.send_raw(message_header(len(hello)) + hello + message_header(len(get)) + get)
+        [welcome] = await wire.recv()
+        assert welcome[:2] == [RESULT, 0]
+        assert [f[:2] for f in await wire.recv()] == [[RESULT, 1], [RESULT, 2]]
