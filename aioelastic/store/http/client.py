@@ -20,9 +20,7 @@ from collections import deque
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult
-
-from yarl import URL
+from urllib.parse import SplitResult, urlsplit
 
 from ...errors import StoreClosedError, StoreConnectionError
 from .._base import Store, Watch
@@ -97,8 +95,8 @@ class HttpStore(Store):
         max_connections: int = 100,
     ) -> None:
         super().__init__()
-        base = URL(url)
-        if base.scheme not in ("http", "https") or not base.host:
+        base = urlsplit(url)
+        if base.scheme not in ("http", "https") or not base.hostname:
             raise ValueError(f"url must be http://host:port or https://host:port, got {url!r}")
         for name, number in (
             ("timeout", timeout),
@@ -120,7 +118,7 @@ class HttpStore(Store):
             raise ValueError(
                 f"max_connections must be an int >= 0 (0: no limit), got {max_connections!r}"
             )
-        self.url = str(base).rstrip("/")
+        self.url = url.rstrip("/")
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         if token is not None and any(c in token for c in "\r\n\0"):
