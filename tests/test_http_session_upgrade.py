@@ -3,13 +3,22 @@ server's answer read whatever the reads' boundaries, and every refusal mapped to
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
 
+import aiohttp.web
 import pytest
+from helpers.fake_session import Peer, fake_session_server, raw_answer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.errors import StoreAuthError, StoreConnectionError
+from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
+from aioelastic.store import open_store
+from aioelastic.store.http import HttpStore
+from aioelastic.store.http._frames import ERROR, RESULT
 from aioelastic.store.http._session_dial import NotYet, refusal_error
 from aioelastic.store.http._upgrade_answer import (
     BODY_LIMIT,
@@ -19,6 +28,7 @@ from aioelastic.store.http._upgrade_answer import (
     HeadError,
     upgrade_request,
 )
+from aioelastic.store.http.server import HttpStoreServer
 
 URL = "http://store:29400"
 SWITCH = (
@@ -192,3 +202,122 @@ def test_a_reason_that_is_not_json_is_quoted_in_short() -> None:
     assert code is None
     assert message.startswith("<html> <body>xxx")
     assert len(message) == 300
+
+
+# -- against servers on 127.0.0.1 -------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _websocket_only_server() -> AsyncIterator[str]:
+    """An aiohttp app whose ``/v1/session`` is a WebSocket, as aioelastic's before the raw
+    session transport: it answers any other upgrade with aiohttp's 400."""
+
+    async def session(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.close()
+        return ws
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/v1/session", session)
+    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_a_websocket_only_server_is_a_clear_error_at_once() -> None:
+    async with _websocket_only_server() as url, open_store(url, timeout=30) as store:
+        assert isinstance(store, HttpStore)
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as info:
+            await store.get("k")
+        assert time.monotonic() - started < 10  # not retried until the deadline
+        message = str(info.value)
+        assert message.startswith(
+            f"the server at {url} does not speak the session transport aioelastic-session/1 "
+            "(HTTP 400: "
+        )
+        assert "WebSocket" in message  # aiohttp's own words, quoted
+        assert message.endswith("upgrade aioelastic on the server")
+        assert store.session.connect_retries == 0
+
+
+@pytest.mark.asyncio
+async def test_a_503_at_the_upgrade_is_tried_again_then_the_session_opens() -> None:
+    busy = raw_answer(503, b'{"error": "too_many_connections", "message": "full, 4 of 4"}')
+    async with (
+        fake_session_server(_echo_none, refuse=lambda n: busy if n <= 2 else None) as (url, seen),
+        open_store(url, timeout=30) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        assert await store.get("k") is None
+        assert store.session.connect_retries == 2
+        assert seen.connections == 3
+
+
+@pytest.mark.asyncio
+async def test_a_503_until_the_deadline_says_the_servers_reason() -> None:
+    busy = raw_answer(503, b'{"error": "too_many_connections", "message": "full, 4 of 4"}')
+    async with (
+        fake_session_server(_echo_none, refuse=lambda n: busy) as (url, _),
+        open_store(url, timeout=0.5, read_retries=0) as store,
+    ):
+        with pytest.raises(StoreConnectionError, match=r"HTTP 503: full, 4 of 4 \(still, after"):
+            await store.get("k")
+
+
+@pytest.mark.asyncio
+async def test_a_401_at_the_upgrade_is_an_auth_error_with_the_servers_words() -> None:
+    async with (
+        HttpStoreServer(port=0, token="right") as server,
+        open_store(server.url, token="wrong") as store,
+    ):
+        with pytest.raises(StoreAuthError, match=r"refused the token \(HTTP 401: .+\)"):
+            await store.get("k")
+
+
+async def _echo_none(peer: Peer, frame: list[Any]) -> None:
+    peer.send([RESULT, frame[1], None])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("length", [0, 1 << 31 | 1])
+async def test_a_bad_message_length_from_the_server_ends_the_connection(length: int) -> None:
+    async def bad_length(peer: Peer, frame: list[Any]) -> None:
+        peer.send_raw(length.to_bytes(4, "big") + b"xyz")
+
+    async with (
+        fake_session_server(bad_length) as (url, seen),
+        open_store(url, read_retries=1) as store,
+    ):
+        with pytest.raises(StoreConnectionError, match="malformed answer") as info:
+            await store.get("k")
+        assert not isinstance(info.value, WriteOutcomeUnknownError)
+        assert f"a message of {length} bytes" in str(info.value)
+        assert seen.ops == ["get", "get"]  # a read is sent again, on a new connection
+        with pytest.raises(WriteOutcomeUnknownError, match="malformed answer"):
+            await store.put("k", b"v")
+        assert seen.connections == 3
+
+
+@pytest.mark.asyncio
+async def test_the_servers_last_error_frame_is_the_reason_callers_get() -> None:
+    async def too_slow(peer: Peer, frame: list[Any]) -> str:
+        peer.send([ERROR, 0, "too_slow", "the client read nothing for 30 s", {}])
+        return "hang up"
+
+    async with (
+        fake_session_server(too_slow) as (url, _),
+        open_store(url, read_retries=0) as store,
+    ):
+        with pytest.raises(StoreConnectionError) as info:
+            await store.get("k")
+        assert "the server said: the client read nothing for 30 s (too_slow)" in str(info.value)
+        with pytest.raises(WriteOutcomeUnknownError, match=r"\(too_slow\)"):
+            await store.put("k", b"v")

@@ -70,6 +70,7 @@ async def fake_session_server(
     or ``None`` to upgrade it."""
     seen = Seen()
     tasks: set[asyncio.Task[None]] = set()
+    writers: list[asyncio.StreamWriter] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.connections += 1
@@ -107,6 +108,7 @@ async def fake_session_server(
             writer.close()
 
     def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)  # (closed at the end even if its task never ran)
         task = asyncio.ensure_future(handle(reader, writer))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -120,6 +122,8 @@ async def fake_session_server(
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for writer in writers:
+            writer.transport.abort()
         await server.wait_closed()
 
 

@@ -1,10 +1,11 @@
 """The HTTP store client: ``open_store("http://host:29400")`` / ``https://``.
 
-Every request, watch and lease keep-alive of one store goes over one session: a WebSocket to
-``aioelastic serve`` at ``/v1/session`` with msgpack frames (:mod:`._session_client`; the protocol
-is in ``docs/http-api.md``). Requests are pipelined; watches are pushed by the server. Reads are
-retried on connection errors; writes never are: a write whose request may have reached the server
-raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
+Every request, watch and lease keep-alive of one store goes over one session: a connection to
+``aioelastic serve`` at ``/v1/session`` upgraded to the session transport, msgpack frames in
+length-prefixed messages (:mod:`._session_client`; the protocol is in ``docs/http-api.md``).
+Requests are pipelined; watches are pushed by the server. Reads are retried on connection
+errors; writes never are: a write whose request may have reached the server raises
+:class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
 :class:`~aioelastic.errors.WriteTimeoutError` (also a ``StoreTimeoutError``) when no answer came
 before the deadline. A lost session is resumed at once (its leases stay, see "session-bound
 leases" in ``docs/store.md``) and every watch resumes from the last revision seen + 1, so no event
