@@ -27,9 +27,9 @@ each sending its own message; the servers answer everything one read brought in 
   value]`` (64 bytes) encoded back, decoded by the client and matched to its caller by id;
 - ``session get (store client)``: the store's ``get`` of a 64-byte value from ``aioelastic
   serve`` (whatever transport the client speaks);
-- ``serve, raw upgrade, by hand`` and ``serve, WebSocket, by hand``: the session protocol's
-  ``get`` frames written by hand to ``aioelastic serve`` over each of its two upgrades of
-  ``/v1/session`` (the same frames, batches and server; only the transport differs);
+- ``serve, raw upgrade, by hand``: the session protocol's ``get`` frames written by hand to
+  ``aioelastic serve`` over its upgrade of ``/v1/session`` (the server's cost with no client
+  library in between);
 - ``TCPStore get``: torch's C++ store, its server a subprocess too, sequential only.
 
 Each server is a subprocess, so server and client have a core each; CPU per trip of both sides
@@ -407,42 +407,6 @@ async def _session_pattern(
     return result
 
 
-async def _serve_ws_get(port: int, pid: int, trips: int, depth: int) -> tuple[Figure, Figure]:
-    """The same by hand over the WebSocket upgrade of ``/v1/session`` (one message a batch)."""
-    waiting: dict[int, asyncio.Future[Any]] = {}
-    out: list[bytes] = []
-    async with (
-        aiohttp.ClientSession() as http,
-        http.ws_connect(f"http://127.0.0.1:{port}/v1/session", compress=0) as ws,
-    ):
-
-        async def read() -> None:
-            async for message in ws:
-                for _kind, request_id, value in _unpack(message.data):
-                    waiting.pop(request_id).set_result(value)
-
-        reader = asyncio.ensure_future(read())
-
-        sending: set[asyncio.Task[None]] = set()
-
-        def flush() -> None:
-            batch = b"".join(out)
-            out.clear()
-            task = asyncio.ensure_future(ws.send_bytes(batch))
-            sending.add(task)
-            task.add_done_callback(sending.discard)
-
-        def send(framed: bytes) -> None:
-            if not out:
-                asyncio.get_running_loop().call_soon(flush)
-            out.append(framed[4:])  # a WebSocket message has its own length
-
-        try:
-            return await _session_pattern(pid, trips, depth, waiting, send)
-        finally:
-            reader.cancel()
-
-
 def _tcpstore_get(port: int, pid: int, trips: int) -> Figure:
     distributed: Any = importlib.import_module("torch.distributed")
     client = distributed.TCPStore("127.0.0.1", port, is_master=False)
@@ -468,7 +432,7 @@ def _start(kind: str, loop: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     server = {"ws": "aiohttp", "upgrade": "aiohttp", "get": "aiohttp"}.get(kind, kind)
     command = [sys.executable, "-m", "benchmarks.upgrade_floor", "--loop", loop, "--serve", server]
-    if kind in ("session", "rawsession", "wssession"):
+    if kind in ("session", "rawsession"):
         command = [sys.executable, "-m", "aioelastic", "serve", "--port", "0", "--loop", loop]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout is not None
@@ -487,7 +451,6 @@ LABELS = {
     "get": "upgrade + frames, get",
     "session": "session get (store client)",
     "rawsession": "serve, raw upgrade, by hand",
-    "wssession": "serve, WebSocket, by hand",
 }
 
 
@@ -503,7 +466,6 @@ def _round(kind: str, loop: str, args: argparse.Namespace) -> tuple[Figure, Figu
             "get": _upgrade_get,
             "session": _session_client,
             "rawsession": _serve_session_get,
-            "wssession": _serve_ws_get,
         }
         seq, many = _run(clients[kind](port, proc.pid, args.trips, args.depth), loop)
         return seq, many
@@ -570,7 +532,7 @@ def _report(
     version = importlib.import_module("torch").__version__
     print(_row(f"TCPStore get (torch {version}), sequential", runs["tcpstore"][0]))
     tcp = statistics.median(r[0] for r in runs["tcpstore"][0])
-    for kind in ("get", "session", "rawsession", "wssession"):
+    for kind in ("get", "session", "rawsession"):
         if kind not in runs:
             continue
         one = statistics.median(r[0] for r in runs[kind][0])

@@ -419,3 +419,18 @@ async def test_requests_sent_right_behind_the_hello_are_answered_after_the_welco
         [welcome] = await wire.recv()
         assert welcome[:2] == [RESULT, 0]
         assert [f[:2] for f in await wire.recv()] == [[RESULT, 1], [RESULT, 2]]
+
+
+@pytest.mark.asyncio
+async def test_a_websocket_upgrade_is_refused_with_a_clear_426() -> None:
+    async with HttpStoreServer(port=0) as server:
+        status, headers, body = await upgrade_answer(server.url, "websocket")
+        assert status == 426
+        assert headers["upgrade"] == UPGRADE
+        answer = json.loads(body)
+        assert answer["error"] == "upgrade_required"
+        assert "older than the server" in answer["message"]
+        async with aiohttp.ClientSession() as http:  # what a client from before sees: no hang
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await asyncio.wait_for(http.ws_connect(f"{server.url}/v1/session"), 10)
+        assert refused.value.status == 426

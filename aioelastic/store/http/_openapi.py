@@ -181,7 +181,7 @@ def _service_schemas() -> dict[str, Any]:
 
 
 def _service_paths() -> dict[str, Any]:
-    """Liveness, metrics, this document and the session WebSocket."""
+    """Liveness, metrics, this document and the session's upgrade."""
     return {
         "/healthz": {
             "get": {
@@ -227,12 +227,14 @@ def _service_paths() -> dict[str, Any]:
                         "name": "Upgrade",
                         "in": "header",
                         "required": True,
-                        "schema": {"enum": ["aioelastic-session/1", "websocket"]},
+                        "schema": {"const": "aioelastic-session/1"},
                     }
                 ],
                 "responses": {
                     "101": {"description": "switching to the session stream"},
-                    "426": _error("no upgrade, or not to aioelastic-session/1"),
+                    "426": _error(
+                        "no upgrade, or not to aioelastic-session/1 (a WebSocket included)"
+                    ),
                     "503": _error("the server is shutting down"),
                     **_COMMON,
                 },

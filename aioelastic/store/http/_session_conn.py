@@ -4,7 +4,7 @@ A :class:`Connection` is fed the messages its transport read (:meth:`Connection.
 answers every frame of them from the operation table (:mod:`._session_ops`) and hands what it has
 to say to its :class:`Sender` as **one** message per batch: the answers of everything one read
 brought, or (from a callback scheduled once per loop iteration) the events of every watch that
-woke and the answers that waited for durability. The transport (the raw upgrade,
+woke and the answers that waited for durability. The transport (the upgraded connection,
 :mod:`._session_raw`) only moves bytes: every line of session logic is here.
 """
 

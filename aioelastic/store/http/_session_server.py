@@ -4,10 +4,9 @@ watches and lease keep-alives (see ``docs/http-api.md``, "The session protocol")
 :class:`SessionHub` holds the sessions of one server. A session outlives its connection for a
 grace period: the leases it granted are revoked when the connection ends (FIN or RST) and the
 client has not resumed the session (its hello names the session's resume token) within
-``grace`` seconds. ``GET /v1/session`` upgrades to the raw session stream (:mod:`._session_raw`)
-or, for older clients, to a WebSocket (:mod:`._session_ws`); either way the connection's first
-message is the hello (:meth:`SessionHub.greet`) and the rest is a
-:class:`~._session_conn.Connection`.
+``grace`` seconds. ``GET /v1/session`` upgrades to the session stream (:mod:`._session_raw`,
+any other upgrade gets 426); the connection's first message is the hello
+(:meth:`SessionHub.greet`) and the rest is a :class:`~._session_conn.Connection`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from aiohttp import web
 
 from ...errors import LeaseNotFoundError, StoreClosedError
 from ..memory import LeaseChange, MemoryEngine
-from . import _session_raw, _session_ws
+from . import _session_raw
 from ._blob_cache import BlobCache
 from ._errors import error_response
 from ._frames import (
@@ -170,13 +169,19 @@ class SessionHub:
             upgrade = ""  # an Upgrade header means nothing without "Connection: Upgrade"
         if upgrade == UPGRADE:
             return await _session_raw.upgrade(self, request)
-        if upgrade == "websocket":
-            return await _session_ws.websocket(self, request)
+        message = (
+            f"/v1/session speaks the session protocol: send 'Connection: Upgrade' and "
+            f"'Upgrade: {UPGRADE}' (got Upgrade {request.headers.get('Upgrade', '')[:60]!r})"
+        )
+        if upgrade == "websocket":  # a client from before the session stream
+            message = (
+                f"this server's sessions are {UPGRADE}, no longer a WebSocket: the client is "
+                "older than the server; upgrade aioelastic on the client"
+            )
         return error_response(
             426,
             "upgrade_required",
-            f"/v1/session speaks the session protocol: send 'Connection: Upgrade' and "
-            f"'Upgrade: {UPGRADE}' (got Upgrade {request.headers.get('Upgrade', '')[:60]!r})",
+            message,
             {"Upgrade": UPGRADE, "Connection": "Upgrade"},
             upgrade=UPGRADE,
         )
