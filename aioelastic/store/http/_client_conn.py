@@ -193,8 +193,16 @@ class Connection(asyncio.Protocol):
     # -- outgoing
 
     def send(self, frame: list[Any]) -> None:
-        """Queue ``frame``: every frame queued in one loop turn goes as one message, one write."""
-        self._outbox.append(pack(frame))
+        """Send ``frame``: at once when it is the one request pending (a sequential caller's:
+        no loop turn spent waiting for the flush), else queued, and every frame queued in one
+        loop turn goes as one message, in one write."""
+        data = pack(frame)
+        if len(self.pending) <= 1 and not self._outbox and not self.paused:
+            transport = self.transport
+            if transport is not None and not self.lost:
+                transport.write(message_header(len(data)) + data)
+            return
+        self._outbox.append(data)
         if not self._flush_due:
             self._flush_due = True
             self.loop.call_soon(self._flush)

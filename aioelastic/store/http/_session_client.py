@@ -294,65 +294,71 @@ class SessionClient:
 
     def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
         """Send one request and return its answer's value, or raise an aioelastic error."""
-        if self._limit is None:
-            return self._call(op, args, write, what)  # (no coroutine frame of its own)
-        return self._call_limited(self._limit, op, args, write, what)
-
-    async def _call_limited(
-        self, limit: _Slots, op: str, args: list[Any], write: bool, what: str
-    ) -> Any:
-        if not limit.try_take():
-            try:
-                async with asyncio.timeout(self.request_timeout):
-                    await limit.take()
-            except TimeoutError:
-                # nothing was sent: the outcome is known (not applied), even for a write
-                raise StoreConnectionError(
-                    f"{what}: no request slot within {self.request_timeout:g}s "
-                    "(max_connections requests in flight)"
-                ) from None
-        try:
-            return await self._call(op, args, write, what)
-        finally:
-            limit.give()
+        return self._call(op, args, write, what)  # (no coroutine frame of its own)
 
     async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
-        attempts = 1 if write else 1 + self.read_retries
-        for attempt in range(attempts):
-            conn = self._conn
-            if conn is None:
+        limit = self._limit
+        if limit is not None and not limit.try_take():
+            await self._slot(limit, what)
+        try:
+            attempts = 1 if write else 1 + self.read_retries
+            for attempt in range(attempts):
+                conn = self._conn
+                if conn is None:
+                    try:
+                        conn = await self.connection()
+                    except StoreConnectionError:
+                        # Not connected: nothing was sent, so even a write had no effect.
+                        if attempt + 1 == attempts:
+                            raise
+                        await asyncio.sleep(0.05 * 2**attempt)
+                        continue
+                rid = self._take_id()
+                future: asyncio.Future[Any] = conn.loop.create_future()
+                conn.request(rid, future, write, self.request_timeout)
+                conn.send([REQUEST, rid, op, args])
                 try:
-                    conn = await self.connection()
-                except StoreConnectionError:
-                    # Not connected: nothing was sent, so even a write had no effect.
-                    if attempt + 1 == attempts:
-                        raise
-                    await asyncio.sleep(0.05 * 2**attempt)
-                    continue
-            rid = self._take_id()
-            future: asyncio.Future[Any] = conn.loop.create_future()
-            conn.request(rid, future, write, self.request_timeout)
-            conn.send([REQUEST, rid, op, args])
-            try:
-                return await future
-            except Refused as refused:
-                raise refused.error(what, write=write) from None
-            except TimeoutError:
-                raise self._timed_out(what, write) from None
-            except ConnectionLost as exc:
-                if self.closed:
-                    raise StoreClosedError(f"the store was closed during {what}") from None
-                if write:
-                    raise WriteOutcomeUnknownError(
-                        f"{what}: the session to {self.url} was lost after the request was sent "
-                        f"({exc}); it may or may not have applied"
-                    ) from None
-                if attempt + 1 == attempts:
-                    raise StoreConnectionError(
-                        f"{what}: the session to {self.url} was lost ({exc})"
-                    ) from None
-                await asyncio.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+                    return await future
+                except Refused as refused:
+                    raise refused.error(what, write=write) from None
+                except TimeoutError:
+                    raise self._timed_out(what, write) from None
+                except ConnectionLost as exc:
+                    error = self._lost_error(exc, what, write, last=attempt + 1 == attempts)
+                    if error is not None:
+                        raise error from None
+                await asyncio.sleep(0.05 * 2**attempt)  # a read, sent again
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            if limit is not None:
+                limit.give()
+
+    async def _slot(self, limit: _Slots, what: str) -> None:
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await limit.take()
+        except TimeoutError:
+            # nothing was sent: the outcome is known (not applied), even for a write
+            raise StoreConnectionError(
+                f"{what}: no request slot within {self.request_timeout:g}s "
+                "(max_connections requests in flight)"
+            ) from None
+
+    def _lost_error(
+        self, exc: ConnectionLost, what: str, write: bool, *, last: bool
+    ) -> Exception | None:
+        """The error for a request whose connection was lost after it was sent (``None``: a
+        read, to be sent again)."""
+        if self.closed:
+            return StoreClosedError(f"the store was closed during {what}")
+        if write:
+            return WriteOutcomeUnknownError(
+                f"{what}: the session to {self.url} was lost after the request was sent "
+                f"({exc}); it may or may not have applied"
+            )
+        if last:
+            return StoreConnectionError(f"{what}: the session to {self.url} was lost ({exc})")
+        return None
 
     def _timed_out(self, what: str, write: bool) -> Exception:
         if self.closed:
