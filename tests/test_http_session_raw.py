@@ -226,6 +226,16 @@ async def test_a_bad_message_length_is_a_bad_frame() -> None:
                 assert frame[:3] == [ERROR, 0, "bad_frame"]
                 assert f"the limit is 1 to {limit}" in frame[3]
                 assert await wire.closed()
+        async with session_wire(server.url) as wire:  # a whole message before it is answered
+            await wire.hello()
+            body = pack([REQUEST, 1, "put", ["before", b"1", 0]])
+            await wire.send_raw(message_header(len(body)) + body + message_header(0))
+            [answer] = await wire.recv()
+            assert answer[:2] == [RESULT, 1]
+            [frame] = await wire.recv()
+            assert frame[:3] == [ERROR, 0, "bad_frame"]
+            assert await wire.closed()
+        assert server.engine.get("before") is not None
         async with session_wire(server.url) as wire:  # before the hello too
             await wire.send_raw(message_header(0))
             [frame] = await wire.recv()

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._frames import ERROR, FrameError, pack
+from ._frames import ERROR, pack
 from ._session_conn import Connection
-from ._session_stream import UPGRADE, MessageReader, message_header
+from ._session_stream import UPGRADE, MessageLengthError, MessageReader, message_header
 
 if TYPE_CHECKING:
     from ._session_server import SessionHub
@@ -80,11 +80,17 @@ class RawSession(asyncio.Protocol):
             return
         if self._ended:
             return
+        error = None
         try:
             bodies = self.reader.feed(data)
-        except FrameError as exc:
-            self._refuse_or_drop("bad_frame", str(exc))
-            return
+        except MessageLengthError as exc:  # the messages before it are answered first
+            bodies, error = exc.messages, str(exc)
+        if bodies:
+            self._handle(bodies)
+        if error is not None and not self._ended:
+            self._refuse_or_drop("bad_frame", error)
+
+    def _handle(self, bodies: list[bytes]) -> None:
         connection = self.connection
         if connection is None:
             if not bodies:
