@@ -1,17 +1,30 @@
 """One connection of a session, as an :class:`asyncio.Protocol` (no reader task, no await per
 message): the upgrade's answer, then messages cut from the stream and their frames handed to the
-session synchronously (:meth:`Connection.attach`), requests made in one loop turn written as one
-message, requests' deadlines kept by one timer, and the silence watchdog.
+requests and watches synchronously (answers to the requests' futures in
+:mod:`._client_requests`, which keeps their deadlines), requests made in one loop turn written as
+one message, and the silence watchdog.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from typing import Any, cast
 
-from ._frames import FrameError, pack, unpack_all
+from .._types import WatchEvent
+from ._client_requests import Requests
+from ._frames import (
+    ERROR,
+    EVENTS,
+    PROGRESS,
+    RESULT,
+    WATCH_END,
+    FrameError,
+    decode_events,
+    pack,
+    unpack_all,
+)
+from ._session_errors import Refused
 from ._session_stream import MessageReader, message_header
 from ._upgrade_answer import Answer, AnswerReader, HeadError
 
@@ -19,8 +32,6 @@ __all__ = ["Connection", "ConnectionLost"]
 
 #: the largest message accepted from the server (its frames are bounded by their own limits)
 MAX_MESSAGE = 1 << 31
-#: pending[rid] = (future, write, deadline): the deadline in loop time (inf: none)
-Pending = tuple["asyncio.Future[Any]", bool, float]
 
 
 class ConnectionLost(Exception):
@@ -37,10 +48,11 @@ class Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, Pending] = {}
+        self.pending = Requests(loop, self._expired)
         self.watches: dict[int, Any] = {}  # id -> SessionWatch
         self.max_message = 4 << 20  # the server's bound, from its welcome
         self.lost = False
+        self.ending = False  # aborted or closed by us: what still arrives is not handled
         self.reason = ""
         #: messages received since the 101 (for tests and statistics)
         self.messages_received = 0
@@ -53,13 +65,13 @@ class Connection(asyncio.Protocol):
         self._messages: MessageReader | None = None
         self._early: list[bytes] = []  # messages before attach()
         self._waiter: asyncio.Future[Any] | None = None  # the dialer's
-        self._on_frame: Callable[[Connection, list[Any]], None] | None = None
+        self._attached = False
         self._on_lost: Callable[[Connection], None] | None = None
         self._outbox: list[bytes] = []
         self._flush_due = False
         self.paused = False
-        self._sweep: asyncio.TimerHandle | None = None
-        self._sweep_at = math.inf
+        self._last_blob = b""  # the last events' blob, and them decoded
+        self._last_events: list[WatchEvent] = []
 
     # -- the dialer's side
 
@@ -96,14 +108,9 @@ class Connection(asyncio.Protocol):
             else:
                 waiter.set_result(value)
 
-    def attach(
-        self,
-        on_frame: Callable[[Connection, list[Any]], None],
-        on_lost: Callable[[Connection], None],
-        max_message: int,
-    ) -> None:
-        """From now on the session handles this connection's frames and its end."""
-        self._on_frame, self._on_lost = on_frame, on_lost
+    def attach(self, on_lost: Callable[[Connection], None], max_message: int) -> None:
+        """From now on the frames go to the requests and watches, and the end to ``on_lost``."""
+        self._attached, self._on_lost = True, on_lost
         self.max_message = max_message
         early, self._early = self._early, []
         for message in early:
@@ -115,6 +122,8 @@ class Connection(asyncio.Protocol):
     # -- incoming
 
     def data_received(self, data: bytes) -> None:
+        if self.ending:
+            return
         self.last_received = self.loop.time()
         messages = self._messages
         try:
@@ -130,7 +139,7 @@ class Connection(asyncio.Protocol):
             self.abort(f"a malformed answer from the server: {exc}")
             return
         self.messages_received += len(cut)
-        if self._on_frame is None:
+        if not self._attached:
             self._early += cut
             waiter = self._waiter
             if self._early and waiter is not None and not waiter.done():
@@ -156,14 +165,42 @@ class Connection(asyncio.Protocol):
 
     def _message(self, message: bytes) -> bool:
         """Hand ``message``'s frames to the session; False once the connection is ending."""
-        on_frame = self._on_frame
-        assert on_frame is not None
         try:
             for frame in unpack_all(message, max_len=MAX_MESSAGE):
-                on_frame(self, frame)
+                self._dispatch(frame)
         except (FrameError, ValueError, TypeError, LookupError) as exc:
             self.abort(f"a malformed frame from the server: {exc}")
-        return not self.reason
+        return not self.ending
+
+    def _dispatch(self, frame: list[Any]) -> None:
+        kind, rid = frame[0], frame[1]
+        if kind in (RESULT, ERROR):
+            entry = self.pending.pop(rid, None)
+            if entry is None:
+                if kind == ERROR and rid == 0:  # the connection's end, and why
+                    self.reason = f"the server said: {frame[3]} ({frame[2]})"
+                return
+            future = entry[0]
+            if not future.done():
+                if kind == RESULT:
+                    future.set_result(frame[2])
+                else:
+                    future.set_exception(Refused(frame[2], frame[3], frame[4]))
+            return
+        watch = self.watches.get(rid)
+        if watch is None:
+            return
+        if kind == EVENTS:
+            blob = frame[2]
+            if blob != self._last_blob:  # watches at one position share the decoded events
+                self._last_events = decode_events(blob)
+                self._last_blob = blob
+            watch.on_events(self._last_events)
+        elif kind == PROGRESS:
+            watch.on_progress(frame[2])
+        elif kind == WATCH_END:
+            del self.watches[rid]
+            watch.on_end(self, frame[2], frame[3], frame[4])
 
     def eof_received(self) -> bool | None:
         return None  # the server is done: close our end too
@@ -176,9 +213,9 @@ class Connection(asyncio.Protocol):
             self.reason = f"{type(exc).__name__}: {exc}"
         if not self.closed.done():
             self.closed.set_result(None)
-        for handle in (self._sweep, self.watchdog):
-            if handle is not None:
-                handle.cancel()
+        self.pending.cancel()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         self._outbox.clear()
         if self._answer is not None and self._waiter is not None:
             try:  # a refusal whose body ends with the connection
@@ -244,41 +281,10 @@ class Connection(asyncio.Protocol):
 
     # -- requests' deadlines and the watchdog
 
-    def request(self, rid: int, future: asyncio.Future[Any], write: bool, timeout: float) -> None:
-        """Track a request sent (or about to be): its answer's ``future`` fails with
-        :class:`TimeoutError` ``timeout`` seconds from now. One timer for every request of the
-        connection, at the earliest deadline (not a timer made and cancelled per request); the
-        sweep when it fires is over the requests pending then, once per timeout at most."""
-        deadline = self.loop.time() + timeout if timeout < 1e9 else math.inf
-        self.pending[rid] = (future, write, deadline)
-        if deadline < self._sweep_at:
-            self._arm(deadline)
-
-    def _arm(self, at: float) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-        self._sweep_at = at
-        self._sweep = self.loop.call_at(at, self._expire)
-
-    def _expire(self) -> None:
-        self._sweep, self._sweep_at = None, math.inf
-        now = self.loop.time()
-        expired: list[int] = []
-        next_at = math.inf
-        for rid, (future, _, deadline) in self.pending.items():
-            if future.done() or deadline <= now:
-                expired.append(rid)  # (done: its caller was cancelled, nobody waits for it)
-            elif deadline < next_at:
-                next_at = deadline
-        for rid in expired:
-            future = self.pending.pop(rid)[0]
-            if not future.done():
-                future.set_exception(TimeoutError())
-        if expired and self.paused:
+    def _expired(self) -> None:
+        if self.paused:
             # the server has not read for a whole request timeout: it is stuck, or too slow
             self.abort("the server stopped reading (a request's deadline passed unsent)")
-        elif next_at < math.inf:
-            self._arm(next_at)
 
     def check_silence(self, silence: float) -> None:
         """The watchdog: a connection with watches hears from the server at least every
@@ -301,11 +307,13 @@ class Connection(asyncio.Protocol):
         """End the connection now (``reason``: what the pending requests' errors say)."""
         if not self.reason:
             self.reason = reason
+        self.ending = True
         if self.transport is not None and not self.lost:
             self.transport.abort()
 
     def close(self) -> None:
         """End the connection after what was written (a FIN: the session ends or detaches)."""
+        self.ending = True
         if self.transport is not None and not self.lost:
             self._flush()
             self.transport.close()

@@ -27,23 +27,13 @@ from ...errors import (
     StoreAuthError,
     StoreClosedError,
     StoreConnectionError,
-    StoreTimeoutError,
-    WriteOutcomeUnknownError,
-    WriteTimeoutError,
 )
-from .._types import WatchEvent
 from ._client_conn import Connection, ConnectionLost
 from ._frames import (
-    ERROR,
-    EVENTS,
-    PROGRESS,
     REQUEST,
-    RESULT,
-    WATCH_END,
-    decode_events,
 )
 from ._session_dial import Backoff, Dialer, NotYet
-from ._session_errors import Refused, error_from_frame
+from ._session_errors import Refused, error_from_frame, lost_error, timed_out
 
 __all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
 
@@ -81,8 +71,6 @@ class SessionClient:
         self._resume: str | None = None
         self.leases: set[int] = set()  # granted through this session (claimed on a new one)
         self.watches: set[Any] = set()  # every live SessionWatch
-        self._last_blob = b""
-        self._last_events: list[WatchEvent] = []
         self.closed = False
         self.version = 0
         self.grace = 0.0
@@ -185,50 +173,16 @@ class SessionClient:
         silence = 3 * self.progress_interval
         conn.watchdog = conn.loop.call_later(silence, conn.check_silence, silence)
         self._conn = conn
-        conn.attach(self._on_frame, self._lost, int(welcome.get("max_message", 4 << 20)))
+        conn.attach(self._lost, int(welcome.get("max_message", 4 << 20)))
         for watch in list(self.watches):
             watch.resubscribe(self, conn)
         return conn
-
-    def _on_frame(self, conn: Connection, frame: list[Any]) -> None:
-        kind, rid = frame[0], frame[1]
-        if kind in (RESULT, ERROR):
-            entry = conn.pending.pop(rid, None)
-            if entry is None:
-                if kind == ERROR and rid == 0:  # the connection's end, and why
-                    conn.reason = f"the server said: {frame[3]} ({frame[2]})"
-                return
-            future = entry[0]
-            if not future.done():
-                if kind == RESULT:
-                    future.set_result(frame[2])
-                else:
-                    future.set_exception(Refused(frame[2], frame[3], frame[4]))
-            return
-        watch = conn.watches.get(rid)
-        if watch is None:
-            return
-        if kind == EVENTS:
-            blob = frame[2]
-            if blob != self._last_blob:  # watches at one position share the decoded events
-                self._last_events = decode_events(blob)
-                self._last_blob = blob
-            watch.on_events(self._last_events)
-        elif kind == PROGRESS:
-            watch.on_progress(frame[2])
-        elif kind == WATCH_END:
-            del conn.watches[rid]
-            watch.on_end(conn, frame[2], frame[3], frame[4])
 
     def _lost(self, conn: Connection) -> None:
         """The connection ended (``conn.reason`` says why, when known)."""
         if self._conn is conn:
             self._conn = None
-        lost = ConnectionLost(conn.reason or "the connection ended")
-        for future, _, _ in conn.pending.values():
-            if not future.done():
-                future.set_exception(lost)
-        conn.pending.clear()
+        conn.pending.fail_all(ConnectionLost(conn.reason or "the connection ended"))
         conn.watches.clear()
         if not self.closed and (self.watches or self.leases):
             self._start_reconnecting()
@@ -271,7 +225,7 @@ class SessionClient:
             conn.unwatched_at = loop.time()
         conn.watches[rid] = watch
         future: asyncio.Future[Any] = loop.create_future()
-        conn.request(rid, future, False, math.inf)  # (its caller keeps its own deadline)
+        conn.pending.track(rid, future, False, math.inf)  # (its caller keeps its own deadline)
         conn.send([REQUEST, rid, "watch", args])
         watch.wire_id = rid
         return future
@@ -315,16 +269,16 @@ class SessionClient:
                         continue
                 rid = self._take_id()
                 future: asyncio.Future[Any] = conn.loop.create_future()
-                conn.request(rid, future, write, self.request_timeout)
+                conn.pending.track(rid, future, write, self.request_timeout)
                 conn.send([REQUEST, rid, op, args])
                 try:
                     return await future
                 except Refused as refused:
                     raise refused.error(what, write=write) from None
                 except TimeoutError:
-                    raise self._timed_out(what, write) from None
+                    raise timed_out(self, what, write) from None
                 except ConnectionLost as exc:
-                    error = self._lost_error(exc, what, write, last=attempt + 1 == attempts)
+                    error = lost_error(self, exc, what, write, last=attempt + 1 == attempts)
                     if error is not None:
                         raise error from None
                 await asyncio.sleep(0.05 * 2**attempt)  # a read, sent again
@@ -343,34 +297,6 @@ class SessionClient:
                 f"{what}: no request slot within {self.request_timeout:g}s "
                 "(max_connections requests in flight)"
             ) from None
-
-    def _lost_error(
-        self, exc: ConnectionLost, what: str, write: bool, *, last: bool
-    ) -> Exception | None:
-        """The error for a request whose connection was lost after it was sent (``None``: a
-        read, to be sent again)."""
-        if self.closed:
-            return StoreClosedError(f"the store was closed during {what}")
-        if write:
-            return WriteOutcomeUnknownError(
-                f"{what}: the session to {self.url} was lost after the request was sent "
-                f"({exc}); it may or may not have applied"
-            )
-        if last:
-            return StoreConnectionError(f"{what}: the session to {self.url} was lost ({exc})")
-        return None
-
-    def _timed_out(self, what: str, write: bool) -> Exception:
-        if self.closed:
-            return StoreClosedError(f"the store was closed during {what}")
-        if write:
-            # Sent, and no answer before the deadline: a timeout (StoreTimeoutError) whose
-            # outcome is unknown (WriteOutcomeUnknownError), as with etcd.
-            return WriteTimeoutError(
-                f"{what} timed out: sent to {self.url}, no answer within the "
-                f"{self.request_timeout:g}s deadline; it may or may not have applied"
-            )
-        return StoreTimeoutError(f"{what} timed out ({self.url})")
 
     # -- closing
 
