@@ -1,5 +1,5 @@
 """``aioelastic etcd``: start a local etcd (one member or a cluster) for development, with
-:class:`~aioelastic.etcd_server.EtcdServer` (the command of ``etcd_server.py``, next to it).
+:class:`~aioelastic.etcd_server.EtcdServer` (the command next to the ``etcd_server`` package).
 
 Prints the endpoints and the store URL, then runs until Ctrl-C (or SIGTERM), and stops the members
 cleanly. Top-level imports stay light: the server is imported when the command runs.

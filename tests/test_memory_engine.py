@@ -157,13 +157,15 @@ def test_a_woken_watcher_reads_its_events_without_scanning_the_others() -> None:
     assert watcher.hits is not None
     assert len(watcher.hits) == 2
     assert [e.kv.key for e in engine.read_events(watcher)] == ["a/1", "a/2"]
-    assert watcher.hits == []
+    assert watcher.hits is not None
+    assert not watcher.hits
     assert engine.read_events(watcher) == []
     # a watcher that starts in the past scans the log once, then is tracked
     past = engine.add_watcher("b/", 1, owner=None)
     assert past.hits is None
     assert len(engine.read_events(past)) == 1000
-    assert past.hits == []
+    assert past.hits is not None
+    assert not past.hits
     engine.put("b/late", b"z")
     assert [e.kv.key for e in engine.read_events(past)] == ["b/late"]
     # one that starts at a future revision is tracked but sees nothing before it

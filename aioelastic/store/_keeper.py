@@ -110,7 +110,9 @@ class LeaseKeeper(AsyncResource):
         self._lost: asyncio.Event | None = None  # made by the first wait_lost
         self._error: LeaseExpiredError | None = None
         self._callbacks: list[Callable[[LeaseExpiredError], object]] = []
-        self._scopes: set[anyio.CancelScope] = set()
+        # made by the first guard: a keeper lives as long as its lease, and every full garbage
+        # collection traverses what it holds (thousands of keepers in a large job's process)
+        self._scopes: set[anyio.CancelScope] | None = None
         self._renewals = 0
         self._failures = 0
         self._last_renewal = 0.0
@@ -200,14 +202,17 @@ class LeaseKeeper(AsyncResource):
         ``with keeper.guard(): ...`` makes work that is only valid while the lease lives stop
         when it is lost, rather than go on as if it still held (two lock holders, two leaders).
         """
+        if self._scopes is None:
+            self._scopes = set()
+        scopes = self._scopes
         with anyio.CancelScope() as scope:
-            self._scopes.add(scope)
+            scopes.add(scope)
             if self._error is not None:
                 scope.cancel()
             try:
                 yield scope
             finally:
-                self._scopes.discard(scope)
+                scopes.discard(scope)
         if scope.cancelled_caught and self._error is not None:
             raise self._error
 
@@ -298,7 +303,7 @@ class LeaseKeeper(AsyncResource):
         if self._lost is not None:
             self._lost.set()
         log.warning("%s", error)
-        for scope in self._scopes:
+        for scope in self._scopes or ():
             scope.cancel()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from ...errors import CompactedError, StoreClosedError
-from ..memory import _Watcher
+from .._memory_watch_hub import _Watcher
 from ._frames import EVENTS, PROGRESS, WATCH_END
 
 if TYPE_CHECKING:

@@ -1,0 +1,105 @@
+"""The memory engine's key space: key-values by key, the keys in order (for ranges), which keys
+each lease holds, and the undo list of the write in progress (a vetoing hook puts it back)."""
+
+from __future__ import annotations
+
+import bisect
+
+from ._base import prefix_end
+from ._memory_leases import _Lease
+from ._memory_types import KEYS_SCANNED
+from ._types import EventType, KeyValue, WatchEvent
+
+__all__ = ["KeySpace"]
+
+
+class KeySpace:
+    """Key-values at the engine's current revision; every change is recorded for undo."""
+
+    __slots__ = ("data", "keys", "leases", "undo", "work")
+
+    def __init__(self, leases: dict[int, _Lease], work: list[int]) -> None:
+        self.data: dict[str, KeyValue] = {}
+        self.keys: list[str] = []  # sorted
+        self.leases = leases  # the lease table's, to keep each lease's keys
+        self.undo: list[tuple[str, KeyValue | None]] = []  # the current write's old values
+        self.work = work
+
+    def range_keys(self, prefix: str, limit: int | None) -> tuple[list[str], int]:
+        """The keys under ``prefix`` in order (at most ``limit``), and how many there are."""
+        keys = self.keys
+        lo = bisect.bisect_left(keys, prefix)
+        end = prefix_end(prefix)
+        hi = len(keys) if end is None else bisect.bisect_left(keys, end, lo)
+        count = hi - lo
+        take = count if limit is None else min(count, limit)
+        self.work[KEYS_SCANNED] += take
+        return keys[lo : lo + take], count
+
+    def write(self, key: str, value: bytes, lease: int, revision: int) -> KeyValue:
+        old = self.data.get(key)
+        self.undo.append((key, old))
+        if old is None:
+            bisect.insort(self.keys, key)
+            kv = KeyValue(key, value, revision, revision, 1, lease)
+        else:
+            if old.lease and old.lease != lease and (held := self.leases.get(old.lease)):
+                held.keys.discard(key)
+            kv = KeyValue(key, value, old.create_revision, revision, old.version + 1, lease)
+        if lease:
+            self.leases[lease].keys.add(key)
+        self.data[key] = kv
+        return kv
+
+    def remove(self, key: str, revision: int) -> WatchEvent:
+        old = self.data.pop(key)
+        self.undo.append((key, old))
+        del self.keys[bisect.bisect_left(self.keys, key)]
+        if old.lease and (held := self.leases.get(old.lease)):
+            held.keys.discard(key)
+        return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, 0))
+
+    def undo_writes(self) -> None:
+        """Put back what the current write changed (a hook vetoed it)."""
+        undo, self.undo = self.undo, []
+        data, leases = self.data, self.leases
+        for key, old in reversed(undo):
+            current = data.get(key)
+            if current is not None and current.lease and (held := leases.get(current.lease)):
+                held.keys.discard(key)
+            if old is None:
+                if current is not None:
+                    del data[key]
+                    del self.keys[bisect.bisect_left(self.keys, key)]
+                continue
+            if current is None:
+                bisect.insort(self.keys, key)
+            data[key] = old
+            if old.lease and (held := leases.get(old.lease)):
+                held.keys.add(key)
+
+    def load(self, kvs: tuple[KeyValue, ...]) -> None:
+        """Fill this empty key space with ``kvs`` (a snapshot's), keys of known leases held."""
+        for kv in kvs:
+            self.data[kv.key] = kv
+            if kv.lease and kv.lease in self.leases:
+                self.leases[kv.lease].keys.add(kv.key)
+        self.keys = sorted(self.data)
+
+    def replay(self, events: tuple[WatchEvent, ...]) -> None:
+        """Apply a logged commit's events exactly (their key-values as they were logged)."""
+        data, leases = self.data, self.leases
+        for event in events:
+            key = event.kv.key
+            if event.type is EventType.PUT:
+                old = data.get(key)
+                if old is None:
+                    bisect.insort(self.keys, key)
+                elif old.lease and (held := leases.get(old.lease)):
+                    held.keys.discard(key)
+                data[key] = event.kv
+                if event.kv.lease and (held := leases.get(event.kv.lease)):
+                    held.keys.add(key)
+            elif key in data:
+                self.remove(key, event.kv.mod_revision)
+        self.undo.clear()

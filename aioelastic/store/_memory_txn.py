@@ -1,0 +1,68 @@
+"""Transaction evaluation for the memory engine: the compares, then one branch's operations
+on the key space, at one revision (the engine commits the events, or takes the revision back
+if there are none)."""
+
+from __future__ import annotations
+
+from ..errors import LeaseNotFoundError
+from ._memory_keys import KeySpace
+from ._txn import (
+    Delete,
+    DeletePrefix,
+    DeleteResult,
+    Get,
+    GetResult,
+    OpResult,
+    Put,
+    PutResult,
+    Range,
+    Txn,
+)
+from ._types import EventType, RangeResult, WatchEvent
+
+__all__ = ["evaluate_txn"]
+
+_PUT = EventType.PUT
+
+
+def evaluate_txn(
+    keys: KeySpace, txn: Txn, revision: int
+) -> tuple[bool, list[WatchEvent], list[OpResult], bool]:
+    """Apply ``txn``'s branch at ``revision``: whether its compares held, the events of its
+    writes, each operation's result, and whether there is a range among them (whose
+    ``revision`` the engine sets: the transaction's, known once it is applied)."""
+    data = keys.data
+    succeeded = all(c.holds(data.get(c.key)) for c in txn.compare) if txn.compare else True
+    ops = txn.success if succeeded else txn.failure
+    leases = keys.leases
+    for op in ops:  # refuse before applying anything, as etcd does
+        if isinstance(op, Put) and op.lease and op.lease not in leases:
+            raise LeaseNotFoundError(op.lease)
+    events: list[WatchEvent] = []
+    results: list[OpResult] = []
+    ranged = False
+    for op in ops:
+        if isinstance(op, Put):
+            prev = data.get(op.key)
+            kv = keys.write(op.key, op.value, op.lease, revision)
+            events.append(WatchEvent(_PUT, kv))
+            results.append(PutResult(kv, prev))
+        elif isinstance(op, Delete):
+            if op.key in data:
+                events.append(keys.remove(op.key, revision))
+                results.append(DeleteResult(1))
+            else:
+                results.append(DeleteResult(0))
+        elif isinstance(op, Get):
+            results.append(GetResult(data.get(op.key)))
+        elif isinstance(op, DeletePrefix):
+            gone = [keys.remove(key, revision) for key in keys.range_keys(op.prefix, None)[0]]
+            events += gone
+            results.append(DeleteResult(len(gone)))
+        else:
+            assert isinstance(op, Range)
+            found, count = keys.range_keys(op.prefix, op.limit)
+            kvs = tuple(data[key] for key in found)
+            results.append(RangeResult(kvs, 0, count, len(kvs) < count))
+            ranged = True
+    return succeeded, events, results, ranged

@@ -1,0 +1,131 @@
+"""What the memory engine keeps alive per watcher and per lease, counted in objects the garbage
+collector tracks: a process with 10,000 participants holds that many of each, and every full
+collection traverses all of them. Also the bookkeeping those savings changed: which watchers a
+compaction fails, and the watchers an owner holds."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+
+import pytest
+
+from aioelastic.errors import CompactedError, StoreClosedError
+from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.testing import run_virtual
+
+N = 1000
+
+
+def _tracked_per_item(make: Callable[[int], object], n: int = N) -> float:
+    """Objects the collector tracks that ``make(i)`` leaves alive, per call, on average."""
+    kept: list[object] = []
+    gc.collect()
+    before = len(gc.get_objects())
+    kept.extend(make(i) for i in range(n))
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    del kept
+    return grown / n
+
+
+def test_an_idle_watcher_is_one_object() -> None:
+    engine = MemoryEngine()
+    owners = [object() for _ in range(N)]  # (untracked: plain objects without references)
+    per_watcher = _tracked_per_item(lambda i: engine.add_watcher("a/", None, owners[i]))
+    # the watcher itself: no list of unread events while it has none, no set per owner
+    assert per_watcher <= 1.05, per_watcher
+
+
+def test_a_woken_watcher_that_read_keeps_nothing_of_the_wake_up() -> None:
+    engine = MemoryEngine()
+    watchers = [engine.add_watcher("a/", None, owner=None) for _ in range(N)]
+
+    def wake_and_read(i: int) -> None:
+        engine.put("a/k", b"x")  # every watcher: its first unread event
+        for watcher in watchers:
+            assert len(engine.read_events(watcher)) == 1
+
+    # (measured over a few writes: the log's own key-values and events are the writes')
+    per_write = _tracked_per_item(wake_and_read, n=3)
+    # each write: its key-value and its event in the log; nothing per woken watcher
+    assert per_write <= 2.5, per_write
+
+
+def test_a_lease_holding_a_key_is_its_record_its_key_set_and_its_timer() -> None:
+    async def main() -> float:
+        engine = MemoryEngine()
+
+        def grant(i: int) -> int:
+            lease = engine.lease_grant(30.0).id
+            engine.put(f"n/{i}", b"x", lease)
+            return lease
+
+        per_lease = _tracked_per_item(grant)
+        engine.close()
+        return per_lease
+
+    # the lease, its set of keys, its timer handle (the lease is the timer's callback: no bound
+    # method, no arguments tuple), and the key's value and event
+    per_lease = run_virtual(main)
+    assert per_lease <= 5.1, per_lease
+
+
+def test_compaction_fails_a_tracked_watcher_only_for_an_unread_event_it_drops() -> None:
+    engine = MemoryEngine(history_limit=1_000_000)
+    early = engine.add_watcher("a/", None, owner=None)
+    reader = engine.add_watcher("a/", None, owner=None)
+    engine.put("a/1", b"x")  # the first unread event of both
+    assert [e.kv.key for e in engine.read_events(reader)] == ["a/1"]
+    engine.put("b/1", b"y")
+    engine.put("a/2", b"x")  # reader: a new first unread event, after the cut below
+    engine.compact(engine.revision - 1)  # drops a/1 (before b/1), keeps b/1 and a/2
+    with pytest.raises(CompactedError) as lost:
+        engine.read_events(early)  # a/1 was unread
+    assert lost.value.requested_revision == 1
+    assert [e.kv.key for e in engine.read_events(reader)] == ["a/2"]  # nothing lost: not failed
+    # a watcher that read everything before a compaction is not failed by it either
+    engine.put("a/3", b"x")
+    assert [e.kv.key for e in engine.read_events(reader)] == ["a/3"]
+    engine.compact(engine.revision)
+    engine.put("a/4", b"x")
+    assert [e.kv.key for e in engine.read_events(reader)] == ["a/4"]
+
+
+def test_an_owners_watchers_are_failed_as_they_come_and_go() -> None:
+    engine = MemoryEngine()
+    owner, other = object(), object()
+    first = engine.add_watcher("a/", None, owner)
+    second = engine.add_watcher("b/", None, owner)
+    third = engine.add_watcher("c/", None, owner)
+    bystander = engine.add_watcher("a/", None, other)
+    engine.remove_watcher(second)
+    engine.remove_watcher(third)  # back to one watcher of the owner
+    fourth = engine.add_watcher("d/", None, owner)  # and two again
+    engine.fail_watchers_of(owner, StoreClosedError("gone"))
+    for watcher in (first, fourth):
+        with pytest.raises(StoreClosedError):
+            engine.read_events(watcher)
+    for watcher in (second, third, bystander):
+        assert engine.read_events(watcher) == []
+    engine.remove_watcher(first)
+    engine.remove_watcher(fourth)
+    engine.fail_watchers_of(owner, StoreClosedError("gone again"))  # owns nothing: a no-op
+    assert engine.read_events(bystander) == []
+
+
+def test_a_memory_watch_returns_a_read_batch_one_event_at_a_time() -> None:
+    async def main() -> None:
+        async with MemoryStore() as store, store.watch("k/") as watch:
+            for i in range(3):
+                await store.put(f"k/{i}", b"x")
+            got = [(await watch.__anext__()).kv.key for _ in range(3)]
+            assert got == ["k/0", "k/1", "k/2"]
+            waiting = asyncio.ensure_future(watch.__anext__())
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            await store.put("k/3", b"x")
+            assert (await waiting).kv.key == "k/3"
+
+    run_virtual(main)
