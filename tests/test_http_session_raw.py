@@ -444,3 +444,21 @@ async def test_a_websocket_upgrade_is_refused_with_a_clear_426() -> None:
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await asyncio.wait_for(http.ws_connect(f"{server.url}/v1/session"), 10)
         assert refused.value.status == 426
+
+
+@pytest.mark.asyncio
+async def test_a_session_over_max_connections_is_refused_503_and_its_slot_is_freed_after() -> None:
+    async with HttpStoreServer(port=0, max_connections=1) as server:
+        async with session_wire(server.url) as first:
+            await first.hello()
+            with pytest.raises(UpgradeRefused) as refused:
+                async with session_wire(server.url):
+                    pass
+            assert refused.value.status == 503
+            assert refused.value.json()["error"] == "too_many_connections"
+        await _no_sessions(server)
+        runner_server = server._runner.server if server._runner else None
+        assert runner_server is not None
+        await eventually(lambda: not runner_server.connections, 10, "aiohttp forgot them")
+        async with session_wire(server.url) as again:  # the slot is free again
+            assert (await again.hello())["resumed"] is False
