@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from aioelastic.errors import StoreAuthError, StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import ERROR, RESULT
+from aioelastic.store.http._frames import ERROR, RESULT, pack
 from aioelastic.store.http._session_dial import NotYet, refusal_error
+from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.http._upgrade_answer import (
     BODY_LIMIT,
     HEAD_LIMIT,
@@ -304,6 +305,24 @@ async def test_a_bad_message_length_from_the_server_ends_the_connection(length: 
         with pytest.raises(WriteOutcomeUnknownError, match="malformed answer"):
             await store.put("k", b"v")
         assert seen.connections == 3
+
+
+@pytest.mark.asyncio
+async def test_the_answers_before_a_bad_message_length_are_delivered() -> None:
+    async def answer_then_bad_length(peer: Peer, frame: list[Any]) -> None:
+        answer = pack([RESULT, frame[1], [frame[3][0], b"v", 1, 1, 1, 0]])
+        peer.send_raw(message_header(len(answer)) + answer + message_header(0))  # one write
+
+    async with (
+        fake_session_server(answer_then_bad_length) as (url, seen),
+        open_store(url, read_retries=0) as store,
+    ):
+        kv = await store.get("k")  # answered, although the same read then broke the stream
+        assert kv is not None
+        assert kv.value == b"v"
+        kv = await store.get("k2")  # on a new connection: the first one ended at the bad length
+        assert kv is not None
+        assert seen.connections == 2
 
 
 @pytest.mark.asyncio

@@ -25,7 +25,7 @@ from ._frames import (
     unpack_all,
 )
 from ._session_errors import Refused
-from ._session_stream import MessageReader, message_header
+from ._session_stream import MessageLengthError, MessageReader, message_header
 from ._upgrade_answer import Answer, AnswerReader, HeadError
 
 __all__ = ["Connection", "ConnectionLost"]
@@ -116,8 +116,8 @@ class Connection(asyncio.Protocol):
         for message in early:
             if not self._message(message):
                 break
-        if self.lost:
-            on_lost(self)
+        if self.lost or self.ending:
+            self._tell_lost()
 
     # -- incoming
 
@@ -135,9 +135,16 @@ class Connection(asyncio.Protocol):
                 if messages is None or not data:
                     return
             cut = messages.feed(data)
+        except MessageLengthError as exc:
+            self._received(exc.messages)  # the whole messages before it are answers all the same
+            self.abort(f"a malformed answer from the server: {exc}")
+            return
         except (HeadError, FrameError) as exc:
             self.abort(f"a malformed answer from the server: {exc}")
             return
+        self._received(cut)
+
+    def _received(self, cut: list[bytes]) -> None:
         self.messages_received += len(cut)
         if not self._attached:
             self._early += cut
@@ -224,8 +231,12 @@ class Connection(asyncio.Protocol):
                 self._resolve(error=ConnectionResetError(f"{error}"))
         else:
             self._resolve(error=ConnectionResetError(self.reason or "the server closed it"))
-        if self._on_lost is not None:
-            self._on_lost(self)
+        self._tell_lost()
+
+    def _tell_lost(self) -> None:
+        on_lost, self._on_lost = self._on_lost, None  # (once)
+        if on_lost is not None:
+            on_lost(self)
 
     # -- outgoing
 
@@ -310,6 +321,9 @@ class Connection(asyncio.Protocol):
         self.ending = True
         if self.transport is not None and not self.lost:
             self.transport.abort()
+        # the session stops using it now, not when the transport says so (a loop turn later:
+        # a caller woken by the last answer would send its next request into a dead connection)
+        self._tell_lost()
 
     def close(self) -> None:
         """End the connection after what was written (a FIN: the session ends or detaches)."""
