@@ -45,6 +45,7 @@ from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousEventKind
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import Store, open_store
 from aioelastic.store.http import HttpStore
+from aioelastic.store.http._client_conn import Connection
 from aioelastic.store.http._frames import EVENTS
 from benchmarks.scale import RoundFigures
 
@@ -114,25 +115,26 @@ def _proc_cpu_rss(pid: int) -> tuple[float, int]:
 
 class _Received:
     """Events and event bytes the sessions of this process received (a counting wrapper around
-    each session's frame dispatch: the benchmark's instrument, not the library's)."""
+    the connections' frame dispatch: the benchmark's instrument, not the library's)."""
 
     def __init__(self) -> None:
         self.events = 0
         self.bytes = 0
+        self._installed = False
 
     def count(self, store: Store) -> None:
-        if not isinstance(store, HttpStore):  # another backend: not counted
+        if not isinstance(store, HttpStore) or self._installed:  # (another backend: not counted)
             return
-        session = store.session
-        dispatch: Callable[[Any, list[Any]], None] = session._on_frame
+        self._installed = True  # every connection of the process, once
+        dispatch: Callable[[Connection, list[Any]], None] = Connection._dispatch
 
-        def counting(conn: Any, frame: list[Any]) -> None:
+        def counting(conn: Connection, frame: list[Any]) -> None:
             dispatch(conn, frame)
             if frame[0] == EVENTS:
-                self.events += len(session._last_events)
+                self.events += len(conn._last_events)
                 self.bytes += len(frame[2])
 
-        setattr(session, "_on_frame", counting)  # noqa: B010 - an instance attribute on purpose
+        setattr(Connection, "_dispatch", counting)  # noqa: B010 - the instrument, on purpose
 
 
 def _say(kind: str, **fields: Any) -> None:

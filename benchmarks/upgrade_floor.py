@@ -25,7 +25,11 @@ each sending its own message; the servers answer everything one read brought in 
 - ``asyncio Protocol``: bare echo, no framing (``ws_floor.py``'s row);
 - ``upgrade + frames, get``: ``[id, "get", key]`` decoded on the server, a dict lookup, ``[id,
   value]`` (64 bytes) encoded back, decoded by the client and matched to its caller by id;
-- ``session get``: the store's ``get`` of a 64-byte value from ``aioelastic serve``;
+- ``session get (store client)``: the store's ``get`` of a 64-byte value from ``aioelastic
+  serve`` (whatever transport the client speaks);
+- ``serve, raw upgrade, by hand``: the session protocol's ``get`` frames written by hand to
+  ``aioelastic serve`` over its upgrade of ``/v1/session`` (the server's cost with no client
+  library in between);
 - ``TCPStore get``: torch's C++ store, its server a subprocess too, sequential only.
 
 Each server is a subprocess, so server and client have a core each; CPU per trip of both sides
@@ -354,6 +358,55 @@ async def _upgrade_get(port: int, pid: int, trips: int, depth: int) -> tuple[Fig
     return result
 
 
+async def _serve_session_get(port: int, pid: int, trips: int, depth: int) -> tuple[Figure, Figure]:
+    """The session protocol by hand against ``aioelastic serve`` over the raw upgrade: the hello,
+    then ``[REQUEST, id, "get", ["k"]]`` frames, answers matched by id (no store client)."""
+    waiting: dict[int, asyncio.Future[Any]] = {}
+
+    def on_frame(body: memoryview) -> None:
+        for _kind, request_id, value in _unpack(body):
+            waiting.pop(request_id).set_result(value)
+
+    protocol = await open_upgrade(port, "/v1/session", on_frame)
+    result = await _session_pattern(pid, trips, depth, waiting, protocol.send)
+    protocol.transport.close()
+    return result
+
+
+def _unpack(body: memoryview) -> list[Any]:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(body)
+    return list(unpacker)
+
+
+async def _session_pattern(
+    pid: int,
+    trips: int,
+    depth: int,
+    waiting: dict[int, asyncio.Future[Any]],
+    send: Callable[[bytes], None],
+) -> tuple[Figure, Figure]:
+    """The hello, a put of ``k``, then ``get k`` round trips through ``send`` (framed bodies)."""
+    loop = asyncio.get_running_loop()
+    ids = iter(range(1, 1 << 62))
+
+    async def call(rid: int, op: str, args: Any) -> Any:
+        future: asyncio.Future[Any] = loop.create_future()
+        waiting[rid] = future
+        send(_frame(msgpack.packb([0, rid, op, args])))
+        return await future
+
+    await call(0, "hello", {"versions": [1]})
+    await call(next(ids), "put", ["k", VALUE, 0])
+
+    async def one() -> None:
+        kv = await call(next(ids), "get", ["k"])
+        assert kv[1] == VALUE
+
+    result: tuple[Figure, Figure] = await measure_pattern(pid, trips, depth, one)
+    return result
+
+
 def _tcpstore_get(port: int, pid: int, trips: int) -> Figure:
     distributed: Any = importlib.import_module("torch.distributed")
     client = distributed.TCPStore("127.0.0.1", port, is_master=False)
@@ -379,7 +432,7 @@ def _start(kind: str, loop: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     server = {"ws": "aiohttp", "upgrade": "aiohttp", "get": "aiohttp"}.get(kind, kind)
     command = [sys.executable, "-m", "benchmarks.upgrade_floor", "--loop", loop, "--serve", server]
-    if kind == "session":
+    if kind in ("session", "rawsession"):
         command = [sys.executable, "-m", "aioelastic", "serve", "--port", "0", "--loop", loop]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout is not None
@@ -396,7 +449,8 @@ LABELS = {
     "upgrade": "upgrade + frames, echo",
     "proto": "asyncio Protocol echo",
     "get": "upgrade + frames, get",
-    "session": "session get (main)",
+    "session": "session get (store client)",
+    "rawsession": "serve, raw upgrade, by hand",
 }
 
 
@@ -411,6 +465,7 @@ def _round(kind: str, loop: str, args: argparse.Namespace) -> tuple[Figure, Figu
             "proto": _proto_client,
             "get": _upgrade_get,
             "session": _session_client,
+            "rawsession": _serve_session_get,
         }
         seq, many = _run(clients[kind](port, proc.pid, args.trips, args.depth), loop)
         return seq, many
@@ -477,7 +532,7 @@ def _report(
     version = importlib.import_module("torch").__version__
     print(_row(f"TCPStore get (torch {version}), sequential", runs["tcpstore"][0]))
     tcp = statistics.median(r[0] for r in runs["tcpstore"][0])
-    for kind in ("get", "session"):
+    for kind in ("get", "session", "rawsession"):
         if kind not in runs:
             continue
         one = statistics.median(r[0] for r in runs[kind][0])

@@ -168,6 +168,30 @@ def test_torch_store_adapter_semantics() -> None:
         loop.close()
 
 
+def test_the_adapters_loop_thread_runs_uvloop_when_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from aioelastic.torchrun import _LoopThread
+
+    async def loop_type() -> type[asyncio.AbstractEventLoop]:
+        return type(asyncio.get_running_loop())
+
+    uvloop = pytest.importorskip("uvloop")
+    loop = _LoopThread()
+    try:
+        assert loop.run(loop_type(), 10) is uvloop.Loop
+    finally:
+        loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: asyncio's own
+    loop = _LoopThread()
+    try:
+        assert not issubclass(loop.run(loop_type(), 10), uvloop.Loop)
+    finally:
+        loop.close()
+
+
 async def _memory_store() -> Store:
     return MemoryStore(MemoryEngine())
 

@@ -15,6 +15,7 @@ import aiohttp
 import aiohttp.web
 import pytest
 from helpers import free_port
+from helpers.fake_session import Peer, fake_session_server
 
 from aioelastic.errors import (
     CompactedError,
@@ -27,69 +28,17 @@ from aioelastic.errors import (
 )
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import PROGRESS, RESULT, pack, unpack_all
+from aioelastic.store.http._frames import PROGRESS, RESULT
 from aioelastic.store.http._session_client import _Slots
+from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.http.server import HttpStoreServer
 
 
-@contextlib.asynccontextmanager
-async def _fake_session_server(
-    answer: Callable[[aiohttp.web.WebSocketResponse, list[Any]], Awaitable[str | None]],
-) -> AsyncIterator[tuple[str, _Seen]]:
-    """An aiohttp server on 127.0.0.1 whose ``/v1/session`` welcomes every hello, then calls
-    ``answer(ws, frame)`` for each request frame; ``"hang up"`` drops the connection (no close
-    frame). Yields (url, what it saw)."""
-    seen = _Seen()
-
-    async def handle(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-        ws = aiohttp.web.WebSocketResponse()
-        await ws.prepare(request)
-        seen.connections += 1
-        seen.headers.append(dict(request.headers))
-        await ws.receive()  # the hello
-        welcome = {"version": 1, "resume": "r", "grace": 0.25, "max_message": 1 << 20}
-        await ws.send_bytes(pack([RESULT, 0, welcome]))
-        async for message in ws:
-            frames = list(unpack_all(message.data, max_len=1 << 20))
-            seen.messages.append(len(frames))
-            for frame in frames:
-                seen.ops.append(frame[2])
-                seen.arrived.set()
-                if await answer(ws, frame) == "hang up":
-                    assert request.transport is not None
-                    request.transport.close()
-                    return ws
-        return ws
-
-    app = aiohttp.web.Application()
-    app.router.add_get("/v1/session", handle)
-    runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        seen.release.set()
-        await runner.cleanup()
-
-
-class _Seen:
-    def __init__(self) -> None:
-        self.connections = 0
-        self.ops: list[str] = []
-        self.messages: list[int] = []  # frames per message
-        self.headers: list[dict[str, str]] = []
-        self.release = asyncio.Event()
-        self.arrived = asyncio.Event()  # set on each request frame
-
-
-async def _hang_up(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> str:
+async def _hang_up(peer: Peer, frame: list[Any]) -> str:
     return "hang up"  # the request arrived... and the server dies
 
 
-async def _never_answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+async def _never_answer(peer: Peer, frame: list[Any]) -> None:
     return None
 
 
@@ -110,7 +59,7 @@ async def test_unreachable_server_is_a_connection_error_even_for_writes() -> Non
 @pytest.mark.asyncio
 async def test_a_write_lost_after_sending_is_outcome_unknown_and_not_retried() -> None:
     async with (
-        _fake_session_server(_hang_up) as (url, seen),
+        fake_session_server(_hang_up) as (url, seen),
         open_store(url, read_retries=2) as store,
     ):
         for write in (
@@ -260,7 +209,7 @@ async def _silent_aiohttp_server() -> AsyncIterator[tuple[str, list[str], asynci
 
 @pytest.mark.asyncio
 async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -> None:
-    async with _fake_session_server(_never_answer) as (url, seen):
+    async with fake_session_server(_never_answer) as (url, seen):
         async with open_store(url, timeout=0.3, read_retries=2) as store:
             writes = {
                 "put": store.put("k", b"v"),
@@ -307,13 +256,13 @@ async def test_a_write_with_no_answer_before_the_deadline_is_a_write_timeout() -
 
 @pytest.mark.asyncio
 async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
-    async def created_then_silence(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+    async def created_then_silence(peer: Peer, frame: list[Any]) -> None:
         if frame[2] == "watch":
-            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+            peer.send([RESULT, frame[1], [1, 0, None]])
         # a hung server: the socket stays open, nothing more comes
 
     async with (
-        _fake_session_server(created_then_silence) as (url, seen),
+        fake_session_server(created_then_silence) as (url, seen),
         open_store(url, progress_interval=0.1, reconnect_timeout=0.5) as store,
         store.watch("x") as events,
     ):
@@ -329,16 +278,16 @@ async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None
     # The connection's watchdog counts silence only while it has watches: a store idle for
     # longer than 3 progress intervals, then opening a watch the server is slow to confirm,
     # keeps its connection (the silence since the watch began is under the bound).
-    async def slow_then_progress(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+    async def slow_then_progress(peer: Peer, frame: list[Any]) -> None:
         if frame[2] == "watch":
             await asyncio.sleep(0.2)
-            await ws.send_bytes(pack([RESULT, frame[1], [1, 0, None]]))
+            peer.send([RESULT, frame[1], [1, 0, None]])
             for _ in range(40):
                 await asyncio.sleep(0.05)
-                await ws.send_bytes(pack([PROGRESS, frame[1], 0]))
+                peer.send([PROGRESS, frame[1], 0])
 
     async with (
-        _fake_session_server(slow_then_progress) as (url, seen),
+        fake_session_server(slow_then_progress) as (url, seen),
         open_store(url, progress_interval=0.1) as store,
     ):
         assert isinstance(store, HttpStore)
@@ -354,11 +303,11 @@ async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None
 async def test_a_lone_write_held_up_by_back_pressure_still_meets_its_deadline() -> None:
     # A server that stops reading: the socket buffers fill, and a lone request (written by its
     # caller, not the writer task) waits for the transport to drain; its deadline still ends it.
-    async def stop_reading(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
+    async def stop_reading(peer: Peer, frame: list[Any]) -> None:
         await asyncio.sleep(60)
 
     async with (
-        _fake_session_server(stop_reading) as (url, seen),
+        fake_session_server(stop_reading) as (url, seen),
         open_store(url, timeout=0.2) as store,
     ):
         big = b"x" * (900 << 10)  # under the fake server's message bound
@@ -551,11 +500,11 @@ def test_the_client_runs_on_uvloop() -> None:
 
 @pytest.mark.asyncio
 async def test_a_malformed_answer_is_a_connection_error() -> None:
-    async def garbage(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
-        await ws.send_bytes(b"\xc1 SMTP ready")  # 0xc1: never used by msgpack
+    async def garbage(peer: Peer, frame: list[Any]) -> None:
+        peer.send_raw(message_header(12) + b"\xc1 SMTP ready")  # 0xc1: never used by msgpack
 
     async with (
-        _fake_session_server(garbage) as (url, _),
+        fake_session_server(garbage) as (url, _),
         open_store(url, read_retries=0) as store,
     ):
         with pytest.raises(StoreConnectionError, match="malformed") as info:
@@ -567,16 +516,21 @@ async def test_a_malformed_answer_is_a_connection_error() -> None:
 
 @pytest.mark.asyncio
 async def test_pipelined_requests_go_in_one_message_with_the_token_at_the_upgrade() -> None:
-    async def answer(ws: aiohttp.web.WebSocketResponse, frame: list[Any]) -> None:
-        await ws.send_bytes(pack([RESULT, frame[1], None]))
+    async def answer(peer: Peer, frame: list[Any]) -> None:
+        peer.send([RESULT, frame[1], None])
 
     async with (
-        _fake_session_server(answer) as (url, seen),
+        fake_session_server(answer) as (url, seen),
         open_store(url, token="s3cret") as store,
     ):
         assert await asyncio.gather(*(store.get(f"k/{i}") for i in range(20))) == [None] * 20
-    assert seen.messages == [1, 19]  # the first went at once, alone; the rest as one batch
-    assert seen.headers[0]["Authorization"] == "Bearer s3cret"
+    # the first goes at once (the one request pending); the rest, made in the same loop turn,
+    # as one message
+    assert seen.messages == [1, 19]
+    assert seen.heads[0].startswith("GET /v1/session HTTP/1.1\r\n")
+    assert seen.headers[0]["authorization"] == "Bearer s3cret"
+    assert seen.headers[0]["upgrade"] == "aioelastic-session/1"
+    assert seen.headers[0]["connection"] == "Upgrade"
     with pytest.raises(ValueError, match="token"):
         HttpStore(url, token="bad\r\nX-Injected: 1")
 
@@ -616,7 +570,7 @@ async def test_max_connections_bounds_requests_in_flight() -> None:
     with pytest.raises(ValueError, match="max_connections"):
         HttpStore("http://127.0.0.1:1", max_connections=-1)
     async with (
-        _fake_session_server(_never_answer) as (url, seen),
+        fake_session_server(_never_answer) as (url, seen),
         open_store(url, max_connections=2, timeout=0.5, read_retries=0) as store,
     ):
         results = await asyncio.gather(

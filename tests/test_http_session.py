@@ -1,6 +1,6 @@
-"""The session transport on real sockets (127.0.0.1): the hello and its versions, invalid frames,
-session-bound leases (a killed client's leases go within the grace; a frozen one's at their TTL),
-a connection cut by a proxy and resumed within the grace, and many sessions at once."""
+"""The session transport through the store client on real sockets (127.0.0.1): an old protocol
+version, session-bound leases (a killed client's leases go within the grace; a frozen one's at
+their TTL), a connection cut by a proxy and resumed within the grace, many sessions at once."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 from helpers.http import ROOT, ServerProcess
 
 from aioelastic.errors import StoreConnectionError
 from aioelastic.store import EventType, open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._frames import ERROR, REQUEST, RESULT, pack, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
 
 #: A client process: it holds a kept-alive lease with a key on it, says the lease id, and waits.
@@ -213,107 +211,19 @@ async def test_a_cut_connection_resumed_within_the_grace_loses_nothing(server_se
                 assert len(events._pending) == 0  # type: ignore[attr-defined]  # no repeats
 
 
-# -- the hello and bad frames -------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def _raw_session(url: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"{url}/v1/session") as ws:
-        yield ws
-
-
-async def _frames(ws: aiohttp.ClientWebSocketResponse) -> list[list[Any]]:
-    message = await asyncio.wait_for(ws.receive(), 10)
-    assert message.type is aiohttp.WSMsgType.BINARY, message
-    return list(unpack_all(message.data, max_len=1 << 20))
+# -- the hello (the protocol by hand: tests/test_http_session_raw.py) ----------------------------
 
 
 @pytest.mark.asyncio
-async def test_an_old_or_unknown_protocol_version_gets_a_clear_error_and_a_close() -> None:
-    async with HttpStoreServer(port=0) as server:
-        for versions in ([0], [99, 100], "one"):
-            async with _raw_session(server.url) as ws:
-                await ws.send_bytes(pack([REQUEST, 0, "hello", {"versions": versions}]))
-                [frame] = await _frames(ws)
-                assert frame[:3] == [ERROR, 0, "unsupported_version"]
-                assert "versions [1]" in frame[3]
-                assert frame[4] == {"supported": [1]}
-                closing = await asyncio.wait_for(ws.receive(), 10)
-                assert closing.type is aiohttp.WSMsgType.CLOSE
-                assert closing.data == 4400
-        async with _raw_session(server.url) as ws:  # not a hello at all
-            await ws.send_str("GET /v1/kv/x")
-            [frame] = await _frames(ws)
-            assert frame[:3] == [ERROR, 0, "bad_hello"]
-        # and the client says what went wrong (no hang)
-        async with open_store(server.url, read_retries=0) as store:
-            assert isinstance(store, HttpStore)
-            store.session.dialer.hello_versions = [0]
-            with pytest.raises(StoreConnectionError, match="unsupported_version"):
-                await store.get("x")
-
-
-@pytest.mark.asyncio
-async def test_invalid_frames_get_a_clear_error_never_a_traceback(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    async with HttpStoreServer(port=0) as server:
-        async with _raw_session(server.url) as ws:
-            await ws.send_bytes(pack([REQUEST, 0, "hello", {"versions": [1]}]))
-            [welcome] = await _frames(ws)
-            assert welcome[0] == RESULT
-            assert welcome[2]["version"] == 1
-            # a well-formed frame with bad arguments or an unknown op: an error, and it goes on
-            await ws.send_bytes(
-                pack([REQUEST, 1, "put", ["k"]])
-                + pack([REQUEST, 2, "nope", []])
-                + pack([REQUEST, 3, "get", [7]])
-                + pack([REQUEST, 4, "put", ["k", "text, not bytes", 0]])
-                + pack([REQUEST, 5, "get", ["k"]])
-            )
-            frames = await _frames(ws)
-            assert [f[:3] for f in frames] == [
-                [ERROR, 1, "bad_request"],
-                [ERROR, 2, "unknown_op"],
-                [ERROR, 3, "bad_request"],
-                [ERROR, 4, "bad_request"],
-                [RESULT, 5, None],
-            ]
-            assert "put takes 3 argument(s)" in frames[0][3]
-            # bytes that are not frames: an error frame, then a close with the reason
-            await ws.send_bytes(b"\xc1\xc1 not msgpack")
-            [frame] = await _frames(ws)
-            assert frame[:3] == [ERROR, 0, "bad_frame"]
-            closing = await asyncio.wait_for(ws.receive(), 10)
-            assert closing.type is aiohttp.WSMsgType.CLOSE
-            assert closing.data == 4401
-        assert server.engine.get("k") is None  # nothing was written
-        async with open_store(server.url) as store:  # the server is fine
-            assert await store.put("k", b"v") >= 1
-    assert "Traceback" not in caplog.text
-    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
-
-
-@pytest.mark.asyncio
-async def test_a_message_that_ends_inside_a_frame_is_a_bad_frame_after_its_whole_frames() -> None:
-    async with HttpStoreServer(port=0) as server:
-        # a lone truncated frame, and one behind a whole frame (answered: it came first)
-        for message, answered in (
-            (pack([REQUEST, 1, "put", ["t", b"v", 0]])[:-1], []),
-            (pack([REQUEST, 2, "get", ["t"]]) + pack([REQUEST, 3, "get", ["t"]])[:-2], [2]),
-        ):
-            async with _raw_session(server.url) as ws:
-                await ws.send_bytes(pack([REQUEST, 0, "hello", {"versions": [1]}]))
-                await _frames(ws)
-                await ws.send_bytes(message)
-                frames = await _frames(ws)
-                assert [f[1] for f in frames if f[0] == RESULT] == answered
-                assert frames[-1][:3] == [ERROR, 0, "bad_frame"]
-                assert "ends inside a frame" in frames[-1][3] or "incomplete" in frames[-1][3]
-                closing = await asyncio.wait_for(ws.receive(), 10)
-                assert closing.type is aiohttp.WSMsgType.CLOSE
-                assert closing.data == 4401
-        assert server.engine.get("t") is None  # the cut-off put was not applied
+async def test_an_old_or_unknown_protocol_version_is_a_clear_client_error() -> None:
+    async with (
+        HttpStoreServer(port=0) as server,
+        open_store(server.url, read_retries=0) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        store.session.dialer.hello_versions = [0]
+        with pytest.raises(StoreConnectionError, match="unsupported_version"):
+            await store.get("x")
 
 
 # -- many sessions ------------------------------------------------------------------------------

@@ -8,7 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.store.http._frames import FrameError
-from aioelastic.store.http._session_stream import HEADER_BYTES, MessageReader, message_header
+from aioelastic.store.http._session_stream import (
+    HEADER_BYTES,
+    MessageLengthError,
+    MessageReader,
+    message_header,
+)
 
 
 def _stream(bodies: list[bytes]) -> bytes:
@@ -52,10 +57,12 @@ def test_a_length_out_of_bounds_is_refused_with_its_figures(length: int) -> None
         reader.feed(length.to_bytes(HEADER_BYTES, "big") + b"x")
 
 
-def test_the_messages_before_a_bad_length_are_not_returned_but_the_error_is() -> None:
+def test_the_messages_before_a_bad_length_come_with_the_error() -> None:
     reader = MessageReader(max_message=100)
-    with pytest.raises(FrameError):
-        reader.feed(_stream([b"ok"]) + (0).to_bytes(HEADER_BYTES, "big"))
+    with pytest.raises(MessageLengthError) as raised:
+        reader.feed(_stream([b"ok", b"fine"]) + (0).to_bytes(HEADER_BYTES, "big"))
+    assert isinstance(raised.value, FrameError)  # what a caller that only knows frames catches
+    assert raised.value.messages == [b"ok", b"fine"]  # to answer before closing: nothing lost
 
 
 def test_max_message_must_be_positive() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from helpers.http import ServerThread
+from helpers.session_wire import session_wire
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -232,21 +233,18 @@ def test_fuzzed_txns_never_get_a_5xx(fuzz_server: ServerThread, body: dict[str, 
 async def test_the_session_txn_op_answers_and_refuses_cleanly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from aioelastic.store.http._frames import ERROR, REQUEST, RESULT, pack, unpack_all
+    from aioelastic.store.http._frames import ERROR, REQUEST, RESULT
 
     async with (
         HttpStoreServer(port=0, max_value_bytes=1000, max_key_bytes=100) as srv,
-        aiohttp.ClientSession() as http,
-        http.ws_connect(f"{srv.url}/v1/session") as ws,
+        session_wire(srv.url) as wire,
     ):
 
         async def exchange(*frames: list[Any]) -> list[list[Any]]:
-            await ws.send_bytes(b"".join(pack(f) for f in frames))
-            message = await ws.receive(timeout=10)
-            return list(unpack_all(message.data, max_len=1 << 20))
+            await wire.send(list(frames))
+            return await wire.recv()
 
-        [welcome] = await exchange([REQUEST, 0, "hello", {"versions": [1]}])
-        assert welcome[0] == RESULT
+        await wire.hello()
         bad_args: list[Any] = [
             ["not", "three"],
             [[], [["frob", "k"]], []],

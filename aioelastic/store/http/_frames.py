@@ -1,9 +1,9 @@
-"""The session protocol's frames: msgpack arrays, several to one WebSocket message.
+"""The session protocol's frames: msgpack arrays, several to one message of the session stream.
 
 Shared by both ends (:mod:`._session_server`, :mod:`._session_client`); the protocol is described
 in ``docs/http-api.md`` ("The session protocol"). Every frame is a msgpack array whose first item
-is its kind. A WebSocket binary message carries one or more frames back to back, so that a batch
-of requests (or of answers) is one message and one write.
+is its kind. A message of the session stream (:mod:`._session_stream`) carries one or more frames
+back to back, so that a batch of requests (or of answers) is one message and one write.
 
 Client to server: ``[REQUEST, id, op, args]`` (``args`` a list). The first frame on a connection
 must be the hello, ``[REQUEST, 0, "hello", {...}]``.
@@ -42,7 +42,7 @@ __all__ = [
 
 #: Versions of the session protocol this package speaks, newest last.
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
-#: The route of the session endpoint (a WebSocket upgrade).
+#: The route of the session endpoint (an upgrade to the session stream).
 SESSION_PATH = "/v1/session"
 
 REQUEST = 0

@@ -2,16 +2,73 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..memory import MemoryEngine
 from ._errors import ApiError
 
-__all__ = ["NoMetrics", "ServerMetrics", "metrics_for"]
+__all__ = ["LATENCY_BUCKETS", "NoMetrics", "RequestMeter", "ServerMetrics", "metrics_for"]
 
 log = logging.getLogger("aioelastic.serve")
+
+#: The upper bounds (seconds) of the request latency histogram's buckets.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 300)
+
+
+class RequestMeter:
+    """``aioelastic_requests_total{op,code}`` and ``aioelastic_request_duration_seconds{op}``,
+    kept as plain Python counters and handed to Prometheus at each scrape (a collector).
+
+    Every request and every session operation is metered, so this is on the hot path: about
+    0.5 µs a call, where prometheus_client's own Counter and Histogram took 2 µs (a lock and
+    a value object each), a third of the server's CPU for a session ``get``.
+    """
+
+    __slots__ = ("_counts", "_latency")
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, int], int] = {}
+        #: op -> [count in each bucket (the last one: over every bound), sum of seconds]
+        self._latency: dict[str, tuple[list[int], list[float]]] = {}
+
+    def observe(self, op: str, status: int, seconds: float) -> None:
+        key = (op, status)
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+        latency = self._latency.get(op)
+        if latency is None:
+            latency = self._latency[op] = ([0] * (len(LATENCY_BUCKETS) + 1), [0.0])
+        latency[0][bisect_left(LATENCY_BUCKETS, seconds)] += 1  # a bound is inclusive (le)
+        latency[1][0] += seconds
+
+    def count(self, op: str, status: int) -> int:
+        return self._counts.get((op, status), 0)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        requests = CounterMetricFamily(
+            "aioelastic_requests",
+            "HTTP requests answered, by operation and status code",
+            labels=["op", "code"],
+        )
+        for (op, status), count in sorted(self._counts.items()):
+            requests.add_metric([op, str(status)], count)
+        yield requests
+        latency = HistogramMetricFamily(
+            "aioelastic_request_duration_seconds",
+            "Time to answer a request (a watch: the stream's lifetime), by operation",
+            labels=["op"],
+        )
+        bounds = [repr(float(bound)) for bound in LATENCY_BUCKETS] + ["+Inf"]
+        for op, (buckets, total) in sorted(self._latency.items()):
+            cumulative = list(itertools.accumulate(buckets))
+            latency.add_metric([op], list(zip(bounds, cumulative, strict=True)), total[0])
+        yield latency
 
 
 class ServerMetrics:
@@ -19,22 +76,12 @@ class ServerMetrics:
     process)."""
 
     def __init__(self, engine: MemoryEngine) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "aioelastic_requests",
-            "HTTP requests answered, by operation and status code",
-            ["op", "code"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "aioelastic_request_duration_seconds",
-            "Time to answer a request (a watch: the stream's lifetime), by operation",
-            ["op"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 300),
-            registry=self.registry,
-        )
+        #: requests by op and status, and their latency: plain counters, read at each scrape
+        self.requests = RequestMeter()
+        self.registry.register(self.requests)
         self.keys = Gauge("aioelastic_keys", "Keys in the store", registry=self.registry)
         self.keys.set_function(lambda: len(engine))
         self.leases = Gauge("aioelastic_leases", "Live leases", registry=self.registry)
@@ -66,17 +113,7 @@ class ServerMetrics:
             ["event"],
             registry=self.registry,
         )
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-
-    def observe(self, op: str, status: int, seconds: float) -> None:
-        children = self._children.get((op, status))
-        if children is None:
-            children = self._children[(op, status)] = (
-                self.requests.labels(op, str(status)),
-                self.latency.labels(op),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
+        self.observe = self.requests.observe  # ``observe(op, status, seconds)``
 
     def refused(self, reason: str) -> None:
         self._refused.labels(reason).inc()

@@ -181,7 +181,7 @@ def _service_schemas() -> dict[str, Any]:
 
 
 def _service_paths() -> dict[str, Any]:
-    """Liveness, metrics, this document and the session WebSocket."""
+    """Liveness, metrics, this document and the session's upgrade."""
     return {
         "/healthz": {
             "get": {
@@ -219,10 +219,22 @@ def _service_paths() -> dict[str, Any]:
         },
         "/v1/session": {
             "get": {
-                "summary": "open a session: a WebSocket carrying msgpack frames (requests, "
-                "watches, keep-alives; see docs/http-api.md, 'The session protocol')",
+                "summary": "open a session: an HTTP Upgrade to aioelastic-session/1, then "
+                "length-prefixed messages of msgpack frames (requests, watches, keep-alives; "
+                "see docs/http-api.md, 'The session protocol')",
+                "parameters": [
+                    {
+                        "name": "Upgrade",
+                        "in": "header",
+                        "required": True,
+                        "schema": {"const": "aioelastic-session/1"},
+                    }
+                ],
                 "responses": {
-                    "101": {"description": "switching to the WebSocket protocol"},
+                    "101": {"description": "switching to the session stream"},
+                    "426": _error(
+                        "no upgrade, or not to aioelastic-session/1 (a WebSocket included)"
+                    ),
                     "503": _error("the server is shutting down"),
                     **_COMMON,
                 },

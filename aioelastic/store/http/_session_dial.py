@@ -1,6 +1,7 @@
-"""Opening a session's WebSocket: the upgrade, the hello and its answer, every failure
-translated to aioelastic's errors (see ``docs/http-api.md``, "The session protocol"), and the
-full-jitter backoff a client that could not connect yet waits between attempts."""
+"""Opening a session's connection: TCP (and TLS), the HTTP Upgrade to the session transport, the
+hello and its answer, every failure translated to aioelastic's errors (see ``docs/http-api.md``,
+"The session protocol"), and the full-jitter backoff a client that could not connect yet waits
+between attempts. No aiohttp here: the session path is asyncio's own transport."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import ssl as _ssl
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import aiohttp
+from urllib.parse import urlsplit
 
 from ...errors import StoreAuthError, StoreConnectionError
+from ._client_conn import Connection
 from ._frames import (
     ERROR,
     PROTOCOL_VERSIONS,
@@ -25,8 +26,10 @@ from ._frames import (
     pack,
     unpack_all,
 )
+from ._session_stream import UPGRADE, message_header
+from ._upgrade_answer import Answer, upgrade_request
 
-__all__ = ["Backoff", "Dialer", "NotYet"]
+__all__ = ["Backoff", "Dialer", "NotYet", "refusal_error"]
 
 #: Handshake statuses worth another attempt: over the server's connection limit or stopping
 #: (503), a proxy in front of it not ready (502, 504), told to slow down (429).
@@ -58,9 +61,11 @@ class NotYet(StoreConnectionError):
     :data:`RETRY_STATUSES` (``status``). Anything else (a refused token, no session endpoint, a
     rejected hello) will not change and is raised as it is."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        #: the server's own words for a refusal (said when giving up, not at every attempt)
+        self.reason = reason
 
 
 class Backoff:
@@ -81,7 +86,7 @@ class Backoff:
 
 
 class Dialer:
-    """Opens WebSockets to ``base_url``'s session endpoint and says hello."""
+    """Opens connections to ``base_url``'s session endpoint and says hello."""
 
     def __init__(
         self,
@@ -92,18 +97,17 @@ class Dialer:
         connect_timeout: float,
     ) -> None:
         self.url = base_url
-        self._ws_url = base_url + SESSION_PATH
-        self._headers = dict(headers)
-        self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True
+        parts = urlsplit(base_url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._request = upgrade_request(parts.path + SESSION_PATH, parts.netloc, headers)
+        self._ssl = ssl
         self.connect_timeout = connect_timeout
         #: the protocol versions the hello offers
         self.hello_versions = list(PROTOCOL_VERSIONS)
-        self._http: aiohttp.ClientSession | None = None
 
-    async def dial(
-        self, hello: dict[str, Any], budget: float
-    ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
-        """A new WebSocket and the server's welcome to ``hello`` (plus our versions), or
+    async def dial(self, hello: dict[str, Any], budget: float) -> tuple[Connection, dict[str, Any]]:
+        """A new connection and the server's welcome to ``hello`` (plus our versions), or
         ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent.
 
         Within ``budget`` seconds: waiting for one of the event loop's :data:`DIALS_AT_ONCE`
@@ -130,79 +134,54 @@ class Dialer:
 
     async def _dial(
         self, hello: dict[str, Any], deadline: float
-    ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-            )
+    ) -> tuple[Connection, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        conn: Connection | None = None
         try:
-            async with asyncio.timeout_at(deadline):
-                ws = await self._http.ws_connect(
-                    self._ws_url,
-                    headers=self._headers,
+            async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout)):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(loop),
+                    self._host,
+                    self._port,
                     ssl=self._ssl,
-                    autoping=True,
-                    max_msg_size=0,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                    server_hostname=self._host if self._ssl is not None else None,
                 )
-                try:
-                    welcome = await self._hello(ws, hello)
-                except BaseException:
-                    await ws.close()
-                    raise
-        except (StoreConnectionError, StoreAuthError):
-            raise  # the hello's answer, already ours (a StoreConnectionError is an OSError)
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status in (401, 403):
-                raise StoreAuthError(f"{self.url}: the server refused the token") from None
-            if exc.status == 404:
-                raise StoreConnectionError(
-                    f"{self.url} has no session endpoint ({SESSION_PATH}): an older server?"
-                ) from None
-            if exc.status in RETRY_STATUSES:  # the reason is asked for only when giving up
-                raise NotYet(
-                    f"cannot open a session to {self.url}: HTTP {exc.status}", exc.status
-                ) from None
-            reason = await self.refusal(exc.status)
-            raise StoreConnectionError(
-                f"cannot open a session to {self.url}: HTTP {exc.status}: {reason}"
-            ) from None
-        except TimeoutError:
-            raise NotYet(f"cannot connect to {self.url}: timed out") from None
-        except (_ssl.SSLError, aiohttp.ClientSSLError) as exc:  # a certificate will not change
-            raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise NotYet(f"cannot connect to {self.url}: {exc}") from None
-        return ws, welcome
+            async with asyncio.timeout_at(deadline):
+                conn.send_now(self._request)
+                answer = await conn.answer()
+                if not answer.upgraded:
+                    raise refusal_error(self.url, answer)
+                welcome = await self._hello(conn, hello)
+        except BaseException as exc:
+            if conn is not None:
+                conn.abort("not opened")
+            if isinstance(exc, (StoreConnectionError, StoreAuthError)):
+                raise  # ours already (a StoreConnectionError is an OSError)
+            if isinstance(exc, TimeoutError):
+                raise NotYet(f"cannot connect to {self.url}: timed out") from None
+            if isinstance(exc, _ssl.SSLError):  # a certificate will not change
+                raise StoreConnectionError(f"cannot connect to {self.url}: {exc}") from None
+            if isinstance(exc, OSError):
+                raise NotYet(f"cannot connect to {self.url}: {exc}") from None
+            raise
+        return conn, welcome
 
-    async def refusal(self, status: int) -> str:
-        """Why the server refused the upgrade (over its connection limit, stopping...).
-
-        aiohttp's handshake error carries no body, so the reason is asked once more with a plain
-        request, which the server answers with the same JSON error; nothing is written by it.
-        """
-        assert self._http is not None
+    async def _hello(self, conn: Connection, fields: dict[str, Any]) -> dict[str, Any]:
+        hello = pack(
+            [
+                REQUEST,
+                0,
+                "hello",
+                {"versions": self.hello_versions, "client": "aioelastic", **fields},
+            ]
+        )
+        conn.send_now(message_header(len(hello)) + hello)
         try:
-            async with (
-                asyncio.timeout(self.connect_timeout),
-                self._http.get(self._ws_url, headers=self._headers, ssl=self._ssl) as response,
-            ):
-                body = await response.json(content_type=None)
-            return str(body.get("message", "")) if isinstance(body, dict) else str(status)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            return "no reason given"
-
-    async def _hello(
-        self, ws: aiohttp.ClientWebSocketResponse, fields: dict[str, Any]
-    ) -> dict[str, Any]:
-        hello = {"versions": self.hello_versions, "client": "aioelastic", **fields}
-        await ws.send_bytes(pack([REQUEST, 0, "hello", hello]))
-        message = await ws.receive()
-        if message.type is not aiohttp.WSMsgType.BINARY:  # closed under load, say: try again
-            raise NotYet(f"{self.url}: no answer to the session hello ({message.type.name})")
+            message = await conn.next_message()
+        except ConnectionResetError as exc:  # closed under load, say: try again
+            raise NotYet(f"{self.url}: no answer to the session hello ({exc})") from None
         try:
-            frame = next(unpack_all(message.data, max_len=1 << 20))
+            frame = next(unpack_all(message, max_len=1 << 20))
         except (FrameError, StopIteration):
             raise StoreConnectionError(f"{self.url}: a malformed answer to the hello") from None
         if len(frame) == 5 and frame[0] == ERROR:
@@ -213,6 +192,25 @@ class Dialer:
         welcome: dict[str, Any] = frame[2]
         return welcome
 
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+
+def refusal_error(url: str, answer: Answer) -> StoreConnectionError | StoreAuthError:
+    """The error for an answer to the upgrade that is not a 101 to the session transport."""
+    status = answer.status
+    _, message = answer.error()
+    said = f"HTTP {status}: {message}" if message else f"HTTP {status}"
+    if status in (401, 403):
+        return StoreAuthError(f"{url}: the server refused the token ({said})")
+    if status in RETRY_STATUSES:
+        return NotYet(f"cannot open a session to {url}: HTTP {status}", status, message)
+    if status == 404:
+        return StoreConnectionError(
+            f"{url} has no session endpoint ({SESSION_PATH}): an older server? ({said})"
+        )
+    if status in (101, 400, 426):
+        # an aioelastic server from before the session transport only upgrades to a WebSocket
+        got = f"Upgrade: {answer.headers.get('upgrade', '')}" if status == 101 else said
+        return StoreConnectionError(
+            f"the server at {url} does not speak the session transport {UPGRADE} ({got}); "
+            "upgrade aioelastic on the server"
+        )
+    return StoreConnectionError(f"cannot open a session to {url}: {said}")

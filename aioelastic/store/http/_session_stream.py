@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ._frames import FrameError
 
-__all__ = ["HEADER_BYTES", "UPGRADE", "MessageReader", "message_header"]
+__all__ = ["HEADER_BYTES", "UPGRADE", "MessageLengthError", "MessageReader", "message_header"]
 
 #: The ``Upgrade`` token of the session transport. The protocol's own version is negotiated by
 #: the hello (``PROTOCOL_VERSIONS``); this names the framing, and changes only with it.
@@ -40,12 +40,23 @@ def message_header(length: int) -> bytes:
     return length.to_bytes(HEADER_BYTES, "big")
 
 
+class MessageLengthError(FrameError):
+    """A message length of 0 or over the maximum: the stream can no longer be trusted.
+    ``messages``: the whole messages that came before it in the same read (answer them, then
+    close)."""
+
+    def __init__(self, message: str, messages: list[bytes]) -> None:
+        super().__init__(message)
+        self.messages = messages
+
+
 class MessageReader:
     """Cuts a byte stream into messages, whatever the reads' boundaries.
 
     ``feed(data)`` returns the messages that ``data`` completed, in order; the bytes of a message
     not complete yet are kept for the next call. A length of 0, or one over ``max_message``,
-    raises :class:`FrameError` (the stream can no longer be trusted: close it).
+    raises :class:`MessageLengthError` (a :class:`FrameError`; the stream can no longer be
+    trusted: close it), which carries the whole messages before it.
     """
 
     __slots__ = ("_buffer", "_wanted", "max_message")
@@ -82,8 +93,8 @@ class MessageReader:
         while end - at >= HEADER_BYTES:
             length = int.from_bytes(view[at : at + HEADER_BYTES], "big")
             if length < 1 or length > self.max_message:
-                raise FrameError(
-                    f"a message of {length} bytes (the limit is 1 to {self.max_message})"
+                raise MessageLengthError(
+                    f"a message of {length} bytes (the limit is 1 to {self.max_message})", out
                 )
             start = at + HEADER_BYTES
             if end - start < length:

@@ -21,16 +21,22 @@ from ._frames import EVENTS, PROGRESS, WATCH_END
 if TYPE_CHECKING:
     from ._session_server import Connection
 
-__all__ = ["ServedWatch", "events_frame"]
+__all__ = ["ServedWatch", "events_frame", "events_head"]
 
 #: msgpack's fixarray of 3 and the positive fixint of EVENTS: the head of every events frame
 _EVENTS_HEAD = bytes((0x93, EVENTS))
 
 
+def events_head(wid: int) -> bytes:
+    """The bytes of ``[EVENTS, wid, blob]`` up to the blob: the frame is this, then the blob's
+    msgpack (bin), written as two parts so that a blob shared by many sessions is never copied."""
+    head: bytes = msgpack.packb(wid)
+    return _EVENTS_HEAD + head
+
+
 def events_frame(wid: int, packed_blob: bytes) -> bytes:
     """The bytes of ``[EVENTS, wid, blob]``, ``packed_blob`` being the blob's msgpack (bin)."""
-    head: bytes = msgpack.packb(wid)
-    return _EVENTS_HEAD + head + packed_blob
+    return events_head(wid) + packed_blob
 
 
 class ServedWatch:
@@ -76,7 +82,7 @@ class ServedWatch:
             self._end([WATCH_END, self.wid, "closing", str(exc), {}])
             return
         if events:
-            conn.send_bytes(events_frame(self.wid, hub.blob(self.prefix, events, engine.revision)))
+            conn.send_parts(events_head(self.wid), hub.blob(self.prefix, events, engine.revision))
             self.idle = False
         if self.progress_due:
             self.progress_due = False

@@ -1,10 +1,11 @@
 """The HTTP store client: ``open_store("http://host:29400")`` / ``https://``.
 
-Every request, watch and lease keep-alive of one store goes over one session: a WebSocket to
-``aioelastic serve`` at ``/v1/session`` with msgpack frames (:mod:`._session_client`; the protocol
-is in ``docs/http-api.md``). Requests are pipelined; watches are pushed by the server. Reads are
-retried on connection errors; writes never are: a write whose request may have reached the server
-raises :class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
+Every request, watch and lease keep-alive of one store goes over one session: a connection to
+``aioelastic serve`` at ``/v1/session`` upgraded to the session transport, msgpack frames in
+length-prefixed messages (:mod:`._session_client`; the protocol is in ``docs/http-api.md``).
+Requests are pipelined; watches are pushed by the server. Reads are retried on connection
+errors; writes never are: a write whose request may have reached the server raises
+:class:`~aioelastic.errors.WriteOutcomeUnknownError`, or its subclass
 :class:`~aioelastic.errors.WriteTimeoutError` (also a ``StoreTimeoutError``) when no answer came
 before the deadline. A lost session is resumed at once (its leases stay, see "session-bound
 leases" in ``docs/store.md``) and every watch resumes from the last revision seen + 1, so no event
@@ -20,9 +21,7 @@ from collections import deque
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult
-
-from yarl import URL
+from urllib.parse import SplitResult, urlsplit
 
 from ...errors import StoreClosedError, StoreConnectionError
 from .._base import Store, Watch
@@ -97,8 +96,8 @@ class HttpStore(Store):
         max_connections: int = 100,
     ) -> None:
         super().__init__()
-        base = URL(url)
-        if base.scheme not in ("http", "https") or not base.host:
+        base = urlsplit(url)
+        if base.scheme not in ("http", "https") or not base.hostname:
             raise ValueError(f"url must be http://host:port or https://host:port, got {url!r}")
         for name, number in (
             ("timeout", timeout),
@@ -120,7 +119,7 @@ class HttpStore(Store):
             raise ValueError(
                 f"max_connections must be an int >= 0 (0: no limit), got {max_connections!r}"
             )
-        self.url = str(base).rstrip("/")
+        self.url = url.rstrip("/")
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         if token is not None and any(c in token for c in "\r\n\0"):

@@ -8,7 +8,9 @@ lifecycle only (start, listen, stop); the rest has one module each:
 - ``_app.py``: ``make_app``, the route table and the fast path;
 - ``_state.py``: authentication, errors as JSON and metrics for every request;
 - ``_rest.py`` and ``_rest_watch.py``: the unary routes and the NDJSON watch stream;
-- ``_session_server.py``: ``/v1/session``, the multiplexed session transport;
+- ``_session_server.py``: ``/v1/session``, the multiplexed session transport (its sessions and
+  the hello); ``_session_raw.py`` the upgraded connection, ``_session_conn.py`` a connection's
+  requests, answers and watches;
 - ``_protocol.py``: aiohttp's connection handler customised (JSON errors for unparsable
   requests, the read deadline, the connection budget): the one module that relies on aiohttp
   internals;

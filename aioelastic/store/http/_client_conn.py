@@ -1,0 +1,333 @@
+"""One connection of a session, as an :class:`asyncio.Protocol` (no reader task, no await per
+message): the upgrade's answer, then messages cut from the stream and their frames handed to the
+requests and watches synchronously (answers to the requests' futures in
+:mod:`._client_requests`, which keeps their deadlines), requests made in one loop turn written as
+one message, and the silence watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+from .._types import WatchEvent
+from ._client_requests import Requests
+from ._frames import (
+    ERROR,
+    EVENTS,
+    PROGRESS,
+    RESULT,
+    WATCH_END,
+    FrameError,
+    decode_events,
+    pack,
+    unpack_all,
+)
+from ._session_errors import Refused
+from ._session_stream import MessageLengthError, MessageReader, message_header
+from ._upgrade_answer import Answer, AnswerReader, HeadError
+
+__all__ = ["Connection", "ConnectionLost"]
+
+#: the largest message accepted from the server (its frames are bounded by their own limits)
+MAX_MESSAGE = 1 << 31
+
+
+class ConnectionLost(Exception):
+    """The connection ended with the request pending (it had been sent)."""
+
+
+class Connection(asyncio.Protocol):
+    """A session's connection, from the TCP connect to its end (see the module's docstring).
+
+    Until :meth:`attach`, the dialer reads it with :meth:`answer` and :meth:`next_message`;
+    afterwards every frame goes to ``on_frame(conn, frame)`` and the end to ``on_lost(conn)``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.pending = Requests(loop, self._expired)
+        self.watches: dict[int, Any] = {}  # id -> SessionWatch
+        self.max_message = 4 << 20  # the server's bound, from its welcome
+        self.lost = False
+        self.ending = False  # aborted or closed by us: what still arrives is not handled
+        self.reason = ""
+        #: messages received since the 101 (for tests and statistics)
+        self.messages_received = 0
+        self.last_received = loop.time()
+        #: the last watchdog check that found no watches (silence is measured from then on)
+        self.unwatched_at = self.last_received
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self._answer: AnswerReader | None = AnswerReader()
+        self._messages: MessageReader | None = None
+        self._early: list[bytes] = []  # messages before attach()
+        self._waiter: asyncio.Future[Any] | None = None  # the dialer's
+        self._attached = False
+        self._on_lost: Callable[[Connection], None] | None = None
+        self._outbox: list[bytes] = []
+        self._flush_due = False
+        self.paused = False
+        self._last_blob = b""  # the last events' blob, and them decoded
+        self._last_events: list[WatchEvent] = []
+
+    # -- the dialer's side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self.transport = cast("asyncio.Transport", transport)
+
+    async def answer(self) -> Answer:
+        """The server's answer to the upgrade request (written by the dialer)."""
+        answer: Answer = await self._wait()
+        return answer
+
+    async def next_message(self) -> bytes:
+        """The next message (the hello's answer), before :meth:`attach`."""
+        if self._early:
+            return self._early.pop(0)
+        message: bytes = await self._wait()
+        return message
+
+    async def _wait(self) -> Any:
+        if self.lost:
+            raise ConnectionResetError(self.reason or "the server closed the connection")
+        self._waiter = waiter = self.loop.create_future()
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+
+    def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(value)
+
+    def attach(self, on_lost: Callable[[Connection], None], max_message: int) -> None:
+        """From now on the frames go to the requests and watches, and the end to ``on_lost``."""
+        self._attached, self._on_lost = True, on_lost
+        self.max_message = max_message
+        early, self._early = self._early, []
+        for message in early:
+            if not self._message(message):
+                break
+        if self.lost or self.ending:
+            self._tell_lost()
+
+    # -- incoming
+
+    def data_received(self, data: bytes) -> None:
+        if self.ending:
+            return
+        self.last_received = self.loop.time()
+        messages = self._messages
+        try:
+            if messages is None:
+                if self._answer is None:
+                    return  # after a refusal, being closed
+                data = self._read_answer(data)
+                messages = self._messages
+                if messages is None or not data:
+                    return
+            cut = messages.feed(data)
+        except MessageLengthError as exc:
+            self._received(exc.messages)  # the whole messages before it are answers all the same
+            self.abort(f"a malformed answer from the server: {exc}")
+            return
+        except (HeadError, FrameError) as exc:
+            self.abort(f"a malformed answer from the server: {exc}")
+            return
+        self._received(cut)
+
+    def _received(self, cut: list[bytes]) -> None:
+        self.messages_received += len(cut)
+        if not self._attached:
+            self._early += cut
+            waiter = self._waiter
+            if self._early and waiter is not None and not waiter.done():
+                waiter.set_result(self._early.pop(0))
+            return
+        for message in cut:
+            if not self._message(message):
+                return
+
+    def _read_answer(self, data: bytes) -> bytes:
+        assert self._answer is not None
+        answer = self._answer.feed(data)
+        if answer is None:
+            return b""
+        rest = self._answer.rest
+        self._answer = None
+        if answer.upgraded:
+            self._messages = MessageReader(MAX_MESSAGE)
+        else:
+            rest = b""
+        self._resolve(answer)
+        return rest
+
+    def _message(self, message: bytes) -> bool:
+        """Hand ``message``'s frames to the session; False once the connection is ending."""
+        try:
+            for frame in unpack_all(message, max_len=MAX_MESSAGE):
+                self._dispatch(frame)
+        except (FrameError, ValueError, TypeError, LookupError) as exc:
+            self.abort(f"a malformed frame from the server: {exc}")
+        return not self.ending
+
+    def _dispatch(self, frame: list[Any]) -> None:
+        kind, rid = frame[0], frame[1]
+        if kind in (RESULT, ERROR):
+            entry = self.pending.pop(rid, None)
+            if entry is None:
+                if kind == ERROR and rid == 0:  # the connection's end, and why
+                    self.reason = f"the server said: {frame[3]} ({frame[2]})"
+                return
+            future = entry[0]
+            if not future.done():
+                if kind == RESULT:
+                    future.set_result(frame[2])
+                else:
+                    future.set_exception(Refused(frame[2], frame[3], frame[4]))
+            return
+        watch = self.watches.get(rid)
+        if watch is None:
+            return
+        if kind == EVENTS:
+            blob = frame[2]
+            if blob != self._last_blob:  # watches at one position share the decoded events
+                self._last_events = decode_events(blob)
+                self._last_blob = blob
+            watch.on_events(self._last_events)
+        elif kind == PROGRESS:
+            watch.on_progress(frame[2])
+        elif kind == WATCH_END:
+            del self.watches[rid]
+            watch.on_end(self, frame[2], frame[3], frame[4])
+
+    def eof_received(self) -> bool | None:
+        return None  # the server is done: close our end too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        if not self.reason and exc is not None:
+            self.reason = f"{type(exc).__name__}: {exc}"
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.pending.cancel()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        self._outbox.clear()
+        if self._answer is not None and self._waiter is not None:
+            try:  # a refusal whose body ends with the connection
+                self._resolve(self._answer.eof())
+            except HeadError as error:
+                self._resolve(error=ConnectionResetError(f"{error}"))
+        else:
+            self._resolve(error=ConnectionResetError(self.reason or "the server closed it"))
+        self._tell_lost()
+
+    def _tell_lost(self) -> None:
+        on_lost, self._on_lost = self._on_lost, None  # (once)
+        if on_lost is not None:
+            on_lost(self)
+
+    # -- outgoing
+
+    def send(self, frame: list[Any]) -> None:
+        """Send ``frame``: at once when it is the one request pending (a sequential caller's:
+        no loop turn spent waiting for the flush), else queued, and every frame queued in one
+        loop turn goes as one message, in one write."""
+        data = pack(frame)
+        if len(self.pending) <= 1 and not self._outbox and not self.paused:
+            transport = self.transport
+            if transport is not None and not self.lost:
+                transport.write(message_header(len(data)) + data)
+            return
+        self._outbox.append(data)
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self._flush)
+
+    def send_now(self, data: bytes) -> None:
+        """Write one message at once (the dialer's upgrade request and hello)."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        outbox = self._outbox
+        transport = self.transport
+        if not outbox or self.paused or self.lost or transport is None:
+            return  # (resume_writing flushes what waits)
+        limit = self.max_message
+        if len(outbox) == 1 and len(outbox[0]) <= limit:
+            data = outbox[0]
+            outbox.clear()
+            transport.write(message_header(len(data)) + data)
+            return
+        start = 0
+        while start < len(outbox) and not self.paused:
+            # a batch larger than the server's message bound goes as several messages
+            end, size = start, 0
+            while end < len(outbox) and (end == start or size + len(outbox[end]) <= limit):
+                size += len(outbox[end])
+                end += 1
+            transport.write(b"".join([message_header(size), *outbox[start:end]]))
+            start = end
+        del outbox[:start]
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._flush()
+
+    # -- requests' deadlines and the watchdog
+
+    def _expired(self) -> None:
+        if self.paused:
+            # the server has not read for a whole request timeout: it is stuck, or too slow
+            self.abort("the server stopped reading (a request's deadline passed unsent)")
+
+    def check_silence(self, silence: float) -> None:
+        """The watchdog: a connection with watches hears from the server at least every
+        progress interval, so ``silence`` (3 intervals) without a message while it has watches
+        ends it. One timer per connection, not a receive timeout per message."""
+        if self.lost:
+            return
+        now = self.loop.time()
+        if not self.watches:
+            self.unwatched_at = now  # silence counts only while there are watches
+        elif now - max(self.last_received, self.unwatched_at) >= silence:
+            self.abort(f"nothing received for {silence:g}s (3 progress intervals)")
+            return
+        since = max(self.last_received, self.unwatched_at)
+        self.watchdog = self.loop.call_later(
+            max(since + silence - now, 0.01), self.check_silence, silence
+        )
+
+    def abort(self, reason: str) -> None:
+        """End the connection now (``reason``: what the pending requests' errors say)."""
+        if not self.reason:
+            self.reason = reason
+        self.ending = True
+        if self.transport is not None and not self.lost:
+            self.transport.abort()
+        # the session stops using it now, not when the transport says so (a loop turn later:
+        # a caller woken by the last answer would send its next request into a dead connection)
+        self._tell_lost()
+
+    def close(self) -> None:
+        """End the connection after what was written (a FIN: the session ends or detaches)."""
+        self.ending = True
+        if self.transport is not None and not self.lost:
+            self._flush()
+            self.transport.close()

@@ -1,0 +1,180 @@
+"""A raw session client for tests: the upgrade to ``aioelastic-session/1`` by hand, then messages.
+
+``async with session_wire(url, token=...) as wire:`` connects, sends the upgrade request, reads
+the ``101`` head and gives a :class:`SessionWire`: ``await wire.hello()``, ``await
+wire.send(frames)`` (one message), ``await wire.send_raw(data)`` (bytes as they are),
+``await wire.recv()`` (the frames of the next message), ``await wire.closed()`` (the server
+ended the connection). :func:`upgrade_answer` sends an upgrade and returns the HTTP answer
+(a refusal: its status, headers and JSON body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
+from aioelastic.store.http._session_stream import UPGRADE, MessageReader, message_header
+
+__all__ = ["SessionWire", "UpgradeRefused", "session_wire", "upgrade_answer"]
+
+TIMEOUT = 10.0
+
+
+class UpgradeRefused(Exception):
+    """The server answered the upgrade with something other than 101."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        super().__init__(f"{status}: {body[:200]!r}")
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _request(
+    host: str, port: int, token: str | None, upgrade: str, path: str, connection: str = "Upgrade"
+) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", f"Connection: {connection}"]
+    if upgrade:
+        lines.append(f"Upgrade: {upgrade}")
+    if upgrade.lower() == "websocket":
+        lines += ["Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+    if token is not None:
+        lines.append(f"Authorization: Bearer {token}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+class SessionWire:
+    """One upgraded connection, spoken by hand."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._messages = MessageReader(1 << 30)
+        self._pending: list[bytes] = []
+
+    async def send(self, frames: list[list[Any]]) -> None:
+        """``frames`` as one message."""
+        body = b"".join(pack(frame) for frame in frames)
+        await self.send_raw(message_header(len(body)) + body)
+
+    async def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def recv_message(self, timeout: float = TIMEOUT) -> bytes:
+        """The next message's body (EOFError: the connection ended first)."""
+        async with asyncio.timeout(timeout):
+            while not self._pending:
+                data = await self.reader.read(1 << 16)
+                if not data:
+                    raise EOFError("the server closed the connection")
+                self._pending += self._messages.feed(data)
+        return self._pending.pop(0)
+
+    async def recv(self, timeout: float = TIMEOUT) -> list[list[Any]]:
+        """The frames of the next message."""
+        return list(unpack_all(await self.recv_message(timeout), max_len=1 << 30))
+
+    async def hello(self, **fields: Any) -> dict[str, Any]:
+        """Say hello (versions [1] unless given); the welcome's fields."""
+        fields.setdefault("versions", [1])
+        await self.send([[REQUEST, 0, "hello", fields]])
+        [welcome] = await self.recv()
+        assert welcome[:2] == [RESULT, 0], welcome
+        result: dict[str, Any] = welcome[2]
+        return result
+
+    async def closed(self, timeout: float = TIMEOUT) -> bool:
+        """Wait until the server ends the connection (True), no message coming first."""
+        async with asyncio.timeout(timeout):
+            data = await self.reader.read(1 << 16)
+        assert not data, f"a message before the end: {data[:100]!r}"
+        assert not self._pending, "a message before the end"
+        return True
+
+    def reset(self) -> None:
+        """End the connection with an RST (SO_LINGER 0), as a killed process's kernel may."""
+        sock = self.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.writer.transport.abort()
+
+
+async def _connect(
+    url: str, tls: ssl.SSLContext | None
+) -> tuple[str, int, asyncio.StreamReader, asyncio.StreamWriter]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if parts.scheme == "https" and tls is None:
+        raise ValueError("an https URL needs a TLS context")
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=tls, limit=1 << 20), TIMEOUT
+    )
+    return host, port, reader, writer
+
+
+@contextlib.asynccontextmanager
+async def session_wire(
+    url: str,
+    *,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    path: str = "/v1/session",
+) -> AsyncIterator[SessionWire]:
+    """An upgraded session connection to the server at ``url`` (UpgradeRefused: not a 101)."""
+    host, port, reader, writer = await _connect(url, tls)
+    try:
+        writer.write(_request(host, port, token, UPGRADE, path))
+        status, headers = await _head(reader)
+        if status != 101:
+            length = int(headers.get("content-length", "0"))
+            body = await asyncio.wait_for(reader.readexactly(length), TIMEOUT)
+            raise UpgradeRefused(status, headers, body)
+        assert headers.get("upgrade", "").lower() == UPGRADE, headers
+        yield SessionWire(reader, writer)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
+
+
+async def upgrade_answer(
+    url: str, upgrade: str, *, token: str | None = None, connection: str = "Upgrade"
+) -> tuple[int, dict[str, str], bytes]:
+    """Ask ``/v1/session`` for ``upgrade`` (with this ``Connection`` header): the answer's
+    status, headers and body."""
+    host, port, reader, writer = await _connect(url, None)
+    try:
+        writer.write(_request(host, port, token, upgrade, "/v1/session", connection))
+        status, headers = await _head(reader)
+        body = b""
+        if "content-length" in headers:
+            length = int(headers["content-length"])
+            body = await asyncio.wait_for(reader.readexactly(length), TIMEOUT)
+        return status, headers, body
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
