@@ -213,7 +213,7 @@ class JoinCoordinator:
             claimable = not blocked and tasks.driver is None and self._driven != target
             if not blocked and self.record_round != target:
                 if await _buffered(tasks):
-                    continue  # (see below)
+                    continue  # apply it first: the registration may carry a claim (below)
                 self.standby = await _arrives_as_standby(self._h, latest)
                 # the driver claim, when nobody holds it, goes in the registration's request
                 ops = _claim_ops(self._h, ctl, target, keeper) if claimable else None
@@ -388,7 +388,7 @@ async def _register_claiming(
     """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
     the registration in either branch, the claim only if ``c/driver`` is as the view saw it.
 
-    A transaction has one condition, so the registration cannot also require ``key`` to be
+    A transaction has one condition, so the registration cannot also require its key to be
     absent: the record the put replaced says whether another live handler holds this node id (a
     misconfiguration), and then it is put back and the join fails, as without a claim.
     """
