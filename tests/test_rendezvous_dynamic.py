@@ -326,7 +326,8 @@ async def test_late_node_is_waiting_and_next_round_takes_it_keeping_ranks() -> N
 @virtual
 async def test_new_round_waits_for_every_member_of_the_previous_round() -> None:
     engine = MemoryEngine()
-    hs = handlers(engine, 3, 1, 3, last_call_timeout=0.0)
+    # (a last call: the driver claims with the first registration, before the others)
+    hs = handlers(engine, 3, 1, 3, last_call_timeout=1.0)
     first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
     check_round(first)
     rejoin = [spawn(h.next_rendezvous()) for h in hs[:2]]
@@ -579,6 +580,26 @@ async def test_duplicate_node_id_is_refused() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await close_all([a, b])
+
+
+@virtual
+async def test_duplicate_node_id_seen_with_the_driver_claim_is_refused_and_put_back() -> None:
+    """A registration that carries the driver claim cannot also require its key to be absent:
+    the record it replaced shows the other live handler, whose record is put back (with its
+    lease); the join fails, and its claim goes with its withdrawal."""
+    engine = MemoryEngine()
+    (b,) = handlers(engine, 1, 2, 3, node_id="node-a")
+    store, keys = b.store, RunKeys("job")
+    theirs = await store.lease_grant(TTL * 10)
+    record = NodeRecord("node-a", "10.0.0.9", 4242).encode()
+    await store.put(keys.node(0, "node-a"), record, lease=theirs.id)  # no driver claim yet
+    with pytest.raises(RendezvousError, match="already registered"):
+        await b.next_rendezvous()
+    kv = await store.get(keys.node(0, "node-a"))
+    assert kv is not None
+    assert (kv.value, kv.lease) == (record, theirs.id)
+    assert await store.get(keys.driver) is None
+    await close_all([b])
 
 
 @virtual

@@ -59,8 +59,9 @@ class _RequestLog(MemoryStore):
     async def _compare_and_swap(
         self, key: str, expected_mod_revision: int, value: bytes, lease: int
     ) -> Any:
-        self._log("cas", key)
-        return await super()._compare_and_swap(key, expected_mod_revision, value, lease)
+        result = await super()._compare_and_swap(key, expected_mod_revision, value, lease)
+        self._log("cas" if result.succeeded else "failed cas", key)
+        return result
 
     async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> Any:
         self._log("cad", key)
@@ -79,9 +80,11 @@ class _RequestLog(MemoryStore):
             self._inside = False
 
     async def _txn(self, txn: Txn) -> Any:
-        # one request: what its success branch writes (its compares and failure branch aside)
-        self._log("txn", ", ".join(_describe(op) for op in txn.success))
-        return await super()._txn(txn)
+        # one request: what the branch that ran did (its compares aside)
+        result = await super()._txn(txn)
+        branch = txn.success if result.succeeded else txn.failure
+        self._log("txn", ", ".join(_describe(op) for op in branch))
+        return result
 
     async def _lease_grant(self, ttl: float) -> Any:
         self._log("lease_grant", "")
@@ -119,7 +122,7 @@ def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
 def _driving(
     node: str, round_: int, *, roster_read: bool = False, due: bool = False
 ) -> list[tuple[str, str]]:
-    """What driving ``round_`` of one member (``node``) adds to a join: the claim, the previous
+    """What driving ``round_`` of one member (``node``) adds to a join: the previous
     roster when this node does not have it, the count, the word to the previous round's
     members that a round forms (``due``), and the roster (one chunk here), the members'
     records and the round record, written with the previous round's garbage and its members
@@ -133,7 +136,6 @@ def _driving(
         if round_ > 1:
             garbage += f", delete_prefix {KEYS.members_of(round_ - 2)}"
     return [
-        ("cas", KEYS.driver),
         *([("range", KEYS.roster_of(round_ - 1))] if roster_read else []),
         ("range_and_watch", KEYS.nodes),
         *([("put", KEYS.due(round_ - 1))] if due else []),
@@ -156,14 +158,14 @@ async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
     assert log.take() == [
         ("range_and_watch", KEYS.ctl),
         ("lease_grant", ""),
-        ("cas", KEYS.node(0, me)),
+        ("txn", f"put {KEYS.node(0, me)}, put {KEYS.driver}"),  # with the driver claim
         *_driving(me, 0),
     ]
     await handler.next_rendezvous()
-    # the kept watch: no watch to open, nothing read; the registration leaving the old round
-    # (one transaction)
+    # the kept watch: no watch to open, nothing read; the registration leaving the old round,
+    # with the driver claim (one transaction)
     assert log.take() == [
-        ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
+        ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}, put {KEYS.driver}"),
         *_driving(me, 1),  # (a round of one restarting: no other member to tell)
     ]
     await handler.aclose()
@@ -216,7 +218,8 @@ async def test_a_prepared_handler_first_join_is_its_registration() -> None:
     early = handler.lease
     assert early is not None
     await handler.next_rendezvous()
-    assert log.take() == [("cas", KEYS.node(0, handler.node_id)), *_driving(handler.node_id, 0)]
+    me = handler.node_id
+    assert log.take() == [("txn", f"put {KEYS.node(0, me)}, put {KEYS.driver}"), *_driving(me, 0)]
     assert handler.lease is early
     await handler.aclose()
     assert not engine.watcher_count  # the prepared view closed with the handler
@@ -239,7 +242,7 @@ async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_er
     result = await handler.next_rendezvous()
     assert log.take() == [
         ("lease_grant", ""),
-        ("cas", KEYS.node(0, handler.node_id)),
+        ("txn", f"put {KEYS.node(0, handler.node_id)}, put {KEYS.driver}"),
         *_driving(handler.node_id, 0),
     ]
     assert result.rank == 0
@@ -267,4 +270,39 @@ async def test_without_participants_a_member_reads_only_its_own_record() -> None
         ("get", KEYS.member(0, other.node_id)),
     ]
     assert ("get", KEYS.member(0, driver.node_id)) not in _log_of(driver).take()  # it wrote it
+    await asyncio.gather(*(h.aclose() for h in hs))
+
+
+def _writes(requests: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [r for r in requests if r[0] not in ("get", "range", "range_and_watch", "lease_grant")]
+
+
+@virtual_test
+async def test_nodes_joining_at_once_each_write_once_and_send_no_doomed_claim() -> None:
+    """N fresh nodes joining together, then all rejoining: each one's join path is one write,
+    its registration, which carries the driver claim (won or lost in it) whenever its view shows
+    no claim for the round; no node sends a claim of its own, none fails (the driver's writes
+    aside)."""
+    n = 6
+    engine = MemoryEngine()
+    hs = [_handler(engine, n, n) for _ in range(n)]
+    for round_ in range(2):
+        driven = {h: h.statistics().rounds_driven for h in hs}
+        for h in hs:
+            _log_of(h).take()
+        await asyncio.gather(*(h.next_rendezvous() for h in hs))
+        (driver,) = [h for h in hs if h.statistics().rounds_driven > driven[h]]
+        for h in sorted(hs, key=lambda h: h is driver):  # the driver last
+            me, left = KEYS.node(round_, h.node_id), KEYS.node(round_ - 1, h.node_id)
+            register = f"put {me}" + (f", delete {left}" if round_ else "")
+            claim = f", put {KEYS.driver}" if h is driver else ""
+            writes = _writes(_log_of(h).take())
+            if h is driver:  # and the driver's: the round (and its word to the members)
+                writes = [w for w in writes if w[1] != KEYS.due(round_ - 1)]
+                assert len(writes) == 2, writes  # (no claim of its own)
+                assert writes[1][0] == "txn", writes
+                assert f"put {KEYS.round}" in writes[1][1], writes
+            # one registration (a cas or transaction without a claim, a transaction with one)
+            assert writes[0] in {("txn", register + claim), ("cas", me)}, writes
+            assert len(writes) == (2 if h is driver else 1), writes
     await asyncio.gather(*(h.aclose() for h in hs))

@@ -57,8 +57,10 @@ def test_round_work_per_node_is_small(measured: dict[int, list[RoundFigures]], w
         assert f.writes is not None
         assert f.event_bytes is not None
         assert f.roster_bytes is not None
-        assert f.events <= 3 * n  # each node: the driver claim and the round record, at most
-        assert f.event_bytes <= 200 * n  # each event is small: no member list in any of them
+        # each node: the driver claim and the round record; and to the driver alone, each
+        # registration written after its count started (a put, and a rejoin's old one removed)
+        assert f.events <= 4 * n
+        assert f.event_bytes <= 120 * f.events  # each event is small: no member list in any
         assert f.writes <= 2 * n + 4  # each node: its registration (and its old one's removal)
         assert f.record_bytes <= 100  # every node receives it: a few constant fields
         assert f.roster_bytes <= 20 * n  # the members' ids, in chunks
@@ -253,7 +255,9 @@ def test_the_scale_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None
             for f in figures:
                 assert f["n"] == int(n)
                 assert f["seconds"] > 0
-                assert f["events"] == 2 * f["n"]
+                # the claim and the round record to each node; to the driver, the registrations
+                # written after its count started (the claim is in the first registration)
+                assert 2 * f["n"] <= f["events"] < 3 * f["n"]
                 assert f["record_bytes"] > 0
 
 

@@ -17,6 +17,7 @@ import anyio
 
 from ..errors import (
     CompactedError,
+    LeaseNotFoundError,
     RendezvousClosedError,
     RendezvousError,
     RendezvousGracefulExitError,
@@ -24,7 +25,7 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import Compare, Delete, Get, GetResult, Put
+from ..store import Compare, Delete, Get, GetResult, Put, PutResult
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import RoundDriver
@@ -208,23 +209,26 @@ class JoinCoordinator:
                     return result
                 self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
+            claim: int | None = None
+            claimable = not blocked and tasks.driver is None and self._driven != target
             if not blocked and self.record_round != target:
+                if await _buffered(tasks):
+                    continue  # apply it first: the registration may carry a claim (below)
                 self.standby = await _arrives_as_standby(self._h, latest)
-                await _register(self, target, keeper)
+                # the driver claim, when nobody holds it, goes in the registration's request
+                ops = _claim_ops(self._h, ctl, target, keeper) if claimable else None
+                claim = await _register(self, target, keeper, ops)
+                if claimable and ops is None:
+                    claim = _own_claim(self._h, ctl, target, keeper)
+            elif claimable:
+                if await _buffered(tasks):
+                    # An event arrived (or was buffered in a kept watch): apply it before
+                    # claiming the driver, so that nodes joining together do not all send a
+                    # claim doomed to fail once the first one has landed.
+                    continue
+                claim = await _claim_driver(self._h, ctl, target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
-            if not tasks.event_ready():
-                await anyio.lowlevel.checkpoint()  # let the watch hand over what it holds
-            if tasks.event_ready():
-                # An event arrived (or was buffered in a kept watch) while we registered: apply
-                # it before deciding to claim the driver, so that nodes joining together do not
-                # all send a claim doomed to fail once the first one has landed.
-                continue
-            if (
-                not blocked
-                and tasks.driver is None
-                and self._driven != target
-                and (claim := await _claim_driver(self._h, ctl, target, keeper)) is not None
-            ):
+            if claim is not None:
                 self._driven = target
                 self._driver = RoundDriver(self._h, target, ctl.round_kv, claim)
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
@@ -332,8 +336,12 @@ class JoinCoordinator:
 # -- the writes of a join
 
 
-async def _register(j: JoinCoordinator, target: int, keeper: LeaseKeeper) -> None:
-    """Register ``j``'s node for ``target``, leaving the round it was registered for."""
+async def _register(
+    j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: _Claim | None = None
+) -> int | None:
+    """Register ``j``'s node for ``target``, leaving the round it was registered for, and claim
+    the driver with it (``claim``, one request): the claim's mod_revision if this node now
+    drives, else None."""
     h = j._h
     store, keys, node_id = h._store, h._keys, h.node_id
     addr = h._local_addr or default_addr()
@@ -342,7 +350,9 @@ async def _register(j: JoinCoordinator, target: int, keeper: LeaseKeeper) -> Non
     old = j.record_round
     leaving = old is not None and old != target
     try:
-        if leaving:  # register and leave the round we were in, in one request
+        if claim is not None:
+            drives = await _register_claiming(j, target, record, keeper, claim)
+        elif leaving:  # register and leave the round we were in, in one request
             assert old is not None
             result = await store.txn(
                 compare=[Compare.mod_revision(key) == 0],
@@ -360,15 +370,64 @@ async def _register(j: JoinCoordinator, target: int, keeper: LeaseKeeper) -> Non
     except WriteOutcomeUnknownError:
         j.record_round = target  # it may have applied: a withdrawal deletes it
         raise
+    if claim is not None:
+        j.record_round = target
+        return drives
     if not succeeded and (kv is None or kv.lease != keeper.id):
-        raise RendezvousError(
-            f"node id {node_id!r} is already registered for round {target} of "
-            f"{h.run_id!r} by another live handler"
-        )
+        raise _duplicate(h, target)
     j.record_round = target
     if leaving and not succeeded:  # registered already (by this lease): leave the old round
         assert old is not None
         await store.delete(keys.node(old, node_id))
+    return None
+
+
+async def _register_claiming(
+    j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: _Claim
+) -> int | None:
+    """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
+    the registration in either branch, the claim only if ``c/driver`` is as the view saw it.
+
+    A transaction has one condition, so the registration cannot also require its key to be
+    absent: the record the put replaced says whether another live handler holds this node id (a
+    misconfiguration), and then it is put back and the join fails, as without a claim.
+    """
+    h = j._h
+    key, old = h._keys.node(target, h.node_id), j.record_round
+    ops: list[Put | Delete] = [Put(key, record, keeper.id)]
+    if old is not None and old != target:
+        ops.append(Delete(h._keys.node(old, h.node_id)))
+    compare, put = claim
+    result = await h._store.txn(compare=[compare], success=[*ops, put], failure=ops)
+    registered = result[0]
+    assert isinstance(registered, PutResult)
+    prev = registered.prev_kv
+    if prev is not None and prev.lease != keeper.id:
+        await _put_back(h, registered.kv, prev)  # (our claim, if made, goes with the withdrawal)
+        raise _duplicate(h, target)
+    if not result.succeeded:
+        return None
+    claimed = result[-1]
+    assert isinstance(claimed, PutResult)
+    return claimed.kv.mod_revision
+
+
+async def _put_back(h: DynamicRendezvousHandler, ours: KeyValue, theirs: KeyValue) -> None:
+    """Restore another handler's registration that ours replaced (if nothing changed it since;
+    if its lease has gone, drop ours instead)."""
+    store = h._store
+    unchanged = Compare.mod_revision(ours.key) == ours.mod_revision
+    try:
+        await store.txn(compare=[unchanged], success=[Put(ours.key, theirs.value, theirs.lease)])
+    except LeaseNotFoundError:
+        await store.compare_and_delete(ours.key, ours.mod_revision)
+
+
+def _duplicate(h: DynamicRendezvousHandler, target: int) -> RendezvousError:
+    return RendezvousError(
+        f"node id {h.node_id!r} is already registered for round {target} of "
+        f"{h.run_id!r} by another live handler"
+    )
 
 
 async def _withdraw(j: JoinCoordinator, keeper: LeaseKeeper) -> None:
@@ -466,17 +525,51 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
         log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
 
 
+#: The compare and the put that claim ``c/driver`` for a round.
+_Claim = tuple[Compare, Put]
+
+
+def _claim_ops(
+    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
+) -> _Claim | None:
+    """What claims ``c/driver`` for ``target`` (bound to the lease) if the view shows nobody
+    holds it for ``target`` yet; None if somebody does."""
+    current, kv = ctl.driver, ctl.driver_kv
+    if current is not None and current.round >= target:
+        return None
+    expected = 0 if kv is None else kv.mod_revision
+    record = DriverRecord(target, h.node_id).encode()
+    return Compare.mod_revision(h._keys.driver) == expected, Put(h._keys.driver, record, keeper.id)
+
+
+def _own_claim(
+    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
+) -> int | None:
+    """The claim's mod_revision if the view's claim for ``target`` is this node's, from an
+    interrupted join with this lease (it drives again), else None."""
+    current, kv = ctl.driver, ctl.driver_kv
+    mine = current is not None and current.round == target and current.node_id == h.node_id
+    return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
+
+
 async def _claim_driver(
     h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
 ) -> int | None:
-    """Claim ``c/driver`` for ``target`` (bound to the lease): the claim's mod_revision if this
-    node drives it, else None."""
-    current, kv = ctl.driver, ctl.driver_kv
-    if current is not None and current.round >= target:
-        # ours from an interrupted join with this lease: drive again
-        mine = current.round == target and current.node_id == h.node_id
-        return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
-    expected = 0 if kv is None else kv.mod_revision
-    record = DriverRecord(target, h.node_id).encode()
-    result = await h._store.compare_and_swap(h._keys.driver, expected, record, lease=keeper.id)
+    """Claim ``c/driver`` for ``target`` by itself (this node registered already): the claim's
+    mod_revision if this node drives it, else None."""
+    claim = _claim_ops(h, ctl, target, keeper)
+    if claim is None:
+        return _own_claim(h, ctl, target, keeper)
+    compare, put = claim
+    expected = compare.operand
+    assert isinstance(expected, int)
+    result = await h._store.compare_and_swap(put.key, expected, put.value, lease=put.lease)
     return result.kv.mod_revision if result.succeeded and result.kv is not None else None
+
+
+async def _buffered(tasks: JoinTasks) -> bool:
+    """Whether a control event is ready to apply (after letting the watch hand over what it
+    holds)."""
+    if not tasks.event_ready():
+        await anyio.lowlevel.checkpoint()
+    return tasks.event_ready()
