@@ -217,29 +217,32 @@ def _service_paths() -> dict[str, Any]:
                 },
             }
         },
-        "/v1/session": {
-            "get": {
-                "summary": "open a session: an HTTP Upgrade to aioelastic-session/1, then "
-                "length-prefixed messages of msgpack frames (requests, watches, keep-alives; "
-                "see docs/http-api.md, 'The session protocol')",
-                "parameters": [
-                    {
-                        "name": "Upgrade",
-                        "in": "header",
-                        "required": True,
-                        "schema": {"const": "aioelastic-session/1"},
-                    }
-                ],
-                "responses": {
-                    "101": {"description": "switching to the session stream"},
-                    "426": _error(
-                        "no upgrade, or not to aioelastic-session/1 (a WebSocket included)"
-                    ),
-                    "503": _error("the server is shutting down"),
-                    **_COMMON,
-                },
-            }
-        },
+        "/v1/session": _session_path(),
+    }
+
+
+def _session_path() -> dict[str, Any]:
+    """The session's upgrade (the protocol after it is in docs/http-api.md)."""
+    return {
+        "get": {
+            "summary": "open a session: an HTTP Upgrade to aioelastic-session/1, then "
+            "length-prefixed messages of msgpack frames (requests, watches, keep-alives; "
+            "see docs/http-api.md, 'The session protocol')",
+            "parameters": [
+                {
+                    "name": "Upgrade",
+                    "in": "header",
+                    "required": True,
+                    "schema": {"const": "aioelastic-session/1"},
+                }
+            ],
+            "responses": {
+                "101": {"description": "switching to the session stream"},
+                "426": _error("no upgrade, or not to aioelastic-session/1 (a WebSocket included)"),
+                "503": _error("the server is shutting down"),
+                **_COMMON,
+            },
+        }
     }
 
 
