@@ -11,24 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import logging
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import pytest
 
-from aioelastic.errors import TimerError
-from aioelastic.testing import run_virtual, virtual_test
+from aioelastic.errors import StoreConnectionError, TimerError, WriteOutcomeUnknownError
+from aioelastic.events import Event
+from aioelastic.store import CasResult, KeyValue, MemoryStore, RangeResult, Watch
+from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 from aioelastic.timer import (
     BlockingUnixTimerClient,
+    ExpiredTimer,
     LocalTimerServer,
+    StoreTimerClient,
+    StoreTimerServer,
     TimerClient,
+    TimerRequest,
     UnixTimerClient,
     UnixTimerServer,
     expires,
+    timer_key,
     unix,
 )
 
@@ -227,3 +238,269 @@ async def test_a_wait_for_reaps_that_times_out_leaves_no_waiter_behind() -> None
         assert server._reap_waiters == []  # each waiter went with its wait
         await server.client(worker_id="w").acquire("s", 0)
         assert [event.timer.scope_id for event in await server.wait_reaped()] == ["s"]
+
+
+# -- timers through a store ------------------------------------------------------------------------
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+class ScriptedStore(MemoryStore):
+    """A memory store that records when the prefix is read and the watches it opens, fails the
+    next ``failing`` reads, and runs ``after_read`` once after the next read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[float] = []
+        self.watches: list[Watch] = []
+        self.failing = 0
+        self.after_read: Callable[[], Awaitable[object]] | None = None
+
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        self.reads.append(asyncio.get_running_loop().time())
+        if self.failing:
+            self.failing -= 1
+            raise StoreConnectionError("injected")
+        result = await super()._range(prefix, limit)
+        after, self.after_read = self.after_read, None
+        if after is not None:
+            await after()
+        return result
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        watch = super()._watch(prefix, start_revision)
+        self.watches.append(watch)
+        return watch
+
+
+def test_store_timer_arguments_get_errors_naming_what_was_given() -> None:
+    store = MemoryStore()
+
+    def reaper(timer: ExpiredTimer) -> None:
+        pass
+
+    for make in (
+        lambda prefix: StoreTimerServer(store, reaper, prefix=prefix),
+        lambda prefix: StoreTimerClient(store, "w", prefix=prefix),
+    ):
+        with pytest.raises(TypeError, match=r"^prefix must be a str, got int$"):
+            make(3)
+        with pytest.raises(ValueError, match=r"^prefix must not be empty \(timers need a key"):
+            make("")
+    with pytest.raises(TypeError, match=r"^store must be a Store, got str$"):
+        StoreTimerServer("memory://", reaper)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^store must be a Store, got str$"):
+        StoreTimerClient("memory://", "w")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^worker_id must be a str, got int$"):
+        StoreTimerClient(store, 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^retry_interval must be a number of seconds, got str$"):
+        StoreTimerServer(store, reaper, retry_interval="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^retry_interval must be a finite number of seconds"):
+        StoreTimerServer(store, reaper, retry_interval=-1)
+    with pytest.raises(ValueError, match=r"^signal must be a signal number in 1\.\."):
+        StoreTimerClient(store, "w", signal=0)
+
+
+@virtual_test
+async def test_a_store_timer_reaches_the_reaper_and_the_event_sink_whole() -> None:
+    reaps: list[ExpiredTimer] = []
+    sink = ListSink()
+    async with MemoryStore() as store:
+        server = StoreTimerServer(store, reaps.append, prefix="t/", event_sink=sink, history=2)
+        assert StoreTimerServer(store, reaps.append).reaps.maxlen == 1000
+        async with server:
+            assert server.reaps.maxlen == 2
+            client = StoreTimerClient(store, "w", prefix="t/", pid=1234, signal=signal.SIGTERM)
+            before = time.time()
+            await client.acquire("s", 1)
+            await server.wait_reaped()
+    (timer,) = reaps
+    assert (timer.worker_id, timer.scope_id, timer.pid) == ("w", "s", 1234)
+    assert timer.signal == signal.SIGTERM
+    assert timer.expiration_time is not None
+    assert before + 1 <= timer.expiration_time <= time.time() + 1
+    (event,) = sink.events
+    assert event.kind == "timer.reaped"
+    assert (event.fields["worker"], event.fields["scope"], event.fields["pid"]) == ("w", "s", 1234)
+
+
+@virtual_test
+async def test_a_timer_put_between_the_servers_read_and_its_watch_is_seen() -> None:
+    reaps: list[ExpiredTimer] = []
+    async with ScriptedStore() as store:
+        client = StoreTimerClient(store, "w", prefix="t/")
+        store.after_read = lambda: client.acquire("s", 1)  # after the read, before the watch
+        async with StoreTimerServer(store, reaps.append, prefix="t/") as server:
+            await server.wait_reaped()
+    assert [timer.scope_id for timer in reaps] == ["s"]
+
+
+@virtual_test
+async def test_a_lost_store_is_read_again_with_a_doubling_backoff_up_to_5_seconds() -> None:
+    loop = asyncio.get_running_loop()
+    store = ScriptedStore()
+    async with store, StoreTimerServer(store, lambda timer: None, prefix="t/") as server:
+        # the watch is lost and the next 8 reads fail: waits of 0.1 s, doubling, at most 5 s
+        store.failing = 8
+        lost = loop.time()
+        store.engine.fail_watchers_of(store, StoreConnectionError("injected"))
+        await asyncio.sleep(30)
+        waits = [round(b - a, 6) for a, b in itertools.pairwise([lost, *store.reads[1:]])]
+        assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+        assert len(store.watches) == 2  # watching again
+        # a watch that ends (closed under the server) is read again after 0.1 s; a read that
+        # then fails waits twice that, and so on
+        store.reads.clear()
+        store.failing = 2
+        ended = loop.time()
+        await store.watches[-1].aclose()
+        await asyncio.sleep(30)
+        waits = [round(b - a, 6) for a, b in itertools.pairwise([ended, *store.reads])]
+        assert waits == [0.1, 0.2, 0.4]
+        assert len(store.watches) == 3
+        assert server.running
+
+
+@virtual_test
+async def test_a_store_timer_key_overwritten_with_a_release_or_garbage_is_disarmed() -> None:
+    reaps: list[ExpiredTimer] = []
+    store = MemoryStore()
+    async with store, StoreTimerServer(store, reaps.append, prefix="t/") as server:
+        client = StoreTimerClient(store, "w", prefix="t/")
+        await client.acquire("released", 1)
+        await client.acquire("garbage", 1)
+        await store.put(client.key("released"), TimerRequest("w", "released", None).to_json())
+        await store.put(client.key("garbage"), b"not a timer")
+        await asyncio.sleep(0)
+        assert server.armed == 0
+        await asyncio.sleep(5)
+    assert reaps == []
+
+
+@virtual_test
+async def test_a_timer_unchanged_across_a_lost_watch_is_not_armed_again() -> None:
+    reaps: list[ExpiredTimer] = []
+    store = MemoryStore()
+    async with store, StoreTimerServer(store, reaps.append, prefix="t/") as server:
+        client = StoreTimerClient(store, "w", prefix="t/")
+        await client.acquire("kept", 10)
+        await client.acquire("moved", 10)
+        await asyncio.sleep(0.01)  # the server sees both
+        kept = server.deadline_of("w", "kept")
+        store.engine.fail_watchers_of(store, StoreConnectionError("injected"))
+        await client.acquire("moved", 20)  # while the server is cut off
+        await asyncio.sleep(1)  # it reads the store again
+        assert server.deadline_of("w", "kept") == kept
+        assert server.statistics().acquired == 3  # kept once, moved twice
+        moved = server.deadline_of("w", "moved")
+        assert moved is not None
+        assert kept is not None
+        assert moved > kept + 9  # the later arming, 20 s from its acquire
+        await asyncio.sleep(30)
+    assert sorted(timer.scope_id for timer in reaps) == ["kept", "moved"]
+
+
+def _lose_the_answer(store: FaultInjectingStore, apply: bool) -> None:
+    """The next claim's answer is lost (WriteOutcomeUnknownError); it was applied if ``apply``."""
+    original = store.inner._compare_and_delete
+
+    async def lost(key: str, expected_mod_revision: int) -> CasResult:
+        store.inner._compare_and_delete = original  # type: ignore[method-assign]
+        if apply:
+            await original(key, expected_mod_revision)
+        raise WriteOutcomeUnknownError("injected: the answer was lost")
+
+    store.inner._compare_and_delete = lost  # type: ignore[method-assign]
+
+
+@virtual_test
+async def test_a_claim_whose_answer_was_lost_reaps_iff_the_timer_is_gone() -> None:
+    reaps: list[ExpiredTimer] = []
+    async with MemoryStore() as inner:
+        faulty = FaultInjectingStore(inner)
+        async with StoreTimerServer(faulty, reaps.append, prefix="t/") as server:
+            client = StoreTimerClient(inner, "w", prefix="t/")
+            _lose_the_answer(faulty, apply=True)  # the delete applied: the timer is gone
+            await client.acquire("applied", 1)
+            await server.wait_reaped()
+            assert await inner.get(client.key("applied")) is None
+            # the delete did not apply, and the worker re-armed before the read-back: no reap
+            _lose_the_answer(faulty, apply=False)
+
+            async def rearm() -> None:
+                await client.acquire("rearmed", 60)
+
+            original_get = inner._get
+
+            async def get(key: str) -> KeyValue | None:
+                inner._get = original_get  # type: ignore[method-assign]
+                await rearm()
+                return await original_get(key)
+
+            inner._get = get  # type: ignore[method-assign]
+            await client.acquire("rearmed", 1)
+            await asyncio.sleep(5)
+            assert [timer.scope_id for timer in reaps] == ["applied"]
+            assert server.deadline_of("w", "rearmed") is not None  # the new arming stands
+
+
+@virtual_test
+async def test_timer_keys_quote_a_slash_so_two_timers_never_share_a_key() -> None:
+    assert timer_key("t/", "a/b", "c") == "t/a%2Fb/c"
+    assert timer_key("t/", "a", "b/c") == "t/a/b%2Fc"
+    reaps: list[ExpiredTimer] = []
+    store = MemoryStore()
+    async with store, StoreTimerServer(store, reaps.append, prefix="t/") as server:
+        await StoreTimerClient(store, "a/b", prefix="t/").acquire("c", 1)
+        await StoreTimerClient(store, "a", prefix="t/").acquire("b/c", 1)
+        await server.wait_reaped(2)
+    assert sorted((timer.worker_id, timer.scope_id) for timer in reaps) == [
+        ("a", "b/c"),
+        ("a/b", "c"),
+    ]
+
+
+def test_a_malformed_store_timer_is_logged_with_its_key_and_what_is_wrong(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        async with store, StoreTimerServer(store, lambda timer: None, prefix="t/") as server:
+            await store.put("t/w/garbage", b"not a timer")
+            await store.put("t/5/s", TimerRequest(5, "s", time.time() + 60).to_json())
+            await store.put("t/w/other", TimerRequest("w", "s", time.time() + 60).to_json())
+            await asyncio.sleep(0.1)
+            assert server.statistics().rejected == 3
+            assert server.armed == 0
+
+    caplog.set_level(logging.WARNING, "aioelastic.timer")
+    run_virtual(body)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rejected")]
+    assert lines[0].startswith("rejected timer request at 't/w/garbage': ")
+    assert lines[1:] == [
+        "rejected timer request at 't/5/s': worker must be a str",
+        "rejected timer request at 't/w/other': the key does not match its worker and scope "
+        "('t/w/s')",
+    ]
+
+
+@virtual_test
+async def test_a_claim_that_cannot_reach_the_store_is_retried_with_a_doubling_backoff() -> None:
+    loop = asyncio.get_running_loop()
+    reaped_at: list[float] = []
+    async with MemoryStore() as inner:
+        faulty = FaultInjectingStore(inner)
+        async with StoreTimerServer(faulty, lambda t: reaped_at.append(loop.time()), prefix="t/"):
+            for _ in range(3):
+                faulty.fail_next("compare_and_delete", StoreConnectionError("injected"))
+            started = loop.time()
+            await StoreTimerClient(inner, "w", prefix="t/").acquire("s", 1)
+            await asyncio.sleep(10)
+    assert len(reaped_at) == 1
+    assert reaped_at[0] - started == pytest.approx(1 + 0.1 + 0.2 + 0.4, abs=0.01)
