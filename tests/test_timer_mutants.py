@@ -19,6 +19,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
@@ -32,6 +33,7 @@ from aioelastic.timer import (
     BlockingUnixTimerClient,
     ExpiredTimer,
     LocalTimerServer,
+    SignalReaper,
     StoreTimerClient,
     StoreTimerServer,
     TimerClient,
@@ -504,3 +506,181 @@ async def test_a_claim_that_cannot_reach_the_store_is_retried_with_a_doubling_ba
             await asyncio.sleep(10)
     assert len(reaped_at) == 1
     assert reaped_at[0] - started == pytest.approx(1 + 0.1 + 0.2 + 0.4, abs=0.01)
+
+
+# -- reaps: what the reaper, the history and the event sink get ------------------------------------
+
+
+def test_duration_and_protected_pid_errors_name_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"^after must be a number of seconds, got str$"):
+        expires(after="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^after must be a finite number of seconds >= 0"):
+        expires(after=-1)
+    with pytest.raises(ValueError, match=r"^protect\[\] must be a process id > 0, got 0$"):
+        SignalReaper(protect=[0])
+
+
+class Worker:
+    """A worker id that is neither a str nor an int."""
+
+    def __repr__(self) -> str:
+        return "<worker 1>"
+
+
+@virtual_test
+async def test_every_reap_is_recorded_and_emitted_with_its_whole_timer() -> None:
+    loop = asyncio.get_running_loop()
+    sink = ListSink()
+
+    def failing(timer: ExpiredTimer) -> None:
+        raise RuntimeError("no")
+
+    async with LocalTimerServer(failing, event_sink=sink) as server:
+        task_worker = Worker()
+        deadline = loop.time() + 1.5
+        server.submit(TimerRequest("w", "s", time.time() + 1.5, pid=77))
+        await server.client(worker_id=task_worker).acquire("t", 2)
+        await server.wait_reaped(2)
+        assert server.statistics().reaper_failures == 2
+        first, second = server.reaps
+    assert first.timer.deadline == pytest.approx(deadline, abs=0.01)
+    assert first.reaped_at == pytest.approx(deadline, abs=0.01)
+    assert second.reaped_at == pytest.approx(loop.time(), abs=0.01)
+    assert first.error == second.error == "RuntimeError: no"
+    assert [event.kind for event in sink.events] == ["timer.reaped", "timer.reaped"]
+    fields = dict(sink.events[0].fields)
+    expiration = fields.pop("expiration_time")
+    assert isinstance(expiration, float)
+    lateness = fields.pop("lateness")
+    assert lateness == round(lateness, 6)
+    assert abs(lateness) < 0.01
+    assert fields == {
+        "server": "LocalTimerServer",
+        "worker": "w",
+        "scope": "s",
+        "pid": 77,
+        "error": "RuntimeError: no",
+    }
+    assert sink.events[1].fields["worker"] == "<worker 1>"  # not a str or int: its repr
+    assert sink.events[1].fields["pid"] is None
+
+
+def test_async_reapers_leave_no_task_behind_and_a_failing_one_names_its_timer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body() -> None:
+        async def reaper(timer: ExpiredTimer) -> None:
+            await asyncio.sleep(0.1)
+            if timer.scope_id == "bad":
+                raise RuntimeError("no")
+
+        async with LocalTimerServer(reaper) as server:
+            client = server.client(worker_id="w")
+            await client.acquire("good", 1)
+            await client.acquire("bad", 1)
+            await server.wait_reaped(2)
+            await asyncio.sleep(1)
+            assert server._children == set()
+            assert server.statistics().reaper_failures == 1
+
+    caplog.set_level(logging.DEBUG)
+    run_virtual(body)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert errors[0].getMessage().startswith("reaper ")
+    assert errors[0].getMessage().endswith(" failed for worker w scope 'bad'")
+
+
+def test_a_claim_task_that_fails_is_logged_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        async with MemoryStore() as inner:
+            faulty = FaultInjectingStore(inner)
+            faulty.fail_next("compare_and_delete", RuntimeError("boom"))
+            async with StoreTimerServer(faulty, lambda timer: None, prefix="t/") as server:
+                await StoreTimerClient(inner, "w", prefix="t/").acquire("s", 1)
+                await asyncio.sleep(3)
+                assert server._children == set()
+                assert server.reaps == deque()  # not claimed: not reaped
+
+    caplog.set_level(logging.DEBUG)
+    run_virtual(body)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["timer server task aioelastic-timer-claim failed"]
+
+
+# -- the Unix server, in this process --------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_unix_timer_carries_its_workers_pid_and_is_reaped_while_the_worker_lives(
+    socket_path: str,
+) -> None:
+    # the worker is this very process: the reaper is a list, and the probe at the deadline
+    # (is the worker still there?) must not signal it
+    reaps: list[ExpiredTimer] = []
+    server = UnixTimerServer(socket_path, reaps.append)
+    async with server, UnixTimerClient(socket_path) as client:
+        await client.acquire("s", 0.05)
+        await server.wait_reaped()
+    (timer,) = reaps
+    assert (timer.worker_id, timer.pid, timer.scope_id) == (os.getpid(), os.getpid(), "s")
+
+
+async def _request(path: str, line: bytes) -> dict[str, object]:
+    reader, writer = await asyncio.open_unix_connection(path)
+    try:
+        writer.write(line + b"\n")
+        await writer.drain()
+        reply = json.loads(await reader.readline())
+        assert isinstance(reply, dict)
+        return reply
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_the_unix_server_says_what_was_wrong_with_a_request(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with UnixTimerServer(socket_path, lambda timer: None):
+        request = TimerRequest(os.getpid(), "s", time.time() + 60).to_dict()
+        reply = await _request(socket_path, json.dumps({**request, "id": "one"}).encode())
+        assert reply == {"id": None, "error": "'id' must be an int"}
+
+        def gone(pid: int) -> int:
+            raise ProcessLookupError(pid)
+
+        monkeypatch.setattr(os, "pidfd_open", gone, raising=False)
+        reply = await _request(socket_path, json.dumps({**request, "id": 2}).encode())
+        assert reply == {"id": 2, "error": "the worker process has exited"}
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_timer_of_a_worker_gone_at_its_deadline_is_dropped_quietly(
+    socket_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = await asyncio.create_subprocess_exec("true")
+    await proc.wait()  # a pid that no longer exists
+    reaps: list[ExpiredTimer] = []
+    loop = asyncio.get_running_loop()
+    async with UnixTimerServer(socket_path, reaps.append) as server:
+        server._arm(proc.pid, "s", loop.time() + 0.05, pid=proc.pid)
+        await asyncio.sleep(0.3)
+        assert server.armed == 0
+        assert server.statistics().dropped == 1
+    assert reaps == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@virtual_test
+async def test_a_late_reap_emits_its_lateness_to_the_microsecond() -> None:
+    sink = ListSink()
+    loop = asyncio.get_running_loop()
+    async with LocalTimerServer(lambda timer: None, event_sink=sink) as server:
+        server._arm("w", "s", loop.time() - 1.2345678)  # already past its deadline
+        (event,) = await server.wait_reaped()
+    assert event.lateness == pytest.approx(1.2345678)
+    assert sink.events[0].fields["lateness"] == 1.234568
