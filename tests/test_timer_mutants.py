@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import pytest
+from helpers.waiting import eventually
 
 from aioelastic.errors import StoreConnectionError, TimerError, WriteOutcomeUnknownError
 from aioelastic.events import Event
@@ -684,3 +685,42 @@ async def test_a_late_reap_emits_its_lateness_to_the_microsecond() -> None:
         (event,) = await server.wait_reaped()
     assert event.lateness == pytest.approx(1.2345678)
     assert sink.events[0].fields["lateness"] == 1.234568
+
+
+def _pidfds() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if _link(fd) == "anon_inode:[pidfd]")
+
+
+def _link(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # closed since the listing
+        return ""
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds here")
+async def test_a_worker_is_watched_once_however_many_timers_it_arms(socket_path: str) -> None:
+    before = _pidfds()
+    server = UnixTimerServer(socket_path, lambda timer: None)
+    async with server, UnixTimerClient(socket_path) as client:
+        await client.acquire("a", 30)
+        await client.acquire("b", 30)
+        await client.acquire("a", 30)
+        assert list(server._pidfds) == [os.getpid()]
+        assert _pidfds() == before + 1
+    assert _pidfds() == before
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_closed_connection_leaves_nothing_behind_in_the_server(socket_path: str) -> None:
+    async with UnixTimerServer(socket_path, lambda timer: None) as server:
+        for _ in range(3):
+            async with UnixTimerClient(socket_path) as client:
+                await client.acquire("a", 30)
+                await client.release("a")
+            await eventually(lambda: not server._handlers, 20, "the connection's handler ended")
+            assert server._writers == set()
