@@ -724,3 +724,48 @@ async def test_a_closed_connection_leaves_nothing_behind_in_the_server(socket_pa
                 await client.release("a")
             await eventually(lambda: not server._handlers, 20, "the connection's handler ended")
             assert server._writers == set()
+
+
+@virtual_test
+async def test_a_scope_id_may_be_1024_characters_long_and_no_longer() -> None:
+    async with LocalTimerServer(lambda timer: None) as server:
+        client = server.client(worker_id="w")
+        await client.acquire("s" * 1024, 30)
+        with pytest.raises(ValueError, match=r"^scope_id is longer than 1024 characters$"):
+            await client.acquire("s" * 1025, 30)
+        with pytest.raises(TypeError, match=r"^scope_id must be a str, got int$"):
+            await client.acquire(5, 30)  # type: ignore[arg-type]
+
+
+@virtual_test
+async def test_released_and_reaped_timers_leave_nothing_in_the_table() -> None:
+    async with LocalTimerServer(lambda timer: None) as server:
+        client = server.client(worker_id="w")
+        await client.acquire("released", 30)
+        await client.acquire("reaped", 1)
+        await client.release("released")
+        await server.wait_reaped()
+        assert server.armed == 0
+        assert server._timers._by_worker == {}
+
+
+def test_the_unix_server_keeps_its_history_and_event_sink(socket_path: str) -> None:
+    sink = ListSink()
+    assert UnixTimerServer(socket_path).reaps.maxlen == 1000
+    server = UnixTimerServer(socket_path, history=3, event_sink=sink)
+    assert server.reaps.maxlen == 3
+    assert server.event_sink is sink
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds here")
+async def test_closing_the_unix_server_takes_its_pidfds_off_the_loop(socket_path: str) -> None:
+    loop = asyncio.get_running_loop()
+    server = UnixTimerServer(socket_path, lambda timer: None)
+    async with server, UnixTimerClient(socket_path) as client:
+        await client.acquire("a", 30)
+        fds = list(server._pidfds.values())
+        assert len(fds) == 1
+    # a closed fd left registered would be watched under its number when it is reused
+    assert [loop.remove_reader(fd) for fd in fds] == [False]
