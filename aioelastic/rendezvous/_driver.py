@@ -220,14 +220,48 @@ class RoundDriver:
         to its lease), then the round record (rank 0's address, the world size) by
         compare-and-swap, while this node's claim holds. Whether it was written; None when a
         member's lease had ended (its deletion is on the way: count again, then write)."""
-        handler, prev, current = self._handler, self._prev, self._current
+        handler = self._handler
         store, keys = handler._store, handler._keys
+        members = self._rank_order()
+        record, ops = self._round_ops(members)
+        expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
+        compare = [
+            Compare.mod_revision(keys.round) == expected,
+            Compare.mod_revision(keys.driver) == self._claim,
+        ]
+        *early, last = _batches(ops)
+        self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
+        try:
+            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
+                try:
+                    for batch in early:  # a roster too large for one transaction: written first
+                        if not (await store.txn(compare=compare, success=batch)).succeeded:
+                            return False
+                    result = await store.txn(
+                        compare=compare,
+                        success=[*last, Put(keys.round, record.encode()), *self._garbage(record)],
+                    )
+                except LeaseNotFoundError as exc:
+                    log.debug("run %r: %s; counting again", handler.run_id, exc)
+                    return None
+                if result.succeeded:
+                    self._completed(members)
+        finally:
+            self.finalizing = False
+        return result.succeeded
+
+    def _rank_order(self) -> tuple[str, ...]:
+        """The members of the round, in rank order (the previous round's order kept)."""
         previous = sorted(self._prev_ranks, key=self._prev_ranks.__getitem__)
-        members = assign_ranks(
-            ((node, kv.create_revision) for node, kv in current.items()),
+        return assign_ranks(
+            ((node, kv.create_revision) for node, kv in self._current.items()),
             tuple(previous),
-            handler._max,
+            self._handler._max,
         )
+
+    def _round_ops(self, members: tuple[str, ...]) -> tuple[RoundRecord, list[Put]]:
+        """The round record, and the roster's chunks and members' records to write before it."""
+        keys, current = self._handler._keys, self._current
         rank0 = current[members[0]]
         master = NodeRecord.decode(rank0.key, rank0.value)
         chunks = [
@@ -239,55 +273,31 @@ class RoundDriver:
             for rank, node in enumerate(members)
         ]
         record = RoundRecord(self.target, len(members), master.addr, master.port, len(chunks))
-        expected = 0 if self._prev_kv is None else self._prev_kv.mod_revision
-        compare = [
-            Compare.mod_revision(keys.round) == expected,
-            Compare.mod_revision(keys.driver) == self._claim,
+        return record, [*chunks, *member_records]
+
+    def _garbage(self, record: RoundRecord) -> list[TxnOp]:
+        """What goes with the round record's write: the previous round has drained, so its data
+        store and roster are garbage; its members are told it is over (they have all moved on,
+        unless one lost its lease); the members' records of the round before go."""
+        prev, keys = self._prev, self._handler._keys
+        if prev is None:
+            return []
+        garbage: list[TxnOp] = [
+            Put(keys.next_marker(prev.round), record.encode()),
+            DeletePrefix(keys.data(prev.round)),
+            DeletePrefix(keys.roster_of(prev.round)),
         ]
-        # the previous round has drained: its data store and roster are garbage, deleted with
-        # the same write; its members are told it is over (they have all moved on, unless one
-        # lost its lease); the members' records of the round before go
-        garbage: list[TxnOp] = []
-        if prev is not None:
-            garbage += [
-                Put(keys.next_marker(prev.round), record.encode()),
-                DeletePrefix(keys.data(prev.round)),
-                DeletePrefix(keys.roster_of(prev.round)),
-            ]
-            if prev.round > 0:
-                garbage.append(DeletePrefix(keys.members_of(prev.round - 1)))
-        *early, last = _batches([*chunks, *member_records])
-        self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
-        try:
-            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                try:
-                    for batch in early:  # a roster too large for one transaction: written first
-                        if not (await store.txn(compare=compare, success=batch)).succeeded:
-                            return False
-                    result = await store.txn(
-                        compare=compare,
-                        success=[*last, Put(keys.round, record.encode()), *garbage],
-                    )
-                except LeaseNotFoundError as exc:
-                    log.debug("run %r: %s; counting again", handler.run_id, exc)
-                    return None
-                if result.succeeded:
-                    handler._stats.rounds_driven += 1
-                    self.ranks = {node: rank for rank, node in enumerate(members)}
-                    self.members = members
-            if result.succeeded:
-                log.info(
-                    "run %r round %d complete: %d members",
-                    handler.run_id,
-                    self.target,
-                    len(members),
-                )
-                handler._emit(
-                    "rendezvous.round_finalized", round=self.target, world_size=len(members)
-                )
-        finally:
-            self.finalizing = False
-        return result.succeeded
+        if prev.round > 0:
+            garbage.append(DeletePrefix(keys.members_of(prev.round - 1)))
+        return garbage
+
+    def _completed(self, members: tuple[str, ...]) -> None:
+        handler = self._handler
+        handler._stats.rounds_driven += 1
+        self.ranks = {node: rank for rank, node in enumerate(members)}
+        self.members = members
+        log.info("run %r round %d complete: %d members", handler.run_id, self.target, len(members))
+        handler._emit("rendezvous.round_finalized", round=self.target, world_size=len(members))
 
 
 def _batches(puts: list[Put]) -> list[list[TxnOp]]:
