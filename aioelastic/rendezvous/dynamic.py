@@ -121,6 +121,15 @@ class _Stats:
     last_call_deadline: float | None = None
 
 
+def _do_lazy_work_now(local_addr: str | None) -> None:
+    """What a first join would otherwise do inside its round: the default address's DNS lookup
+    (in a thread, from now) and anyio's backend import (on first use)."""
+    if local_addr is None:
+        prefetch_default_addr()
+    with contextlib.suppress(ImportError):
+        importlib.import_module("anyio._backends._asyncio")
+
+
 class DynamicRendezvousHandler(_BuiltinHandler):
     """The elastic rendezvous over any :class:`~aioelastic.store.Store` (see the module doc).
 
@@ -184,10 +193,7 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._keep_alive_interval = keep_alive_interval
         self._node_id = check_node_id(node_id) if node_id is not None else secrets.token_hex(6)
         self._local_addr = local_addr
-        if local_addr is None:
-            prefetch_default_addr()  # a DNS lookup: in a thread, now, not inside the join
-        with contextlib.suppress(ImportError):  # anyio imports it on first use: now, not then
-            importlib.import_module("anyio._backends._asyncio")
+        _do_lazy_work_now(local_addr)
         self._reopen_closed = reopen_closed
         self._fast_reform = bool(fast_reform)
         self._with_participants = bool(participants)
