@@ -15,7 +15,7 @@ import aiohttp
 import aiohttp.web
 import pytest
 from helpers import free_port
-from helpers.fake_session import Peer, fake_session_server
+from helpers.fake_session import Peer, fake_session_server, loopback_server
 
 from aioelastic.errors import (
     CompactedError,
@@ -103,7 +103,6 @@ async def _answer_dropping_proxy(port: int) -> AsyncIterator[tuple[str, asyncio.
     request just made) are thrown away and the client's connection is cut: the request was
     applied, and the client never hears so."""
     drop = asyncio.Event()
-    tasks: set[asyncio.Task[None]] = set()
 
     async def pump(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: bool
@@ -131,21 +130,8 @@ async def _answer_dropping_proxy(port: int) -> AsyncIterator[tuple[str, asyncio.
             writer.transport.abort()
             up_writer.transport.abort()
 
-    def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.ensure_future(handle(reader, writer))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    proxy = await asyncio.start_server(track, "127.0.0.1", 0)
-    proxy_port = proxy.sockets[0].getsockname()[1]
-    try:
+    async with loopback_server(handle) as proxy_port:
         yield f"http://127.0.0.1:{proxy_port}", drop
-    finally:
-        proxy.close()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await proxy.wait_closed()
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,7 @@ from typing import Any
 from aioelastic.store.http._frames import RESULT, pack, unpack_all
 from aioelastic.store.http._session_stream import UPGRADE, message_header
 
-__all__ = ["Peer", "Seen", "fake_session_server", "raw_answer"]
+__all__ = ["Peer", "Seen", "fake_session_server", "loopback_server", "raw_answer"]
 
 WELCOME = {"version": 1, "resume": "r", "grace": 0.25, "max_message": 1 << 20}
 
@@ -60,6 +60,36 @@ def raw_answer(status: int, body: bytes, headers: str = "") -> bytes:
     ).encode() + body
 
 
+Handle = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def loopback_server(handle: Handle) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 running ``handle`` for each connection; yields its port. At the
+    end every connection's task is cancelled and awaited and its socket aborted (closed even if
+    its task never ran)."""
+    tasks: set[asyncio.Task[None]] = set()
+    writers: list[asyncio.StreamWriter] = []
+
+    def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        task = asyncio.ensure_future(handle(reader, writer))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    server = await asyncio.start_server(track, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for writer in writers:
+            writer.transport.abort()
+        await server.wait_closed()
+
+
 @contextlib.asynccontextmanager
 async def fake_session_server(
     answer: Callable[[Peer, list[Any]], Awaitable[str | None]] | None = None,
@@ -69,8 +99,6 @@ async def fake_session_server(
     """Yields (url, what it saw). ``refuse(n)``: the bytes answering the n-th upgrade (from 1),
     or ``None`` to upgrade it."""
     seen = Seen()
-    tasks: set[asyncio.Task[None]] = set()
-    writers: list[asyncio.StreamWriter] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.connections += 1
@@ -107,24 +135,8 @@ async def fake_session_server(
         finally:
             writer.close()
 
-    def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)  # (closed at the end even if its task never ran)
-        task = asyncio.ensure_future(handle(reader, writer))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    server = await asyncio.start_server(track, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with loopback_server(handle) as port:
         yield f"http://127.0.0.1:{port}", seen
-    finally:
-        server.close()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for writer in writers:
-            writer.transport.abort()
-        await server.wait_closed()
 
 
 async def _read_message(reader: asyncio.StreamReader) -> bytes:
