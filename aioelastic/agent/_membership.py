@@ -28,6 +28,8 @@ log = logging.getLogger("aioelastic.agent")
 #: seconds a join may take before the agent looks once whether this node is a standby
 STANDBY_CHECK = 3.0
 DONE = "agent/done/"  # round-store keys: the nodes whose workers all succeeded
+DONE_COUNT = "agent/done-count"  # how many of them there are (one add each)
+ALL_DONE = "agent/all-done"  # written by the node whose add counted the last of them
 
 
 def is_loss(change: asyncio.Future[RendezvousEvent]) -> bool:
@@ -108,7 +110,7 @@ class Membership:
     ) -> RendezvousEvent | None:
         """The loss of a node of ``rdzv`` seen within ``window`` seconds (``None``: the lease's
         TTL + 1 s), or None (see ``WorkerSpec.loss_window``)."""
-        if len(rdzv.participants) < 2:
+        if rdzv.world_size < 2:
             return None  # nobody else to lose: the failure is the job's
         if window is None:
             keeper = getattr(self.handler, "lease", None)
@@ -137,17 +139,26 @@ class Membership:
 
     async def exit_barrier(self, rdzv: RendezvousResult, timeout: float, stop: StopRequest) -> None:
         """Say this node is done; wait (bounded by ``timeout``, a membership change or a stop)
-        for the others before leaving the round."""
-        store = rdzv.store
+        for the others before leaving the round.
+
+        O(1) per node, O(N) a round (not a wait on every member's key: N events to each of N
+        nodes): each node counts itself with one ``add``, the one that counts the last node
+        writes :data:`ALL_DONE`, and every node waits for that one key. ``DONE + node`` says
+        that a member that left had finished (:meth:`next_change`)."""
+        store, world = rdzv.store, rdzv.world_size
         try:
+            # counted first: a node that dies between the two is counted all the same, and its
+            # loss (no DONE key) ends the others' wait
+            count = await store.add(DONE_COUNT, 1) if world > 1 else 1
             await store.put(DONE + rdzv.node_id, b"1")
+            if world > 1 and count >= world:
+                await store.put(ALL_DONE, b"1")
         except Exception as exc:  # best effort: leaving is what matters
             log.warning("exit barrier: could not record this node as done: %s", exc)
             return
-        if rdzv.world_size == 1:
+        if world == 1:
             return
-        keys = [DONE + node for node in rdzv.participants]
-        wait = asyncio.ensure_future(store.wait_for(keys, timeout=timeout))
+        wait = asyncio.ensure_future(store.wait_for([ALL_DONE], timeout=timeout))
         changes = asyncio.ensure_future(self.next_change(rdzv))
         tasks: list[asyncio.Future[Any]] = [wait, changes]
         try:
