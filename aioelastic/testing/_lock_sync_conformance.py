@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from ..errors import LeaseExpiredError, SyncTimeoutError
+from ..store import EventType, Watch
 from ..sync import store_lock
 from ._sync_kit import sync_test
 
@@ -19,6 +20,12 @@ if TYPE_CHECKING:
     from .sync_conformance import SyncEnv
 
 __all__ = ["LockConformance"]
+
+
+async def _enqueued(queue: Watch) -> None:
+    """The next queue entry written (a contender's put; a release is a delete)."""
+    while (await queue.__anext__()).type is not EventType.PUT:
+        pass
 
 
 class LockConformance:
@@ -42,10 +49,10 @@ class LockConformance:
                 await env.settle(0.05)
                 inside.remove(index)
 
-        async with anyio.create_task_group() as tg:
+        async with stores[0].watch("L/") as queue, anyio.create_task_group() as tg:
             for index in range(4):
                 tg.start_soon(worker, index)
-                await env.settle(0.02)  # enqueue in index order
+                await _enqueued(queue)  # in index order: the next starts once this one queued
         assert order == [0, 1, 2, 3]
         assert tokens == sorted(tokens)
         assert len(set(tokens)) == 4
