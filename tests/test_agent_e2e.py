@@ -253,9 +253,10 @@ async def test_a_lost_node_is_not_the_jobs_failure(out: Path, max_restarts: int)
 
     The server keeps a dead session's leases 3 s (default 0.25 s; the lease TTL is 3 s too), so
     the survivor sees its workers fail before it sees the loss: the path under test (a failure
-    the loss explains later). Seen the other way round, both are one membership change with no failure to count
-    (``test_killed_agent_makes_the_other_reform_smaller`` is that path); with the default grace
-    the two raced, and the log line this test looks for depended on which came first."""
+    the loss explains later). Seen the other way round, both are one membership change with no
+    failure to count (``test_killed_agent_makes_the_other_reform_smaller`` is that path); with
+    the default grace the two raced, and the log line this test looks for depended on which
+    came first."""
     async with HttpStoreServer(port=0, session_grace=3.0) as server:
         common = [
             "--nnodes=1:2",
