@@ -18,7 +18,7 @@ import math
 import ssl as _ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -33,7 +33,7 @@ from ._frames import (
     REQUEST,
 )
 from ._session_dial import Backoff, Dialer, NotYet
-from ._session_errors import Refused, error_from_frame, lost_error, timed_out
+from ._session_errors import Refused, describe, error_from_frame, lost_error, timed_out
 
 __all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
 
@@ -246,43 +246,52 @@ class SessionClient:
         self._next_id = rid + 1 if rid < 2**62 else 1
         return rid
 
-    def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
-        """Send one request and return its answer's value, or raise an aioelastic error."""
-        return self._call(op, args, write, what)  # (no coroutine frame of its own)
-
-    async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
+    async def call(
+        self,
+        op: str,
+        args: list[Any],
+        write: bool,
+        what: str,
+        key: str | None = None,
+        convert: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Send one request and return its answer's value (``convert(value)`` if given), or
+        raise an aioelastic error naming the call ``what`` (and ``key``: "get 'k'")."""
         limit = self._limit
         if limit is not None and not limit.try_take():
-            await self._slot(limit, what)
+            await self._slot(limit, describe(what, key))
         try:
             attempts = 1 if write else 1 + self.read_retries
-            for attempt in range(attempts):
+            attempt = 0
+            while True:
                 conn = self._conn
                 if conn is None:
                     try:
                         conn = await self.connection()
                     except StoreConnectionError:
                         # Not connected: nothing was sent, so even a write had no effect.
-                        if attempt + 1 == attempts:
+                        attempt += 1
+                        if attempt == attempts:
                             raise
-                        await asyncio.sleep(0.05 * 2**attempt)
+                        await asyncio.sleep(0.05 * 2 ** (attempt - 1))
                         continue
-                rid = self._take_id()
-                future: asyncio.Future[Any] = conn.loop.create_future()
-                conn.pending.track(rid, future, write, self.request_timeout)
-                conn.send([REQUEST, rid, op, args])
+                rid = self._next_id
+                self._next_id = rid + 1 if rid < 2**62 else 1
                 try:
-                    return await future
+                    value = await conn.request(rid, op, args, write, self.request_timeout)
                 except Refused as refused:
-                    raise refused.error(what, write=write) from None
+                    raise refused.error(describe(what, key), write=write) from None
                 except TimeoutError:
-                    raise timed_out(self, what, write) from None
+                    raise timed_out(self, describe(what, key), write) from None
                 except ConnectionLost as exc:
-                    error = lost_error(self, exc, what, write, last=attempt + 1 == attempts)
+                    attempt += 1
+                    last = attempt == attempts
+                    error = lost_error(self, exc, describe(what, key), write, last=last)
                     if error is not None:
                         raise error from None
-                await asyncio.sleep(0.05 * 2**attempt)  # a read, sent again
-            raise AssertionError("unreachable")  # pragma: no cover
+                    await asyncio.sleep(0.05 * 2 ** (attempt - 1))  # a read, sent again
+                    continue
+                return value if convert is None else convert(value)
         finally:
             if limit is not None:
                 limit.give()
