@@ -62,6 +62,9 @@ class Connection(asyncio.Protocol):
         #: the last watchdog check that found no watches (silence is measured from then on)
         self.unwatched_at = self.last_received
         self.watchdog: asyncio.TimerHandle | None = None
+        #: sends the watchdog's probe on this connection (set by the session); when it was sent
+        self.probe: Callable[[Connection], None] | None = None
+        self.probed_at: float | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
         self._answer: AnswerReader | None = AnswerReader()
         self._messages: MessageReader | None = None
@@ -322,20 +325,38 @@ class Connection(asyncio.Protocol):
 
     def check_silence(self, silence: float) -> None:
         """The watchdog: a connection with watches hears from the server at least every
-        progress interval, so ``silence`` (3 intervals) without a message while it has watches
-        ends it. One timer per connection, not a receive timeout per message."""
+        progress interval. After ``silence`` (3 intervals) without a message while it has
+        watches, it asks the server (:attr:`probe`: a request answered at once) and ends only
+        if nothing at all arrives within one more interval: a server that answers is alive,
+        however late its progress frames (a loaded host), and a loop that was itself held up
+        reads what waited meanwhile. One timer per connection, not a timeout per message."""
         if self.lost:
             return
         now = self.loop.time()
+        interval = silence / 3
         if not self.watches:
             self.unwatched_at = now  # silence counts only while there are watches
-        elif now - max(self.last_received, self.unwatched_at) >= silence:
-            self.abort(f"nothing received for {silence:g}s (3 progress intervals)")
-            return
+            self.probed_at = None
         since = max(self.last_received, self.unwatched_at)
-        self.watchdog = self.loop.call_later(
-            max(since + silence - now, 0.01), self.check_silence, silence
-        )
+        probed_at = self.probed_at
+        if probed_at is not None and self.last_received >= probed_at:
+            self.probed_at = probed_at = None  # heard from since the probe
+        if probed_at is not None:
+            if now - probed_at >= interval:
+                self.abort(
+                    f"nothing received for {silence:g}s (3 progress intervals), "
+                    f"nor an answer to a probe within {interval:g}s"
+                )
+                return
+            due = probed_at + interval
+        elif self.watches and now - since >= silence:
+            self.probed_at = now
+            if self.probe is not None:
+                self.probe(self)
+            due = now + interval
+        else:
+            due = since + silence
+        self.watchdog = self.loop.call_later(max(due - now, 0.01), self.check_silence, silence)
 
     def abort(self, reason: str) -> None:
         """End the connection now (``reason``: what the pending requests' errors say)."""

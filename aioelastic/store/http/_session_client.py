@@ -171,6 +171,7 @@ class SessionClient:
             self.leases = {lease for lease in owned if isinstance(lease, int)}
         self.connects += 1
         silence = 3 * self.progress_interval
+        conn.probe = self._probe
         conn.watchdog = conn.loop.call_later(silence, conn.check_silence, silence)
         self._conn = conn
         conn.attach(self._lost, int(welcome.get("max_message", 4 << 20)))
@@ -236,6 +237,13 @@ class SessionClient:
         if conn is not None and conn.watches.get(rid) is watch:
             del conn.watches[rid]
             self._send_and_forget(conn, "unwatch", [rid])
+
+    def _probe(self, conn: Connection) -> None:
+        """The watchdog's question to a silent server: ``revision``, answered at once (any
+        message that arrives counts; the connection's watchdog keeps the deadline)."""
+        rid = self._take_id()
+        future = conn.request(rid, "revision", [], False, math.inf)
+        future.add_done_callback(_retrieve)
 
     def _send_and_forget(self, conn: Connection, op: str, args: list[Any]) -> None:
         rid = self._take_id()
@@ -324,6 +332,11 @@ class SessionClient:
                 async with asyncio.timeout(1.0):
                     await asyncio.shield(conn.closed)
             conn.abort("the store was closed")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # (a probe lost with its connection: nobody waits for it)
 
 
 class _Slots:

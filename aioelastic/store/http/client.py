@@ -94,7 +94,8 @@ class HttpStore(Store):
     ``timeout``: seconds for one request. ``connect_timeout``: seconds to connect.
     ``read_retries``: extra attempts for reads after a connection error.
     ``progress_interval``: how often (s) the server reports progress on an idle watch; a session
-    with watches that is silent for ``3 * progress_interval`` counts as lost.
+    with watches that is silent for ``3 * progress_interval`` is asked (a request answered at
+    once), and counts as lost if nothing arrives within one more interval.
     ``reconnect_timeout``: how long (s) a lost session with watches or leases tries to reconnect
     before its watches raise :class:`~aioelastic.errors.StoreConnectionError`.
     ``max_connections``: requests in flight at once (0: no limit); the name is kept from the
