@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from aioelastic.store._types import EventType, KeyValue, WatchEvent
 from aioelastic.store.http._frames import (
-    _slot_setters,
     decode_events,
     encode_events,
     kv_from_wire,
     kv_to_wire,
+    slot_setters,
 )
 
 ints = st.integers(min_value=0, max_value=2**63 - 1)
@@ -50,4 +50,4 @@ def test_a_field_the_fast_path_does_not_know_stops_the_import() -> None:
         added: int
 
     with pytest.raises(AssertionError, match=r"Grown's fields are \('key', 'added'\)"):
-        _slot_setters(Grown, ("key",))
+        slot_setters(Grown, ("key",))

@@ -131,6 +131,12 @@ class Connection(asyncio.Protocol):
             return
         self.last_received = self.loop.time()
         messages = self._messages
+        if messages is not None and self._attached:
+            body = messages.whole(data)
+            if body is not None:  # one read, one message: handled without cutting a list
+                self.messages_received += 1
+                self._message(body)
+                return
         try:
             if messages is None:
                 if self._answer is None:
@@ -175,10 +181,15 @@ class Connection(asyncio.Protocol):
         self._resolve(answer)
         return rest
 
-    def _message(self, message: bytes) -> bool:
+    def _message(self, message: bytes | memoryview) -> bool:
         """Hand ``message``'s frames to the session; False once the connection is ending."""
         try:
             for frame in unpack_all(message, max_len=MAX_MESSAGE):
+                if frame[0] == RESULT:  # (the common frame, inline)
+                    entry = self.pending.pop(frame[1], None)
+                    if entry is not None and not entry[0].done():
+                        entry[0].set_result(frame[2])
+                    continue
                 self._dispatch(frame)
         except (FrameError, ValueError, TypeError, LookupError) as exc:
             self.abort(f"a malformed frame from the server: {exc}")

@@ -39,8 +39,10 @@ __all__ = [
     "kv_to_wire",
     "new_event",
     "new_kv",
+    "new_record",
     "pack",
     "pack_bound",
+    "slot_setters",
     "unpack_all",
 ]
 
@@ -75,7 +77,7 @@ def pack(frame: list[Any]) -> bytes:
     return data
 
 
-def unpack_all(data: bytes, *, max_len: int) -> Iterator[list[Any]]:
+def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]:
     """Every frame of one message, in order; raises :class:`FrameError` (after the frames before
     it) on anything but arrays, including a message that ends inside a frame."""
     if not data:
@@ -134,7 +136,7 @@ def _checked(frame: Any) -> list[Any]:
     return frame
 
 
-def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
+def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
     """The slot setters of the frozen dataclass ``cls``'s fields, which must be ``names`` in
     order (checked at import: a field added to ``cls`` must be added here too)."""
     have = tuple(f.name for f in fields(cls))
@@ -146,11 +148,11 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any
 # A frozen dataclass's __init__ sets each field through object.__setattr__ (about three times
 # the cost of setting its slots): the records decoded on every answer and event are made here
 # from their slots, with the same fields and the same result.
-_new = object.__new__
-_KV_SET = _slot_setters(
+_new = new_record = object.__new__
+_KV_SET = slot_setters(
     KeyValue, ("key", "value", "create_revision", "mod_revision", "version", "lease")
 )
-_EVENT_SET = _slot_setters(WatchEvent, ("type", "kv"))
+_EVENT_SET = slot_setters(WatchEvent, ("type", "kv"))
 
 
 def new_kv(key: str, value: bytes, create: int, mod: int, version: int, lease: int) -> KeyValue:
