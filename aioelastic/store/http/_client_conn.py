@@ -183,16 +183,22 @@ class Connection(asyncio.Protocol):
 
     def _message(self, message: bytes | memoryview) -> bool:
         """Hand ``message``'s frames to the session; False once the connection is ending."""
+        answered = 0
         try:
             for frame in unpack_all(message, max_len=MAX_MESSAGE):
                 if frame[0] == RESULT:  # (the common frame, inline)
                     entry = self.pending.pop(frame[1], None)
                     if entry is not None and not entry[0].done():
                         entry[0].set_result(frame[2])
+                        answered += 1
                     continue
                 self._dispatch(frame)
         except (FrameError, ValueError, TypeError, LookupError) as exc:
             self.abort(f"a malformed frame from the server: {exc}")
+        if answered > 1 and not self._flush_due:
+            # after the wake-ups of the callers answered (scheduled first): see send()
+            self._flush_due = True
+            self.loop.call_soon(self._flush)
         return not self.ending
 
     def _dispatch(self, frame: list[Any]) -> None:
@@ -266,7 +272,7 @@ class Connection(asyncio.Protocol):
         pending = self.pending
         pending.track(rid, future, write, timeout)
         data = pack_bound([REQUEST, rid, op, args])
-        if len(pending) <= 1 and not self._outbox and not self.paused:
+        if len(pending) <= 1 and not self._flush_due and not self._outbox and not self.paused:
             transport = self.transport
             if transport is not None and not self.lost:
                 transport.write(len(data).to_bytes(4, "big") + data)
@@ -280,9 +286,11 @@ class Connection(asyncio.Protocol):
     def send(self, frame: list[Any]) -> None:
         """Send ``frame``: at once when it is the one request pending (a sequential caller's:
         no loop turn spent waiting for the flush), else queued, and every frame queued in one
-        loop turn goes as one message, in one write."""
+        loop turn goes as one message, in one write. A flush is also due after a message that
+        answered several requests: their callers wake in the next loop turn, and what they send
+        then goes as one message too (not the first caller's alone, then the others')."""
         data = pack(frame)
-        if len(self.pending) <= 1 and not self._outbox and not self.paused:
+        if len(self.pending) <= 1 and not (self._flush_due or self._outbox or self.paused):
             transport = self.transport
             if transport is not None and not self.lost:
                 transport.write(message_header(len(data)) + data)
