@@ -11,7 +11,7 @@ import pytest
 
 from aioelastic.store.http._client_conn import Connection, ConnectionLost
 from aioelastic.store.http._client_requests import Requests
-from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
+from aioelastic.store.http._frames import RESULT, pack, unpack_all
 from aioelastic.store.http._session_stream import MessageReader, message_header
 
 
@@ -51,10 +51,7 @@ def _open() -> tuple[Connection, _Transport]:
 
 
 def _request(conn: Connection, rid: int, op: str, timeout: float = 30) -> asyncio.Future[Any]:
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    conn.pending.track(rid, future, False, timeout)
-    conn.send([REQUEST, rid, op, []])
-    return future
+    return conn.request(rid, op, [], False, timeout)
 
 
 @pytest.mark.asyncio

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import ssl as _ssl
@@ -29,9 +30,7 @@ from ...errors import (
     StoreConnectionError,
 )
 from ._client_conn import Connection, ConnectionLost
-from ._frames import (
-    REQUEST,
-)
+from ._client_watchdog import Watchdog
 from ._session_dial import Backoff, Dialer, NotYet
 from ._session_errors import Refused, describe, error_from_frame, lost_error, timed_out
 
@@ -171,8 +170,7 @@ class SessionClient:
             self.leases = {lease for lease in owned if isinstance(lease, int)}
         self.connects += 1
         silence = 3 * self.progress_interval
-        conn.probe = self._probe
-        conn.watchdog = conn.loop.call_later(silence, conn.check_silence, silence)
+        conn.watchdog = Watchdog(conn, silence, functools.partial(self._probe, conn))
         self._conn = conn
         conn.attach(self._lost, int(welcome.get("max_message", 4 << 20)))
         for watch in list(self.watches):
@@ -225,9 +223,7 @@ class SessionClient:
         if not conn.watches:  # the watchdog's silence is counted from now on
             conn.unwatched_at = loop.time()
         conn.watches[rid] = watch
-        future: asyncio.Future[Any] = loop.create_future()
-        conn.pending.track(rid, future, False, math.inf)  # (its caller keeps its own deadline)
-        conn.send([REQUEST, rid, "watch", args])
+        future = conn.request(rid, "watch", args, False, math.inf)  # (its caller's deadline)
         watch.wire_id = rid
         return future
 
@@ -241,13 +237,11 @@ class SessionClient:
     def _probe(self, conn: Connection) -> None:
         """The watchdog's question to a silent server: ``revision``, answered at once (any
         message that arrives counts; the connection's watchdog keeps the deadline)."""
-        rid = self._take_id()
-        future = conn.request(rid, "revision", [], False, math.inf)
-        future.add_done_callback(_retrieve)
+        self._send_and_forget(conn, "revision", [])
 
     def _send_and_forget(self, conn: Connection, op: str, args: list[Any]) -> None:
-        rid = self._take_id()
-        conn.send([REQUEST, rid, op, args])
+        future = conn.request(self._take_id(), op, args, False, math.inf)
+        future.add_done_callback(_retrieve)  # (its answer, or the connection's end: unread)
 
     def _take_id(self) -> int:
         rid = self._next_id
