@@ -92,7 +92,9 @@ def _rows(store: Any) -> dict[str, Call]:
     async def conn_call(op: str, args: list[Any], write: bool) -> Any:
         conn = session._conn or await session.connection()
         rid = session._take_id()
-        future = conn.loop.create_future()
+        if hasattr(conn, "request"):
+            return await conn.request(rid, op, args, write, 30.0)
+        future = conn.loop.create_future()  # (a client from before Connection.request)
         conn.pending.track(rid, future, write, 30.0)
         conn.send([REQUEST, rid, op, args])
         return await future
