@@ -25,10 +25,10 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import Compare, Delete, Get, GetResult, Put, PutResult
+from ..store import Compare, Delete, Get, GetResult, Put, PutResult, Range, RangeResult
 from ._addr import default_addr, free_port
 from ._control import ControlView
-from ._driver import RoundDriver
+from ._driver import SNAPSHOT_LIMIT, RoundDriver
 from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, read_rank, read_roster
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
@@ -209,7 +209,7 @@ class JoinCoordinator:
                     return result
                 self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
-            claim: int | None = None
+            claim: _Claimed | None = None
             claimable = not blocked and tasks.driver is None and self._driven != target
             if not blocked and self.record_round != target:
                 if await _buffered(tasks):
@@ -219,18 +219,19 @@ class JoinCoordinator:
                 ops = _claim_ops(self._h, ctl, target, keeper) if claimable else None
                 claim = await _register(self, target, keeper, ops)
                 if claimable and ops is None:
-                    claim = _own_claim(self._h, ctl, target, keeper)
+                    claim = _as_claimed(_own_claim(self._h, ctl, target, keeper))
             elif claimable:
                 if await _buffered(tasks):
                     # An event arrived (or was buffered in a kept watch): apply it before
                     # claiming the driver, so that nodes joining together do not all send a
                     # claim doomed to fail once the first one has landed.
                     continue
-                claim = await _claim_driver(self._h, ctl, target, keeper)
+                claim = _as_claimed(await _claim_driver(self._h, ctl, target, keeper))
             tasks.driver_failed()  # a driver that failed fails the join
             if claim is not None:
                 self._driven = target
-                self._driver = RoundDriver(self._h, target, ctl.round_kv, claim)
+                revision, snapshot = claim
+                self._driver = RoundDriver(self._h, target, ctl.round_kv, revision, snapshot)
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
 
@@ -338,10 +339,10 @@ class JoinCoordinator:
 
 async def _register(
     j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: _Claim | None = None
-) -> int | None:
+) -> _Claimed | None:
     """Register ``j``'s node for ``target``, leaving the round it was registered for, and claim
-    the driver with it (``claim``, one request): the claim's mod_revision if this node now
-    drives, else None."""
+    the driver with it (``claim``, one request): the claim (and the registrations it read) if
+    this node now drives, else None."""
     h = j._h
     store, keys, node_id = h._store, h._keys, h.node_id
     addr = h._local_addr or default_addr()
@@ -384,9 +385,11 @@ async def _register(
 
 async def _register_claiming(
     j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: _Claim
-) -> int | None:
+) -> _Claimed | None:
     """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
-    the registration in either branch, the claim only if ``c/driver`` is as the view saw it.
+    the registration in either branch; the claim, and a read of the registrations present (the
+    driver's count starts from them: no read of its own), only if ``c/driver`` is as the view
+    saw it.
 
     A transaction has one condition, so the registration cannot also require its key to be
     absent: the record the put replaced says whether another live handler holds this node id (a
@@ -397,8 +400,9 @@ async def _register_claiming(
     ops: list[Put | Delete] = [Put(key, record, keeper.id)]
     if old is not None and old != target:
         ops.append(Delete(h._keys.node(old, h.node_id)))
-    compare, put = claim
-    result = await h._store.txn(compare=[compare], success=[*ops, put], failure=ops)
+    compare, put, ranged = claim
+    success = [*ops, put] if ranged is None else [*ops, put, ranged]
+    result = await h._store.txn(compare=[compare], success=success, failure=ops)
     registered = result[0]
     assert isinstance(registered, PutResult)
     prev = registered.prev_kv
@@ -407,9 +411,15 @@ async def _register_claiming(
         raise _duplicate(h, target)
     if not result.succeeded:
         return None
-    claimed = result[-1]
+    if ranged is None:
+        claimed = result[-1]
+        assert isinstance(claimed, PutResult)
+        return claimed.kv.mod_revision, None
+    claimed, nodes = result[-2], result[-1]
     assert isinstance(claimed, PutResult)
-    return claimed.kv.mod_revision
+    assert isinstance(nodes, RangeResult)
+    # (as of the transaction: a watch from the next revision misses nothing)
+    return claimed.kv.mod_revision, RangeResult(nodes.kvs, result.revision, nodes.count, nodes.more)
 
 
 async def _put_back(h: DynamicRendezvousHandler, ours: KeyValue, theirs: KeyValue) -> None:
@@ -525,21 +535,35 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
         log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
 
 
-#: The compare and the put that claim ``c/driver`` for a round.
-_Claim = tuple[Compare, Put]
+#: The compare and the put that claim ``c/driver`` for a round, and the read of the
+#: registrations present that goes with them (None: too many are expected, see _claim_ops).
+_Claim = tuple[Compare, Put, Range | None]
+#: A claim that landed: its mod_revision, and the registrations read with it (if they were).
+_Claimed = tuple[int, RangeResult | None]
+
+
+def _as_claimed(revision: int | None) -> _Claimed | None:
+    return None if revision is None else (revision, None)
 
 
 def _claim_ops(
     h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
 ) -> _Claim | None:
     """What claims ``c/driver`` for ``target`` (bound to the lease) if the view shows nobody
-    holds it for ``target`` yet; None if somebody does."""
+    holds it for ``target`` yet; None if somebody does.
+
+    The claim reads the registrations present with it unless the previous round's members
+    (still registered for it, or again for ``target``) would not fit the read's limit: the
+    driver then reads them itself, once, rather than twice."""
     current, kv = ctl.driver, ctl.driver_kv
     if current is not None and current.round >= target:
         return None
     expected = 0 if kv is None else kv.mod_revision
     record = DriverRecord(target, h.node_id).encode()
-    return Compare.mod_revision(h._keys.driver) == expected, Put(h._keys.driver, record, keeper.id)
+    few = ctl.round is None or ctl.round.world_size < SNAPSHOT_LIMIT
+    ranged = Range(h._keys.nodes, limit=SNAPSHOT_LIMIT) if few else None
+    compare = Compare.mod_revision(h._keys.driver) == expected
+    return compare, Put(h._keys.driver, record, keeper.id), ranged
 
 
 def _own_claim(
@@ -560,7 +584,7 @@ async def _claim_driver(
     claim = _claim_ops(h, ctl, target, keeper)
     if claim is None:
         return _own_claim(h, ctl, target, keeper)
-    compare, put = claim
+    compare, put, _ = claim  # (by itself: the driver reads the registrations with its watch)
     expected = compare.operand
     assert isinstance(expected, int)
     result = await h._store.compare_and_swap(put.key, expected, put.value, lease=put.lease)
