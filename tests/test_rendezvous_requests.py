@@ -225,8 +225,14 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
             ("range", KEYS.roster_of(1)),
         ]
     assert newcomer.statistics().rounds_driven == 1
-    # the newcomer drove round 1 without the roster of round 0: it read it (O(N), one node)
-    assert ("range", KEYS.roster_of(0)) in _log_of(newcomer).take()
+    # the newcomer drove round 1 without the roster of round 0: it read it (O(N), one node),
+    # with the registrations present, in its claiming transaction: no read of its own
+    (claiming,) = [r for r in _log_of(newcomer).take() if f"put {KEYS.driver}" in r[1]]
+    assert claiming == (
+        "txn",
+        f"put {KEYS.node(1, newcomer.node_id)}, put {KEYS.driver}, range {KEYS.nodes}, "
+        f"range {KEYS.roster_of(0)}",
+    )
     await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
 
 
@@ -357,9 +363,19 @@ async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> 
         _log_of(h).take()
     await asyncio.gather(*(h.next_rendezvous() for h in pair))
     (member,) = [h for h in pair if h.statistics().rounds_driven == driven[h]]
+    (driver,) = [h for h in pair if h is not member]
     me = member.node_id
     assert _log_of(member).take() == [
         ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
         ("get", KEYS.member(1, me)),
     ]
+    # the driver of that rejoin round (participants=False: it has no roster of round 0) reads
+    # the last roster in its claiming transaction too, not by a range of its own
+    requests = _log_of(driver).take()
+    assert ("range", KEYS.roster_of(0)) not in requests
+    assert requests[0] == (
+        "txn",
+        f"put {KEYS.node(1, driver.node_id)}, delete {KEYS.node(0, driver.node_id)}, "
+        f"put {KEYS.driver}, range {KEYS.nodes}, range {KEYS.roster_of(0)}",
+    )
     await asyncio.gather(*(h.aclose() for h in [alone, *pair]))

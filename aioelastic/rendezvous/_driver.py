@@ -31,7 +31,15 @@ from ..store import (
     Watch,
     WatchEvent,
 )
-from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_chunks
+from ._state import (
+    DueRecord,
+    MemberRecord,
+    NodeRecord,
+    RoundRecord,
+    read_roster,
+    roster_chunks,
+    roster_members,
+)
 
 #: roster writes per transaction: within the store's limits with room for the round's own ops
 _BATCH_OPS = MAX_TXN_OPS - 8
@@ -87,7 +95,8 @@ class RoundDriver:
     :meth:`finalize`, the members' ranks (the joiner's own needs no read then). ``snapshot``:
     the registrations as of the claim (read in the claiming transaction, whose revision it has),
     if they were: the driver then opens its watch of ``n/`` only if the round does not complete
-    from them (a round of one completes without one).
+    from them (a round of one completes without one); ``prev_roster``: the previous round's
+    roster chunks, if they were read with the claim too.
     """
 
     def __init__(
@@ -97,8 +106,11 @@ class RoundDriver:
         prev_kv: KeyValue | None,
         claim: int,
         snapshot: RangeResult | None = None,
+        *,
+        prev_roster: tuple[KeyValue, ...] | None = None,
     ) -> None:
         self._handler = handler
+        self._prev_roster = prev_roster  # the previous round's roster chunks, if read with it
         self._snapshot = None if snapshot is None or snapshot.more else snapshot
         self._events: Watch | None = None  # the watch of n/, once opened
         self._seen = 0  # the revision the count is current as of
@@ -184,6 +196,10 @@ class RoundDriver:
             known = handler._result
             if known is not None and known.round == self._prev.round and known.participants:
                 members = known.participants  # this node has it: no read
+            elif self._prev_roster is not None:  # read with the claim
+                roster, self._prev_roster = self._prev_roster, None
+                keys = handler._keys
+                members = roster_members(keys, self._prev, roster) if roster else ()
             else:
                 members = await read_roster(handler._store, handler._keys, self._prev)
             self._prev_ranks = {node: rank for rank, node in enumerate(members)}

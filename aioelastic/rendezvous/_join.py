@@ -25,7 +25,7 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import Compare, Delete, Get, GetResult, Put, PutResult, Range, RangeResult
+from ..store import Compare, Delete, Get, GetResult, KeyValue, Put, PutResult, Range, RangeResult
 from ._addr import default_addr, free_port
 from ._control import ControlView
 from ._driver import SNAPSHOT_LIMIT, RoundDriver
@@ -37,7 +37,7 @@ from .api import RendezvousResult, RendezvousStoreInfo
 PREPARE_BUDGET = 2.0
 
 if TYPE_CHECKING:
-    from ..store import KeyValue, LeaseKeeper
+    from ..store import LeaseKeeper
     from .dynamic import DynamicRendezvousHandler
 
 log = logging.getLogger("aioelastic.rendezvous")
@@ -230,8 +230,10 @@ class JoinCoordinator:
             tasks.driver_failed()  # a driver that failed fails the join
             if claim is not None:
                 self._driven = target
-                revision, snapshot = claim
-                self._driver = RoundDriver(self._h, target, ctl.round_kv, revision, snapshot)
+                revision, snapshot, roster = claim
+                self._driver = RoundDriver(
+                    self._h, target, ctl.round_kv, revision, snapshot, prev_roster=roster
+                )
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
 
@@ -387,9 +389,9 @@ async def _register_claiming(
     j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: _Claim
 ) -> _Claimed | None:
     """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
-    the registration in either branch; the claim, and a read of the registrations present (the
-    driver's count starts from them: no read of its own), only if ``c/driver`` is as the view
-    saw it.
+    the registration in either branch; the claim, and reads of the registrations present and of
+    the last round's roster (the driver's count starts from them: no read of its own), only if
+    ``c/driver`` is as the view saw it.
 
     A transaction has one condition, so the registration cannot also require its key to be
     absent: the record the put replaced says whether another live handler holds this node id (a
@@ -400,9 +402,8 @@ async def _register_claiming(
     ops: list[Put | Delete] = [Put(key, record, keeper.id)]
     if old is not None and old != target:
         ops.append(Delete(h._keys.node(old, h.node_id)))
-    compare, put, ranged = claim
-    success = [*ops, put] if ranged is None else [*ops, put, ranged]
-    result = await h._store.txn(compare=[compare], success=success, failure=ops)
+    compare, put, reads = claim
+    result = await h._store.txn(compare=[compare], success=[*ops, put, *reads], failure=ops)
     registered = result[0]
     assert isinstance(registered, PutResult)
     prev = registered.prev_kv
@@ -411,15 +412,18 @@ async def _register_claiming(
         raise _duplicate(h, target)
     if not result.succeeded:
         return None
-    if ranged is None:
-        claimed = result[-1]
-        assert isinstance(claimed, PutResult)
-        return claimed.kv.mod_revision, None
-    claimed, nodes = result[-2], result[-1]
+    claimed, *read = result.results[len(ops) :]
     assert isinstance(claimed, PutResult)
+    if not read:
+        return claimed.kv.mod_revision, None, None
+    nodes, *roster = read
     assert isinstance(nodes, RangeResult)
     # (as of the transaction: a watch from the next revision misses nothing)
-    return claimed.kv.mod_revision, RangeResult(nodes.kvs, result.revision, nodes.count, nodes.more)
+    snapshot = RangeResult(nodes.kvs, result.revision, nodes.count, nodes.more)
+    if not roster:
+        return claimed.kv.mod_revision, snapshot, None
+    assert isinstance(roster[0], RangeResult)
+    return claimed.kv.mod_revision, snapshot, roster[0].kvs
 
 
 async def _put_back(h: DynamicRendezvousHandler, ours: KeyValue, theirs: KeyValue) -> None:
@@ -535,15 +539,16 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
         log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
 
 
-#: The compare and the put that claim ``c/driver`` for a round, and the read of the
-#: registrations present that goes with them (None: too many are expected, see _claim_ops).
-_Claim = tuple[Compare, Put, Range | None]
-#: A claim that landed: its mod_revision, and the registrations read with it (if they were).
-_Claimed = tuple[int, RangeResult | None]
+#: The compare and the put that claim ``c/driver`` for a round, and the reads that go with them
+#: (none, the registrations present, or those and the last round's roster: see _claim_ops).
+_Claim = tuple[Compare, Put, tuple[Range, ...]]
+#: A claim that landed: its mod_revision, the registrations read with it and the last round's
+#: roster chunks read with it (each None if not read).
+_Claimed = tuple[int, RangeResult | None, tuple[KeyValue, ...] | None]
 
 
 def _as_claimed(revision: int | None) -> _Claimed | None:
-    return None if revision is None else (revision, None)
+    return None if revision is None else (revision, None, None)
 
 
 def _claim_ops(
@@ -552,18 +557,30 @@ def _claim_ops(
     """What claims ``c/driver`` for ``target`` (bound to the lease) if the view shows nobody
     holds it for ``target`` yet; None if somebody does.
 
-    The claim reads the registrations present with it unless the previous round's members
-    (still registered for it, or again for ``target``) would not fit the read's limit: the
-    driver then reads them itself, once, rather than twice."""
+    The claim reads the registrations present with it, and the last round's roster if this node
+    does not have it, unless the previous round's members (still registered for it, or again
+    for ``target``) would not fit the read's limit: the driver then reads them itself, once,
+    rather than twice."""
     current, kv = ctl.driver, ctl.driver_kv
     if current is not None and current.round >= target:
         return None
     expected = 0 if kv is None else kv.mod_revision
     record = DriverRecord(target, h.node_id).encode()
-    few = ctl.round is None or ctl.round.world_size < SNAPSHOT_LIMIT
-    ranged = Range(h._keys.nodes, limit=SNAPSHOT_LIMIT) if few else None
     compare = Compare.mod_revision(h._keys.driver) == expected
-    return compare, Put(h._keys.driver, record, keeper.id), ranged
+    return compare, Put(h._keys.driver, record, keeper.id), _claim_reads(h, ctl.round)
+
+
+def _claim_reads(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> tuple[Range, ...]:
+    if latest is None:
+        return (Range(h._keys.nodes, limit=SNAPSHOT_LIMIT),)
+    if latest.world_size >= SNAPSHOT_LIMIT:
+        return ()
+    nodes = Range(h._keys.nodes, limit=SNAPSHOT_LIMIT)
+    known = h._result
+    has_it = known is not None and known.round == latest.round and bool(known.participants)
+    if latest.chunks == 0 or has_it:
+        return (nodes,)  # (a static round's members are known by their count)
+    return nodes, Range(h._keys.roster_of(latest.round))
 
 
 def _own_claim(
