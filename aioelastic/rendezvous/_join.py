@@ -238,7 +238,9 @@ class JoinCoordinator:
             return None
 
     async def _apply_read(self, ctl: ControlView, tasks: JoinTasks) -> None:
-        """Apply the control event read, if one is, and read the next."""
+        """Apply the control event read, if one is. The next read starts when the join waits
+        (or looks for a buffered event): an event that completes the join leaves no read to
+        cancel, and the kept watch holds what comes after it."""
         if not tasks.event_ready():
             return
         try:
@@ -249,7 +251,6 @@ class JoinCoordinator:
             return
         assert event is not None
         ctl.apply_event(event)
-        tasks.read()
 
     async def _check_closed(self, ctl: ControlView) -> bool:
         """Whether the view shows a close of the run: raise, or reopen it (``reopen_closed``)."""
@@ -611,6 +612,7 @@ async def _claim_driver(
 async def _buffered(tasks: JoinTasks) -> bool:
     """Whether a control event is ready to apply (after letting the watch hand over what it
     holds)."""
+    tasks.read()
     if not tasks.event_ready():
         await anyio.lowlevel.checkpoint()
     return tasks.event_ready()
