@@ -326,7 +326,9 @@ async def test_nodes_joining_at_once_each_write_once_and_send_no_doomed_claim() 
         for h in sorted(hs, key=lambda h: h is driver):  # the driver last
             me, left = KEYS.node(round_, h.node_id), KEYS.node(round_ - 1, h.node_id)
             register = f"put {me}" + (f", delete {left}" if round_ else "")
-            claim = f", put {KEYS.driver}, range {KEYS.nodes}" if h is driver else ""
+            # (a rejoin's driver, a member of the last round, tells its members with the claim)
+            due = f", put {KEYS.due(round_ - 1)}" if round_ else ""
+            claim = f", put {KEYS.driver}{due}, range {KEYS.nodes}" if h is driver else ""
             writes = _writes(_log_of(h).take())
             if h is driver:  # and the driver's: the round (and its word to the members)
                 writes = [w for w in writes if w[1] != KEYS.due(round_ - 1)]
@@ -370,12 +372,20 @@ async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> 
         ("get", KEYS.member(1, me)),
     ]
     # the driver of that rejoin round (participants=False: it has no roster of round 0) reads
-    # the last roster in its claiming transaction too, not by a range of its own
+    # the last roster in its claiming transaction too, not by a range of its own, and tells
+    # the last round's members it restarts it there, not by a put of its own: then the count
+    # (it waits for the other member) and the round
     requests = _log_of(driver).take()
-    assert ("range", KEYS.roster_of(0)) not in requests
-    assert requests[0] == (
-        "txn",
-        f"put {KEYS.node(1, driver.node_id)}, delete {KEYS.node(0, driver.node_id)}, "
-        f"put {KEYS.driver}, range {KEYS.nodes}, range {KEYS.roster_of(0)}",
-    )
+    assert requests == [
+        (
+            "txn",
+            f"put {KEYS.node(1, driver.node_id)}, delete {KEYS.node(0, driver.node_id)}, "
+            f"put {KEYS.driver}, put {KEYS.due(0)}, range {KEYS.nodes}, "
+            f"range {KEYS.roster_of(0)}",
+        ),
+        ("watch", KEYS.nodes),
+        ("txn", requests[2][1]),
+        ("unwatch", KEYS.nodes),
+    ]
+    assert f"put {KEYS.round}" in requests[2][1]
     await asyncio.gather(*(h.aclose() for h in [alone, *pair]))

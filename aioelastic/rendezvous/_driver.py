@@ -96,7 +96,8 @@ class RoundDriver:
     the registrations as of the claim (read in the claiming transaction, whose revision it has),
     if they were: the driver then opens its watch of ``n/`` only if the round does not complete
     from them (a round of one completes without one); ``prev_roster``: the previous round's
-    roster chunks, if they were read with the claim too.
+    roster chunks, if they were read with the claim too; ``told``: the claim told them this
+    node (one of them) restarts their round.
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class RoundDriver:
         snapshot: RangeResult | None = None,
         *,
         prev_roster: tuple[KeyValue, ...] | None = None,
+        told: bool = False,
     ) -> None:
         self._handler = handler
         self._prev_roster = prev_roster  # the previous round's roster chunks, if read with it
@@ -124,7 +126,8 @@ class RoundDriver:
         self._current: dict[str, KeyValue] = {}  # registered for target
         self._previous: set[str] = set()  # still registered for target - 1 (it must drain)
         self._newcomers: set[str] = set()  # registered for target, not members of target - 1
-        self._restart = False  # a member of target - 1 registered: its members were told
+        # a member of target - 1 registered: its members were told (``told``: with the claim)
+        self._restart = told
         self._due: list[DueRecord] = []  # to tell the members of target - 1, in order
         self.finalizing = False
 

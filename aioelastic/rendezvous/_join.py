@@ -25,11 +25,12 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import Compare, Delete, Get, GetResult, KeyValue, Put, PutResult, Range, RangeResult
+from ..store import Compare, Delete, Get, GetResult, KeyValue, Put, PutResult
 from ._addr import default_addr, free_port
+from ._claim import Claim, Claimed, claim_driver, claim_ops, claimed, own_claim
 from ._control import ControlView
-from ._driver import SNAPSHOT_LIMIT, RoundDriver
-from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, read_rank, read_roster
+from ._driver import RoundDriver
+from ._state import ClosedRecord, NodeRecord, RoundRecord, read_rank, read_roster
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
@@ -209,30 +210,35 @@ class JoinCoordinator:
                     return result
                 self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
-            claim: _Claimed | None = None
+            claim: Claimed | None = None
             claimable = not blocked and tasks.driver is None and self._driven != target
             if not blocked and self.record_round != target:
                 if await _buffered(tasks):
                     continue  # apply it first: the registration may carry a claim (below)
                 self.standby = await _arrives_as_standby(self._h, latest)
                 # the driver claim, when nobody holds it, goes in the registration's request
-                ops = _claim_ops(self._h, ctl, target, keeper) if claimable else None
+                ops = claim_ops(self._h, ctl, target, keeper) if claimable else None
                 claim = await _register(self, target, keeper, ops)
                 if claimable and ops is None:
-                    claim = _as_claimed(_own_claim(self._h, ctl, target, keeper))
+                    claim = own_claim(self._h, ctl, target, keeper)
             elif claimable:
                 if await _buffered(tasks):
                     # An event arrived (or was buffered in a kept watch): apply it before
                     # claiming the driver, so that nodes joining together do not all send a
                     # claim doomed to fail once the first one has landed.
                     continue
-                claim = _as_claimed(await _claim_driver(self._h, ctl, target, keeper))
+                claim = await claim_driver(self._h, ctl, target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
             if claim is not None:
                 self._driven = target
-                revision, snapshot, roster = claim
                 self._driver = RoundDriver(
-                    self._h, target, ctl.round_kv, revision, snapshot, prev_roster=roster
+                    self._h,
+                    target,
+                    ctl.round_kv,
+                    claim.revision,
+                    claim.snapshot,
+                    prev_roster=claim.roster,
+                    told=claim.told,
                 )
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
@@ -341,8 +347,8 @@ class JoinCoordinator:
 
 
 async def _register(
-    j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: _Claim | None = None
-) -> _Claimed | None:
+    j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: Claim | None = None
+) -> Claimed | None:
     """Register ``j``'s node for ``target``, leaving the round it was registered for, and claim
     the driver with it (``claim``, one request): the claim (and the registrations it read) if
     this node now drives, else None."""
@@ -387,8 +393,8 @@ async def _register(
 
 
 async def _register_claiming(
-    j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: _Claim
-) -> _Claimed | None:
+    j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: Claim
+) -> Claimed | None:
     """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
     the registration in either branch; the claim, and reads of the registrations present and of
     the last round's roster (the driver's count starts from them: no read of its own), only if
@@ -403,28 +409,15 @@ async def _register_claiming(
     ops: list[Put | Delete] = [Put(key, record, keeper.id)]
     if old is not None and old != target:
         ops.append(Delete(h._keys.node(old, h.node_id)))
-    compare, put, reads = claim
-    result = await h._store.txn(compare=[compare], success=[*ops, put, *reads], failure=ops)
+    success = [*ops, *claim.puts, *claim.reads]
+    result = await h._store.txn(compare=[claim.compare], success=success, failure=ops)
     registered = result[0]
     assert isinstance(registered, PutResult)
     prev = registered.prev_kv
     if prev is not None and prev.lease != keeper.id:
         await _put_back(h, registered.kv, prev)  # (our claim, if made, goes with the withdrawal)
         raise _duplicate(h, target)
-    if not result.succeeded:
-        return None
-    claimed, *read = result.results[len(ops) :]
-    assert isinstance(claimed, PutResult)
-    if not read:
-        return claimed.kv.mod_revision, None, None
-    nodes, *roster = read
-    assert isinstance(nodes, RangeResult)
-    # (as of the transaction: a watch from the next revision misses nothing)
-    snapshot = RangeResult(nodes.kvs, result.revision, nodes.count, nodes.more)
-    if not roster:
-        return claimed.kv.mod_revision, snapshot, None
-    assert isinstance(roster[0], RangeResult)
-    return claimed.kv.mod_revision, snapshot, roster[0].kvs
+    return claimed(claim, result, len(ops)) if result.succeeded else None
 
 
 async def _put_back(h: DynamicRendezvousHandler, ours: KeyValue, theirs: KeyValue) -> None:
@@ -538,75 +531,6 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
     result = await store.compare_and_swap(keys.closed, closed.mod_revision, reopened)
     if result.succeeded:
         log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
-
-
-#: The compare and the put that claim ``c/driver`` for a round, and the reads that go with them
-#: (none, the registrations present, or those and the last round's roster: see _claim_ops).
-_Claim = tuple[Compare, Put, tuple[Range, ...]]
-#: A claim that landed: its mod_revision, the registrations read with it and the last round's
-#: roster chunks read with it (each None if not read).
-_Claimed = tuple[int, RangeResult | None, tuple[KeyValue, ...] | None]
-
-
-def _as_claimed(revision: int | None) -> _Claimed | None:
-    return None if revision is None else (revision, None, None)
-
-
-def _claim_ops(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> _Claim | None:
-    """What claims ``c/driver`` for ``target`` (bound to the lease) if the view shows nobody
-    holds it for ``target`` yet; None if somebody does.
-
-    The claim reads the registrations present with it, and the last round's roster if this node
-    does not have it, unless the previous round's members (still registered for it, or again
-    for ``target``) would not fit the read's limit: the driver then reads them itself, once,
-    rather than twice."""
-    current, kv = ctl.driver, ctl.driver_kv
-    if current is not None and current.round >= target:
-        return None
-    expected = 0 if kv is None else kv.mod_revision
-    record = DriverRecord(target, h.node_id).encode()
-    compare = Compare.mod_revision(h._keys.driver) == expected
-    return compare, Put(h._keys.driver, record, keeper.id), _claim_reads(h, ctl.round)
-
-
-def _claim_reads(h: DynamicRendezvousHandler, latest: RoundRecord | None) -> tuple[Range, ...]:
-    if latest is None:
-        return (Range(h._keys.nodes, limit=SNAPSHOT_LIMIT),)
-    if latest.world_size >= SNAPSHOT_LIMIT:
-        return ()
-    nodes = Range(h._keys.nodes, limit=SNAPSHOT_LIMIT)
-    known = h._result
-    has_it = known is not None and known.round == latest.round and bool(known.participants)
-    if latest.chunks == 0 or has_it:
-        return (nodes,)  # (a static round's members are known by their count)
-    return nodes, Range(h._keys.roster_of(latest.round))
-
-
-def _own_claim(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> int | None:
-    """The claim's mod_revision if the view's claim for ``target`` is this node's, from an
-    interrupted join with this lease (it drives again), else None."""
-    current, kv = ctl.driver, ctl.driver_kv
-    mine = current is not None and current.round == target and current.node_id == h.node_id
-    return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
-
-
-async def _claim_driver(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> int | None:
-    """Claim ``c/driver`` for ``target`` by itself (this node registered already): the claim's
-    mod_revision if this node drives it, else None."""
-    claim = _claim_ops(h, ctl, target, keeper)
-    if claim is None:
-        return _own_claim(h, ctl, target, keeper)
-    compare, put, _ = claim  # (by itself: the driver reads the registrations with its watch)
-    expected = compare.operand
-    assert isinstance(expected, int)
-    result = await h._store.compare_and_swap(put.key, expected, put.value, lease=put.lease)
-    return result.kv.mod_revision if result.succeeded and result.kv is not None else None
 
 
 async def _buffered(tasks: JoinTasks) -> bool:
