@@ -1,7 +1,7 @@
 """Rendezvous as torch runs it: one OS process per participant, handlers from torch's registry.
 
 ``PYTHONPATH=. python benchmarks/rdzv_processes.py [--sizes 2,4,8,16,32,64] [--repeat 3]
-[--no-torch]``
+[--no-torch] [--warm K]``
 
 For every N and repetition, torch's ``c10d`` backend and ``aioelastic`` (an ``aioelastic serve``
 process as the store) are alternated, each with N fresh processes that create their handler with
@@ -19,6 +19,11 @@ time t0 (the same window for both sides). Figures:
 Every process is fresh, so the first join of a process is what is measured (the adapter does its
 one-time work when the handler is created). ``--no-torch`` runs the aioelastic rounds only (the
 handlers still come from torch's registry; torch's c10d rounds and the ratio are skipped).
+
+``--warm K``: after that first (fresh) round, the same aioelastic processes join K more rounds,
+each at a shared t0 of its own (every member rejoins; most members are not the driver), and a
+second table gives the *warm* figures beside the fresh ones: the round, the client CPU per warm
+join (median and range over every process's every warm join) and the server CPU per warm join.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,15 +56,15 @@ if backend == "aioelastic":
 params = RendezvousParameters(backend, endpoint, run_id, n, n, join_timeout="120")
 handler = get_rendezvous_handler(params)
 print("ready", flush=True)
-t0 = float(sys.stdin.readline())
-time.sleep(max(0.0, t0 - time.time()))
-cpu = time.process_time()
-info = handler.next_rendezvous()
-done = time.time()
-cpu = time.process_time() - cpu
-print(json.dumps({"done": done, "cpu": cpu, "rank": info.rank, "world": info.world_size}),
-      flush=True)
-sys.stdin.readline()  # stay in the round until every node returned
+while line := sys.stdin.readline().strip():  # a t0 per round; an empty line: the end
+    t0 = float(line)
+    time.sleep(max(0.0, t0 - time.time()))
+    cpu = time.process_time()
+    info = handler.next_rendezvous()
+    done = time.time()
+    cpu = time.process_time() - cpu
+    print(json.dumps({"done": done, "cpu": cpu, "rank": info.rank, "world": info.world_size}),
+          flush=True)
 handler.shutdown() if backend == "aioelastic" else None
 """
 
@@ -111,8 +117,11 @@ class Server:
         self.proc.wait(10)
 
 
-def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[str, float]:
-    """N fresh processes join one exact round at a shared t0; returns the figures."""
+def one_round(
+    side: str, n: int, server: Server | None, timeout: float, warm: int = 0
+) -> list[dict[str, Any]]:
+    """N fresh processes join one exact round at a shared t0, then ``warm`` more (each at a
+    t0 of its own); returns the figures of each round, the fresh one first."""
     if side == "aioelastic":
         assert server is not None
         backend, endpoint = "aioelastic", f"http://127.0.0.1:{server.port}"
@@ -137,35 +146,12 @@ def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"{side} node did not get ready: {line!r}")
-        t0 = time.time() + 0.5
-        server_cpu = _cpu_seconds(server.proc.pid) if server is not None else 0.0
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(f"{t0}\n")
-            proc.stdin.flush()
-        results = []
-        for proc, err in zip(procs, errors, strict=True):
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if not line.strip():  # the node died: say why, as the round's failure
-                proc.wait(timeout)
-                err.seek(0)
-                last = (err.read().strip().splitlines() or ["(no output)"])[-1]
-                raise RoundFailed(f"{side} N={n}: a node exited {proc.returncode}: {last[:200]}")
-            results.append(json.loads(line))
-        server_cpu = (_cpu_seconds(server.proc.pid) - server_cpu) if server is not None else 0.0
-        ranks = sorted(r["rank"] for r in results)
-        if ranks != list(range(n)):
-            raise RuntimeError(f"{side}: ranks {ranks}")
+        rounds = [_a_round(side, n, procs, errors, server, timeout) for _ in range(1 + warm)]
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("\n")
             proc.stdin.flush()
-        return {
-            "round": max(r["done"] for r in results) - t0,
-            "cpu": statistics.median(r["cpu"] for r in results),
-            "server_cpu_per_join": server_cpu / n,
-        }
+        return rounds
     finally:
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -177,6 +163,43 @@ def one_round(side: str, n: int, server: Server | None, timeout: float) -> dict[
             err.close()
 
 
+def _a_round(
+    side: str,
+    n: int,
+    procs: list[subprocess.Popen[str]],
+    errors: list[Any],
+    server: Server | None,
+    timeout: float,
+) -> dict[str, Any]:
+    """One round of the ready processes ``procs`` at a shared t0: its figures."""
+    t0 = time.time() + 0.5
+    server_cpu = _cpu_seconds(server.proc.pid) if server is not None else 0.0
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{t0}\n")
+        proc.stdin.flush()
+    results = []
+    for proc, err in zip(procs, errors, strict=True):
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.strip():  # the node died: say why, as the round's failure
+            proc.wait(timeout)
+            err.seek(0)
+            last = (err.read().strip().splitlines() or ["(no output)"])[-1]
+            raise RoundFailed(f"{side} N={n}: a node exited {proc.returncode}: {last[:200]}")
+        results.append(json.loads(line))
+    server_cpu = (_cpu_seconds(server.proc.pid) - server_cpu) if server is not None else 0.0
+    ranks = sorted(r["rank"] for r in results)
+    if ranks != list(range(n)):
+        raise RuntimeError(f"{side}: ranks {ranks}")
+    return {
+        "round": max(r["done"] for r in results) - t0,
+        "cpu": statistics.median(r["cpu"] for r in results),
+        "cpus": [r["cpu"] for r in results],
+        "server_cpu_per_join": server_cpu / n,
+    }
+
+
 class RoundFailed(Exception):
     """A round that did not form: a node died or was refused (reported, not hidden)."""
 
@@ -186,7 +209,17 @@ def _fmt(values: list[float], scale: float = 1.0, unit: str = "s") -> str:
     return f"{med:.3g} {unit} ({min(values) * scale:.3g}-{max(values) * scale:.3g})"
 
 
-def main() -> None:
+def _warm_row(n: int, warm: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> str:
+    cpus = [cpu for g in warm for cpu in g["cpus"]]
+    fresh_cpus = [cpu for g in fresh for cpu in g["cpus"]]
+    return (
+        f"| {n} | {len(warm)} | {_fmt([g['round'] for g in warm], 1000, 'ms')} | "
+        f"{_fmt(cpus, 1000, 'ms')} | {_fmt(fresh_cpus, 1000, 'ms')} | "
+        f"{_fmt([g['server_cpu_per_join'] for g in warm], 1e6, 'us')} |"
+    )
+
+
+def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2,4,8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3)
@@ -194,27 +227,43 @@ def main() -> None:
     parser.add_argument(
         "--no-torch", action="store_true", help="aioelastic rounds only (no c10d side)"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--warm", type=int, default=0, help="warm aioelastic rounds after the fresh one"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse()
     sides = ["aioelastic"] if args.no_torch else ["torch", "aioelastic"]
     sizes = [int(x) for x in args.sizes.split(",")]
     server = Server()
-    rows = []
+    rows, warm_rows = [], []
     try:
         for n in sizes:
-            got: dict[str, list[dict[str, float]]] = {"torch": [], "aioelastic": []}
+            got: dict[str, list[dict[str, Any]]] = {"torch": [], "aioelastic": []}
+            warm: list[dict[str, Any]] = []
             failed: list[str] = []
             for rep in range(args.repeat):
                 order = sides if rep % 2 == 0 else sides[::-1]
                 for side in order:
+                    aio = side != "torch"
                     try:
-                        got[side].append(one_round(side, n, server if side != "torch" else None,
-                                                   args.timeout))  # fmt: skip
+                        first, *more = one_round(
+                            side, n, server if aio else None, args.timeout, args.warm if aio else 0
+                        )
                     except RoundFailed as exc:
                         failed.append(str(exc))
                         print(f"failed: {exc}", flush=True)
+                        continue
+                    got[side].append(first)
+                    warm += more
             if failed:
                 rows.append(f"| {n} | {len(failed)} round(s) failed: {'; '.join(failed)[:300]} |")
                 print(rows[-1], flush=True)
+            if warm:
+                warm_rows.append(_warm_row(n, warm, got["aioelastic"]))
+                print(warm_rows[-1], flush=True)
             if not got["aioelastic"] or not (got["torch"] or args.no_torch):
                 continue
             a = [g["round"] for g in got["aioelastic"]]
@@ -238,6 +287,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for row in rows:
         print(row)
+    if warm_rows:
+        print("\n| N | warm rounds | warm round | client CPU per warm join | "
+              "client CPU per fresh join | server CPU per warm join |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for row in warm_rows:
+            print(row)
 
 
 if __name__ == "__main__":

@@ -858,3 +858,71 @@ async def test_a_driver_whose_claim_is_gone_writes_nothing_of_the_round() -> Non
     assert len((await store.range(keys.members)).kvs) == 300
     await handler.aclose()
     await store.aclose()
+
+
+async def _registered(store: MemoryStore, keys: RunKeys, *nodes: str) -> None:
+    for node in nodes:
+        await store.put(keys.node(0, node), NodeRecord(node, "h", 1).encode())
+
+
+@virtual
+async def test_a_driver_counts_from_its_claims_read_and_watches_only_what_came_after() -> None:
+    """The registrations read with the claim are counted; the watch starts after them, so a
+    later registration is counted once and the round completes with both."""
+    store, keys = MemoryStore(), RunKeys("job")
+    handler = DynamicRendezvousHandler(store, "job", 2, 2, last_call_timeout=0)
+    claim = await store.put(keys.driver, DriverRecord(0, handler.node_id).encode())
+    await _registered(store, keys, "a")
+    driver = RoundDriver(handler, 0, None, claim, await store.range(keys.nodes))
+    task = spawn(driver.run())
+    await settle()
+    assert not task.done()  # one of two: it waits for the next registration
+    await _registered(store, keys, "b")
+    await asyncio.wait_for(task, 5)
+    assert driver.members == ("a", "b")
+    await handler.aclose()
+    await store.aclose()
+
+
+@virtual
+async def test_a_driver_whose_claims_read_was_cut_reads_the_registrations_itself() -> None:
+    """A claim's read of the registrations is bounded (``limit``): a cut one is not counted
+    from (it would miss registrations made before the watch starts); the driver reads them all
+    with its watch."""
+    store, keys = MemoryStore(), RunKeys("job")
+    handler = DynamicRendezvousHandler(store, "job", 2, 2, last_call_timeout=0)
+    claim = await store.put(keys.driver, DriverRecord(0, handler.node_id).encode())
+    await _registered(store, keys, "a", "b")
+    cut = await store.range(keys.nodes, limit=1)
+    assert cut.more
+    driver = RoundDriver(handler, 0, None, claim, cut)
+    await asyncio.wait_for(driver.run(), 5)
+    assert driver.members == ("a", "b")
+    await handler.aclose()
+    await store.aclose()
+
+
+@virtual
+async def test_a_driver_whose_claims_read_was_compacted_away_counts_afresh() -> None:
+    """The history after the claim's read was compacted before the driver's watch started
+    (thousands of registrations in between, on the memory store): it reads the registrations
+    again with its watch instead of failing, and tells no node twice."""
+    engine = MemoryEngine(history_limit=4)
+    store, keys = MemoryStore(engine), RunKeys("job")
+    handler = DynamicRendezvousHandler(store, "job", 3, 3, last_call_timeout=0)
+    claim = await store.put(keys.driver, DriverRecord(0, handler.node_id).encode())
+    await _registered(store, keys, "a")
+    snapshot = await store.range(keys.nodes)
+    await _registered(store, keys, "b")
+    for _ in range(10):
+        await store.put("elsewhere", b"x")
+    assert engine.compact_revision > snapshot.revision
+    driver = RoundDriver(handler, 0, None, claim, snapshot)
+    task = spawn(driver.run())
+    await settle()
+    assert not task.done()  # a and b counted (b from the fresh read): one more is due
+    await _registered(store, keys, "c")
+    await asyncio.wait_for(task, 5)
+    assert driver.members == ("a", "b", "c")
+    await handler.aclose()
+    await store.aclose()

@@ -19,16 +19,28 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import Delete, DeletePrefix, MemoryEngine, MemoryStore, Put, Txn, TxnOp
+from aioelastic.store.memory import _MemoryWatch
 from aioelastic.testing import virtual_test
 
 KEYS = RunKeys("job")
+
+
+class _LoggedWatch(_MemoryWatch):
+    """A watch whose end is logged as the ``unwatch`` an http client sends for it."""
+
+    async def _aclose(self) -> None:
+        if self._watcher is not None:
+            store = self._store
+            assert isinstance(store, _RequestLog)
+            store.requests.append(("unwatch", self.prefix))
+        await super()._aclose()
 
 
 class _RequestLog(MemoryStore):
     """A memory store that logs each request a client would send: ``(operation, key)``.
 
     ``range_and_watch`` is one request (it is on the http store), not the range and the watch
-    it is made of here.
+    it is made of here; the end of a started watch is one (``unwatch``).
     """
 
     def __init__(self, engine: MemoryEngine) -> None:
@@ -69,7 +81,7 @@ class _RequestLog(MemoryStore):
 
     def _watch(self, prefix: str, start_revision: int | None) -> Any:
         self._log("watch", prefix)
-        return super()._watch(prefix, start_revision)
+        return _LoggedWatch(self, prefix, start_revision)
 
     async def _range_and_watch(self, prefix: str) -> Any:
         self._log("range_and_watch", prefix)
@@ -120,13 +132,14 @@ def _log_of(handler: DynamicRendezvousHandler) -> _RequestLog:
 
 
 def _driving(
-    node: str, round_: int, *, roster_read: bool = False, due: bool = False
+    node: str, round_: int, *, roster_read: bool = False, due: bool = False, watched: bool = False
 ) -> list[tuple[str, str]]:
     """What driving ``round_`` of one member (``node``) adds to a join: the previous
-    roster when this node does not have it, the count, the word to the previous round's
-    members that a round forms (``due``), and the roster (one chunk here), the members'
-    records and the round record, written with the previous round's garbage and its members
-    told it is over (one transaction)."""
+    roster when this node does not have it, the count (a watch of the registrations, only if
+    ``watched``: a driver whose claim read them all and that can complete the round at once
+    needs none), the word to the previous round's members that a round forms (``due``), and
+    the roster (one chunk here), the members' records and the round record, written with the
+    previous round's garbage and its members told it is over (one transaction)."""
     garbage = ""
     if round_ > 0:
         garbage = (
@@ -137,14 +150,22 @@ def _driving(
             garbage += f", delete_prefix {KEYS.members_of(round_ - 2)}"
     return [
         *([("range", KEYS.roster_of(round_ - 1))] if roster_read else []),
-        ("range_and_watch", KEYS.nodes),
+        *([("range_and_watch", KEYS.nodes)] if watched else []),
         *([("put", KEYS.due(round_ - 1))] if due else []),
         (
             "txn",
             f"put {KEYS.chunk(round_, 0)}, put {KEYS.member(round_, node)}, "
             f"put {KEYS.round}{garbage}",
         ),
+        *([("unwatch", KEYS.nodes)] if watched else []),
     ]
+
+
+def _claiming(node: str, round_: int) -> tuple[str, str]:
+    """A registration for ``round_`` (leaving the round before) that claims the driver and
+    reads the registrations present, in one transaction."""
+    left = f", delete {KEYS.node(round_ - 1, node)}" if round_ else ""
+    return ("txn", f"put {KEYS.node(round_, node)}{left}, put {KEYS.driver}, range {KEYS.nodes}")
 
 
 @virtual_test
@@ -158,14 +179,15 @@ async def test_a_first_join_and_a_rejoin_send_only_what_they_must() -> None:
     assert log.take() == [
         ("range_and_watch", KEYS.ctl),
         ("lease_grant", ""),
-        ("txn", f"put {KEYS.node(0, me)}, put {KEYS.driver}"),  # with the driver claim
+        _claiming(me, 0),  # with the driver claim and the registrations it counts from
         *_driving(me, 0),
     ]
     await handler.next_rendezvous()
     # the kept watch: no watch to open, nothing read; the registration leaving the old round,
-    # with the driver claim (one transaction)
+    # with the driver claim (one transaction); the round complete from what it read: the
+    # round's write, and no watch of the registrations (two requests in all)
     assert log.take() == [
-        ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}, put {KEYS.driver}"),
+        _claiming(me, 1),
         *_driving(me, 1),  # (a round of one restarting: no other member to tell)
     ]
     await handler.aclose()
@@ -195,14 +217,22 @@ async def test_a_rejoin_into_a_round_another_node_drives_is_its_registration() -
     await asyncio.gather(*(h.next_rendezvous() for h in members), late)
     for h in members:
         # the kept watch already holds the newcomer's claim: no read, no claim, one request:
-        # the registration with the removal of the old one (how a member leaves its round)
+        # the registration with the removal of the old one (how a member leaves its round),
+        # after the end of the member watch of its round (an unwatch nobody waits for)
         assert _log_of(h).take() == [
+            ("unwatch", KEYS.members_of(0)),
             ("txn", f"put {KEYS.node(1, h.node_id)}, delete {KEYS.node(0, h.node_id)}"),
             ("range", KEYS.roster_of(1)),
         ]
     assert newcomer.statistics().rounds_driven == 1
-    # the newcomer drove round 1 without the roster of round 0: it read it (O(N), one node)
-    assert ("range", KEYS.roster_of(0)) in _log_of(newcomer).take()
+    # the newcomer drove round 1 without the roster of round 0: it read it (O(N), one node),
+    # with the registrations present, in its claiming transaction: no read of its own
+    (claiming,) = [r for r in _log_of(newcomer).take() if f"put {KEYS.driver}" in r[1]]
+    assert claiming == (
+        "txn",
+        f"put {KEYS.node(1, newcomer.node_id)}, put {KEYS.driver}, range {KEYS.nodes}, "
+        f"range {KEYS.roster_of(0)}",
+    )
     await asyncio.gather(*(h.aclose() for h in [*members, newcomer]))
 
 
@@ -219,7 +249,7 @@ async def test_a_prepared_handler_first_join_is_its_registration() -> None:
     assert early is not None
     await handler.next_rendezvous()
     me = handler.node_id
-    assert log.take() == [("txn", f"put {KEYS.node(0, me)}, put {KEYS.driver}"), *_driving(me, 0)]
+    assert log.take() == [_claiming(me, 0), *_driving(me, 0)]
     assert handler.lease is early
     await handler.aclose()
     assert not engine.watcher_count  # the prepared view closed with the handler
@@ -242,7 +272,7 @@ async def test_a_prepared_lease_lost_before_the_first_join_is_replaced_not_an_er
     result = await handler.next_rendezvous()
     assert log.take() == [
         ("lease_grant", ""),
-        ("txn", f"put {KEYS.node(0, handler.node_id)}, put {KEYS.driver}"),
+        _claiming(handler.node_id, 0),
         *_driving(handler.node_id, 0),
     ]
     assert result.rank == 0
@@ -274,7 +304,8 @@ async def test_without_participants_a_member_reads_only_its_own_record() -> None
 
 
 def _writes(requests: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [r for r in requests if r[0] not in ("get", "range", "range_and_watch", "lease_grant")]
+    reads = ("get", "range", "range_and_watch", "watch", "unwatch", "lease_grant")
+    return [r for r in requests if r[0] not in reads]
 
 
 @virtual_test
@@ -295,7 +326,9 @@ async def test_nodes_joining_at_once_each_write_once_and_send_no_doomed_claim() 
         for h in sorted(hs, key=lambda h: h is driver):  # the driver last
             me, left = KEYS.node(round_, h.node_id), KEYS.node(round_ - 1, h.node_id)
             register = f"put {me}" + (f", delete {left}" if round_ else "")
-            claim = f", put {KEYS.driver}" if h is driver else ""
+            # (a rejoin's driver, a member of the last round, tells its members with the claim)
+            due = f", put {KEYS.due(round_ - 1)}" if round_ else ""
+            claim = f", put {KEYS.driver}{due}, range {KEYS.nodes}" if h is driver else ""
             writes = _writes(_log_of(h).take())
             if h is driver:  # and the driver's: the round (and its word to the members)
                 writes = [w for w in writes if w[1] != KEYS.due(round_ - 1)]
@@ -306,3 +339,53 @@ async def test_nodes_joining_at_once_each_write_once_and_send_no_doomed_claim() 
             assert writes[0] in {("txn", register + claim), ("cas", me)}, writes
             assert len(writes) == (2 if h is driver else 1), writes
     await asyncio.gather(*(h.aclose() for h in hs))
+
+
+@virtual_test
+async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> None:
+    """A warm join (the lease and the control watch kept) as the driver of a round it can
+    complete from its own registration (a round of one) is its registration and the round's
+    write: the registrations it counts from come back in the claiming transaction, so no watch
+    of them is opened or closed (main sent a range-and-watch and an unwatch as well). A member
+    of a round another node drives is its registration and the read of its rank."""
+    engine = MemoryEngine()
+    alone = _handler(engine, 1, 1)
+    await alone.next_rendezvous()
+    _log_of(alone).take()
+    await alone.next_rendezvous()
+    driver_requests = _log_of(alone).take()
+    assert [op for op, _ in driver_requests] == ["txn", "txn"], driver_requests
+    assert ("range_and_watch", KEYS.nodes) not in driver_requests
+
+    other = MemoryEngine()
+    pair = [_handler(other, 2, 2, participants=False) for _ in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in pair))
+    driven = {h: h.statistics().rounds_driven for h in pair}
+    for h in pair:
+        _log_of(h).take()
+    await asyncio.gather(*(h.next_rendezvous() for h in pair))
+    (member,) = [h for h in pair if h.statistics().rounds_driven == driven[h]]
+    (driver,) = [h for h in pair if h is not member]
+    me = member.node_id
+    assert _log_of(member).take() == [
+        ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
+        ("get", KEYS.member(1, me)),
+    ]
+    # the driver of that rejoin round (participants=False: it has no roster of round 0) reads
+    # the last roster in its claiming transaction too, not by a range of its own, and tells
+    # the last round's members it restarts it there, not by a put of its own: then the count
+    # (it waits for the other member) and the round
+    requests = _log_of(driver).take()
+    assert requests == [
+        (
+            "txn",
+            f"put {KEYS.node(1, driver.node_id)}, delete {KEYS.node(0, driver.node_id)}, "
+            f"put {KEYS.driver}, put {KEYS.due(0)}, range {KEYS.nodes}, "
+            f"range {KEYS.roster_of(0)}",
+        ),
+        ("watch", KEYS.nodes),
+        ("txn", requests[2][1]),
+        ("unwatch", KEYS.nodes),
+    ]
+    assert f"put {KEYS.round}" in requests[2][1]
+    await asyncio.gather(*(h.aclose() for h in [alone, *pair]))

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING
 
 import anyio
 
-from ..errors import LeaseNotFoundError
+from ..errors import CompactedError, LeaseNotFoundError
 from ..store import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -26,15 +26,28 @@ from ..store import (
     EventType,
     KeyValue,
     Put,
+    RangeResult,
     TxnOp,
     Watch,
     WatchEvent,
 )
-from ._state import DueRecord, MemberRecord, NodeRecord, RoundRecord, read_roster, roster_chunks
+from ._state import (
+    DueRecord,
+    MemberRecord,
+    NodeRecord,
+    RoundRecord,
+    read_roster,
+    roster_chunks,
+    roster_members,
+)
 
 #: roster writes per transaction: within the store's limits with room for the round's own ops
 _BATCH_OPS = MAX_TXN_OPS - 8
 _BATCH_BYTES = MAX_TXN_BYTES // 2
+
+#: registrations a driver's claim reads in its own transaction at most (more: it reads them all
+#: with its watch, as a driver that claimed by itself does), so that answer stays small
+SNAPSHOT_LIMIT = 256
 
 if TYPE_CHECKING:
     from .dynamic import DynamicRendezvousHandler
@@ -79,7 +92,12 @@ class RoundDriver:
     this node's ``c/driver`` claim (every write compares both: it fails harmlessly if either has
     changed since). ``finalizing`` is True while the driver writes the round (or cleans up after
     it): the joiner lets it finish then instead of cancelling it. ``ranks``: after a successful
-    :meth:`finalize`, the members' ranks (the joiner's own needs no read then).
+    :meth:`finalize`, the members' ranks (the joiner's own needs no read then). ``snapshot``:
+    the registrations as of the claim (read in the claiming transaction, whose revision it has),
+    if they were: the driver then opens its watch of ``n/`` only if the round does not complete
+    from them (a round of one completes without one); ``prev_roster``: the previous round's
+    roster chunks, if they were read with the claim too; ``told``: the claim told them this
+    node (one of them) restarts their round.
     """
 
     def __init__(
@@ -88,8 +106,16 @@ class RoundDriver:
         target: int,
         prev_kv: KeyValue | None,
         claim: int,
+        snapshot: RangeResult | None = None,
+        *,
+        prev_roster: tuple[KeyValue, ...] | None = None,
+        told: bool = False,
     ) -> None:
         self._handler = handler
+        self._prev_roster = prev_roster  # the previous round's roster chunks, if read with it
+        self._snapshot = None if snapshot is None or snapshot.more else snapshot
+        self._events: Watch | None = None  # the watch of n/, once opened
+        self._seen = 0  # the revision the count is current as of
         self.target = target
         self._prev_kv = prev_kv
         self._claim = claim
@@ -100,12 +126,14 @@ class RoundDriver:
         self._current: dict[str, KeyValue] = {}  # registered for target
         self._previous: set[str] = set()  # still registered for target - 1 (it must drain)
         self._newcomers: set[str] = set()  # registered for target, not members of target - 1
-        self._restart = False  # a member of target - 1 registered: its members were told
+        # a member of target - 1 registered: its members were told (``told``: with the claim)
+        self._restart = told
         self._due: list[DueRecord] = []  # to tell the members of target - 1, in order
         self.finalizing = False
 
-    def apply(self, type_: EventType, kv: KeyValue) -> None:
-        """Count a node record (from the range, or a watch event newer than it)."""
+    def apply(self, type_: EventType, kv: KeyValue, *, told: Container[str] = ()) -> None:
+        """Count a node record (from the range, or a watch event newer than it); ``told``:
+        nodes whose arrival was counted already (a count started afresh)."""
         parsed = self._handler._keys.parse_node_key(kv.key)
         if parsed is None:
             return
@@ -113,7 +141,7 @@ class RoundDriver:
         if round_ == self.target:
             if type_ is EventType.PUT:
                 NodeRecord.decode(kv.key, kv.value)  # validate on read
-                arrived = node not in self._current
+                arrived = node not in self._current and node not in told
                 self._current[node] = kv
                 if node not in self._prev_ranks:
                     self._newcomers.add(node)
@@ -155,34 +183,82 @@ class RoundDriver:
         """Count registrations for the round; complete it at max, or at the last-call deadline."""
         if (-1 if self._prev is None else self._prev.round) != self.target - 1:
             return  # a newer round completed meanwhile: the joiner sees it on its watch
-        loop = asyncio.get_running_loop()
+        try:
+            await self._load()
+            await self._count()
+        finally:
+            events, self._events = self._events, None
+            if events is not None:
+                await events.aclose()
+
+    async def _load(self) -> None:
+        """The previous round's members, and the registrations (from the claim's transaction,
+        or read with the watch of ``n/``)."""
         handler = self._handler
         if self._prev is not None:  # the previous roster: O(N), for this node only
             known = handler._result
             if known is not None and known.round == self._prev.round and known.participants:
                 members = known.participants  # this node has it: no read
+            elif self._prev_roster is not None:  # read with the claim
+                roster, self._prev_roster = self._prev_roster, None
+                keys = handler._keys
+                members = roster_members(keys, self._prev, roster) if roster else ()
             else:
                 members = await read_roster(handler._store, handler._keys, self._prev)
             self._prev_ranks = {node: rank for rank, node in enumerate(members)}
-        snapshot, events = await handler._store.range_and_watch(handler._keys.nodes)
-        async with events:
-            for kv in sorted(snapshot, key=lambda kv: kv.mod_revision):  # in store order
-                self.apply(EventType.PUT, kv)
-            last_call_at: float | None = None
-            while True:
-                await self._tell_members()
-                now = loop.time()
-                last_call_at = self._window(now, last_call_at)
-                event = None
-                if last_call_at is not None and self._complete_now(now, last_call_at):
-                    if await self.finalize() is not None:
-                        return
-                    # a registrant's lease ended: its records' deletion is on the watch
-                    event = await events.__anext__()
-                else:
-                    event = await self._next_event(events, last_call_at)
-                if event is not None and event.revision > snapshot.revision:
-                    self.apply(event.type, event.kv)
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
+            snapshot, self._events = await handler._store.range_and_watch(handler._keys.nodes)
+        self._recount(snapshot)
+
+    def _recount(self, snapshot: RangeResult) -> None:
+        """Count the registrations of ``snapshot`` (afresh: a node counted before is not told
+        of again)."""
+        told = set(self._current)
+        self._current, self._previous, self._newcomers = {}, set(), set()
+        for kv in sorted(snapshot, key=lambda kv: kv.mod_revision):  # in store order
+            self.apply(EventType.PUT, kv, told=told)
+        self._seen = snapshot.revision
+
+    async def _count(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_call_at: float | None = None
+        while True:
+            await self._tell_members()
+            now = loop.time()
+            last_call_at = self._window(now, last_call_at)
+            complete = last_call_at is not None and self._complete_now(now, last_call_at)
+            if complete and await self.finalize() is not None:
+                return
+            if self._events is None and await self._follow():
+                continue  # counted afresh: look again before waiting
+            events = self._events
+            assert events is not None
+            if complete:  # a registrant's lease ended: its records' deletion is on the watch
+                event: WatchEvent | None = await events.__anext__()
+            else:
+                event = await self._next_event(events, last_call_at)
+            if event is not None and event.revision > self._seen:
+                self.apply(event.type, event.kv)
+
+    async def _follow(self) -> bool:
+        """Watch ``n/`` from after the count; True if its history was compacted since (the
+        registrations were read and counted afresh)."""
+        store, nodes = self._handler._store, self._handler._keys.nodes
+        watch = store.watch(nodes, start_revision=self._seen + 1)
+        try:
+            await watch.start()
+        except CompactedError:
+            await watch.aclose()
+            snapshot, self._events = await store.range_and_watch(nodes)
+            self._recount(snapshot)
+            return True
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await watch.aclose()
+            raise
+        self._events = watch
+        return False
 
     def _window(self, now: float, last_call_at: float | None) -> float | None:
         """The last call's deadline once the previous round has drained and ``min_nodes`` have

@@ -25,11 +25,12 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
-from ..store import Compare, Delete, Get, GetResult, Put, PutResult
+from ..store import Compare, Delete, Get, GetResult, KeyValue, Put, PutResult
 from ._addr import default_addr, free_port
+from ._claim import Claim, Claimed, claim_driver, claim_ops, claimed, own_claim
 from ._control import ControlView
 from ._driver import RoundDriver
-from ._state import ClosedRecord, DriverRecord, NodeRecord, RoundRecord, read_rank, read_roster
+from ._state import ClosedRecord, NodeRecord, RoundRecord, read_rank, read_roster
 from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
@@ -37,7 +38,7 @@ from .api import RendezvousResult, RendezvousStoreInfo
 PREPARE_BUDGET = 2.0
 
 if TYPE_CHECKING:
-    from ..store import KeyValue, LeaseKeeper
+    from ..store import LeaseKeeper
     from .dynamic import DynamicRendezvousHandler
 
 log = logging.getLogger("aioelastic.rendezvous")
@@ -209,33 +210,43 @@ class JoinCoordinator:
                     return result
                 self._standby_of = latest.round  # not chosen: registers for the next round
             target = 0 if latest is None else latest.round + 1
-            claim: int | None = None
+            claim: Claimed | None = None
             claimable = not blocked and tasks.driver is None and self._driven != target
             if not blocked and self.record_round != target:
                 if await _buffered(tasks):
                     continue  # apply it first: the registration may carry a claim (below)
                 self.standby = await _arrives_as_standby(self._h, latest)
                 # the driver claim, when nobody holds it, goes in the registration's request
-                ops = _claim_ops(self._h, ctl, target, keeper) if claimable else None
+                ops = claim_ops(self._h, ctl, target, keeper) if claimable else None
                 claim = await _register(self, target, keeper, ops)
                 if claimable and ops is None:
-                    claim = _own_claim(self._h, ctl, target, keeper)
+                    claim = own_claim(self._h, ctl, target, keeper)
             elif claimable:
                 if await _buffered(tasks):
                     # An event arrived (or was buffered in a kept watch): apply it before
                     # claiming the driver, so that nodes joining together do not all send a
                     # claim doomed to fail once the first one has landed.
                     continue
-                claim = await _claim_driver(self._h, ctl, target, keeper)
+                claim = await claim_driver(self._h, ctl, target, keeper)
             tasks.driver_failed()  # a driver that failed fails the join
             if claim is not None:
                 self._driven = target
-                self._driver = RoundDriver(self._h, target, ctl.round_kv, claim)
+                self._driver = RoundDriver(
+                    self._h,
+                    target,
+                    ctl.round_kv,
+                    claim.revision,
+                    claim.snapshot,
+                    prev_roster=claim.roster,
+                    told=claim.told,
+                )
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
 
     async def _apply_read(self, ctl: ControlView, tasks: JoinTasks) -> None:
-        """Apply the control event read, if one is, and read the next."""
+        """Apply the control event read, if one is. The next read starts when the join waits
+        (or looks for a buffered event): an event that completes the join leaves no read to
+        cancel, and the kept watch holds what comes after it."""
         if not tasks.event_ready():
             return
         try:
@@ -246,7 +257,6 @@ class JoinCoordinator:
             return
         assert event is not None
         ctl.apply_event(event)
-        tasks.read()
 
     async def _check_closed(self, ctl: ControlView) -> bool:
         """Whether the view shows a close of the run: raise, or reopen it (``reopen_closed``)."""
@@ -337,11 +347,11 @@ class JoinCoordinator:
 
 
 async def _register(
-    j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: _Claim | None = None
-) -> int | None:
+    j: JoinCoordinator, target: int, keeper: LeaseKeeper, claim: Claim | None = None
+) -> Claimed | None:
     """Register ``j``'s node for ``target``, leaving the round it was registered for, and claim
-    the driver with it (``claim``, one request): the claim's mod_revision if this node now
-    drives, else None."""
+    the driver with it (``claim``, one request): the claim (and the registrations it read) if
+    this node now drives, else None."""
     h = j._h
     store, keys, node_id = h._store, h._keys, h.node_id
     addr = h._local_addr or default_addr()
@@ -383,10 +393,12 @@ async def _register(
 
 
 async def _register_claiming(
-    j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: _Claim
-) -> int | None:
+    j: JoinCoordinator, target: int, record: bytes, keeper: LeaseKeeper, claim: Claim
+) -> Claimed | None:
     """Register for ``target`` (leaving the old round) and claim the driver, in one transaction:
-    the registration in either branch, the claim only if ``c/driver`` is as the view saw it.
+    the registration in either branch; the claim, and reads of the registrations present and of
+    the last round's roster (the driver's count starts from them: no read of its own), only if
+    ``c/driver`` is as the view saw it.
 
     A transaction has one condition, so the registration cannot also require its key to be
     absent: the record the put replaced says whether another live handler holds this node id (a
@@ -397,19 +409,15 @@ async def _register_claiming(
     ops: list[Put | Delete] = [Put(key, record, keeper.id)]
     if old is not None and old != target:
         ops.append(Delete(h._keys.node(old, h.node_id)))
-    compare, put = claim
-    result = await h._store.txn(compare=[compare], success=[*ops, put], failure=ops)
+    success = [*ops, *claim.puts, *claim.reads]
+    result = await h._store.txn(compare=[claim.compare], success=success, failure=ops)
     registered = result[0]
     assert isinstance(registered, PutResult)
     prev = registered.prev_kv
     if prev is not None and prev.lease != keeper.id:
         await _put_back(h, registered.kv, prev)  # (our claim, if made, goes with the withdrawal)
         raise _duplicate(h, target)
-    if not result.succeeded:
-        return None
-    claimed = result[-1]
-    assert isinstance(claimed, PutResult)
-    return claimed.kv.mod_revision
+    return claimed(claim, result, len(ops)) if result.succeeded else None
 
 
 async def _put_back(h: DynamicRendezvousHandler, ours: KeyValue, theirs: KeyValue) -> None:
@@ -525,51 +533,10 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
         log.info("run %r was closed; reopened by %s", h.run_id, h.node_id)
 
 
-#: The compare and the put that claim ``c/driver`` for a round.
-_Claim = tuple[Compare, Put]
-
-
-def _claim_ops(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> _Claim | None:
-    """What claims ``c/driver`` for ``target`` (bound to the lease) if the view shows nobody
-    holds it for ``target`` yet; None if somebody does."""
-    current, kv = ctl.driver, ctl.driver_kv
-    if current is not None and current.round >= target:
-        return None
-    expected = 0 if kv is None else kv.mod_revision
-    record = DriverRecord(target, h.node_id).encode()
-    return Compare.mod_revision(h._keys.driver) == expected, Put(h._keys.driver, record, keeper.id)
-
-
-def _own_claim(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> int | None:
-    """The claim's mod_revision if the view's claim for ``target`` is this node's, from an
-    interrupted join with this lease (it drives again), else None."""
-    current, kv = ctl.driver, ctl.driver_kv
-    mine = current is not None and current.round == target and current.node_id == h.node_id
-    return kv.mod_revision if mine and kv is not None and kv.lease == keeper.id else None
-
-
-async def _claim_driver(
-    h: DynamicRendezvousHandler, ctl: ControlView, target: int, keeper: LeaseKeeper
-) -> int | None:
-    """Claim ``c/driver`` for ``target`` by itself (this node registered already): the claim's
-    mod_revision if this node drives it, else None."""
-    claim = _claim_ops(h, ctl, target, keeper)
-    if claim is None:
-        return _own_claim(h, ctl, target, keeper)
-    compare, put = claim
-    expected = compare.operand
-    assert isinstance(expected, int)
-    result = await h._store.compare_and_swap(put.key, expected, put.value, lease=put.lease)
-    return result.kv.mod_revision if result.succeeded and result.kv is not None else None
-
-
 async def _buffered(tasks: JoinTasks) -> bool:
     """Whether a control event is ready to apply (after letting the watch hand over what it
     holds)."""
+    tasks.read()
     if not tasks.event_ready():
         await anyio.lowlevel.checkpoint()
     return tasks.event_ready()

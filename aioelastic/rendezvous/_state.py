@@ -245,20 +245,26 @@ class RoundRecord:
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
-        obj = _load(key, value, "round", ROUND_SCHEMA_VERSION)
-        record = cls(
-            _field_int(key, obj, "r", 0),
-            _field_int(key, obj, "w", 1),
-            _field_str(key, obj, "ma"),
-            _field_int(key, obj, "mp", 0),
-            _field_int(key, obj, "c", 0),
+        # every node of a process (thousands in one, on a memory store) decodes the same event
+        return _decode_round(key, value)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_round(key: str, value: bytes) -> RoundRecord:
+    obj = _load(key, value, "round", ROUND_SCHEMA_VERSION)
+    record = RoundRecord(
+        _field_int(key, obj, "r", 0),
+        _field_int(key, obj, "w", 1),
+        _field_str(key, obj, "ma"),
+        _field_int(key, obj, "mp", 0),
+        _field_int(key, obj, "c", 0),
+    )
+    if record.chunks > record.world_size:
+        raise RendezvousStateError(
+            f"rendezvous state at {key!r}: {record.chunks} roster chunks for "
+            f"{record.world_size} members"
         )
-        if record.chunks > record.world_size:
-            raise RendezvousStateError(
-                f"rendezvous state at {key!r}: {record.chunks} roster chunks for "
-                f"{record.world_size} members"
-            )
-        return record
+    return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,9 +329,14 @@ class DueRecord:
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> DueRecord:
-        obj = _load(key, value, "due")
-        restart = _field_int(key, obj, "s", 0)
-        return cls(_field_id(key, obj, "id"), _field_int(key, obj, "n", 0), restart > 0)
+        return _decode_due(key, value)  # (the same event to every member: as RoundRecord's)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_due(key: str, value: bytes) -> DueRecord:
+    obj = _load(key, value, "due")
+    restart = _field_int(key, obj, "s", 0)
+    return DueRecord(_field_id(key, obj, "id"), _field_int(key, obj, "n", 0), restart > 0)
 
 
 def roster_chunks(members: Sequence[str]) -> list[RosterChunk]:
@@ -413,8 +424,13 @@ class DriverRecord:
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> DriverRecord:
-        obj = _load(key, value, "driver")
-        return cls(_field_int(key, obj, "r", 0), _field_id(key, obj, "id"))
+        return _decode_driver(key, value)  # (the same event to every node: as RoundRecord's)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_driver(key: str, value: bytes) -> DriverRecord:
+    obj = _load(key, value, "driver")
+    return DriverRecord(_field_int(key, obj, "r", 0), _field_id(key, obj, "id"))
 
 
 @dataclass(frozen=True, slots=True)
