@@ -268,6 +268,16 @@ class SessionHub:
             if session.connection is None:  # upgraded, no hello yet
                 session.refuse("unavailable", "the server is shutting down")
 
+    async def wait_closed(self, timeout: float) -> None:
+        """After :meth:`shutdown`: wait (``timeout`` seconds at most) until every session's
+        connection has ended, then drop those that have not. (aiohttp's shutdown waits for the
+        sessions it upgraded; those taken directly, never aiohttp's, are waited for here.)"""
+        pending = [session.closed for session in self.raw_sessions]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        for session in list(self.raw_sessions):
+            session.abort()
+
     def blob(self, prefix: str, events: list[Any], revision: int) -> bytes:
         return self._blobs.get(prefix, events, revision)
 
