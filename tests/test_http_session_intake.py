@@ -201,3 +201,30 @@ def test_a_head_the_direct_path_does_not_take_is_left_to_aiohttp(data: bytes) ->
 @given(st.integers(min_value=0, max_value=len(HEAD) - 1))
 def test_a_head_not_whole_yet_is_left_to_aiohttp(cut: int) -> None:
     assert session_head(HEAD[:cut]) is None
+
+
+@pytest.mark.asyncio
+async def test_a_new_session_adopts_the_live_leases_it_claims_without_a_lease_snapshot() -> None:
+    """A client back after a server restart names its leases in the hello: the new session owns
+    those that are live and unowned, each looked up alone (ten thousand clients coming back at
+    once must not each copy the whole lease table)."""
+    async with HttpStoreServer(port=0) as server:
+        engine = server.engine
+        mine, theirs = engine.lease_grant(30).id, engine.lease_grant(30).id
+        for _ in range(50):
+            engine.lease_grant(30)
+        async with session_wire(server.url) as other:
+            await other.hello(leases=[theirs])  # owned by a live session now
+            snapshots = 0
+            leases = engine.leases
+
+            def counted() -> object:
+                nonlocal snapshots
+                snapshots += 1
+                return leases()
+
+            engine.leases = counted  # type: ignore[method-assign]
+            async with session_wire(server.url) as wire:
+                welcome = await wire.hello(leases=[mine, theirs, 999_999, "x"])
+            assert welcome["leases"] == [mine]
+            assert snapshots == 0
