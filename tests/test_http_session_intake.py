@@ -16,6 +16,7 @@ from helpers.waiting import eventually
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aioelastic.store import LeaseStatus
 from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
 from aioelastic.store.http._session_raw import SWITCHING, session_head
 from aioelastic.store.http._session_stream import UPGRADE, MessageReader, message_header
@@ -218,7 +219,7 @@ async def test_a_new_session_adopts_the_live_leases_it_claims_without_a_lease_sn
             snapshots = 0
             leases = engine.leases
 
-            def counted() -> object:
+            def counted() -> list[LeaseStatus]:
                 nonlocal snapshots
                 snapshots += 1
                 return leases()
