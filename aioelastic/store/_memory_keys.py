@@ -3,10 +3,9 @@ each lease holds, and the undo list of the write in progress (a vetoing hook put
 
 from __future__ import annotations
 
-import bisect
-
 from ._base import prefix_end
 from ._memory_leases import _Lease
+from ._memory_sorted import SortedKeys
 from ._memory_types import KEYS_SCANNED
 from ._types import EventType, KeyValue, WatchEvent
 
@@ -20,27 +19,22 @@ class KeySpace:
 
     def __init__(self, leases: dict[int, _Lease], work: list[int]) -> None:
         self.data: dict[str, KeyValue] = {}
-        self.keys: list[str] = []  # sorted
+        self.keys = SortedKeys()
         self.leases = leases  # the lease table's, to keep each lease's keys
         self.undo: list[tuple[str, KeyValue | None]] = []  # the current write's old values
         self.work = work
 
     def range_keys(self, prefix: str, limit: int | None) -> tuple[list[str], int]:
         """The keys under ``prefix`` in order (at most ``limit``), and how many there are."""
-        keys = self.keys
-        lo = bisect.bisect_left(keys, prefix)
-        end = prefix_end(prefix)
-        hi = len(keys) if end is None else bisect.bisect_left(keys, end, lo)
-        count = hi - lo
-        take = count if limit is None else min(count, limit)
-        self.work[KEYS_SCANNED] += take
-        return keys[lo : lo + take], count
+        found, count = self.keys.range(prefix, prefix_end(prefix), limit)
+        self.work[KEYS_SCANNED] += len(found)
+        return found, count
 
     def write(self, key: str, value: bytes, lease: int, revision: int) -> KeyValue:
         old = self.data.get(key)
         self.undo.append((key, old))
         if old is None:
-            bisect.insort(self.keys, key)
+            self.keys.add(key)
             kv = KeyValue(key, value, revision, revision, 1, lease)
         else:
             if old.lease and old.lease != lease and (held := self.leases.get(old.lease)):
@@ -54,7 +48,7 @@ class KeySpace:
     def remove(self, key: str, revision: int) -> WatchEvent:
         old = self.data.pop(key)
         self.undo.append((key, old))
-        del self.keys[bisect.bisect_left(self.keys, key)]
+        self.keys.remove(key)
         if old.lease and (held := self.leases.get(old.lease)):
             held.keys.discard(key)
         return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, 0))
@@ -70,10 +64,10 @@ class KeySpace:
             if old is None:
                 if current is not None:
                     del data[key]
-                    del self.keys[bisect.bisect_left(self.keys, key)]
+                    self.keys.remove(key)
                 continue
             if current is None:
-                bisect.insort(self.keys, key)
+                self.keys.add(key)
             data[key] = old
             if old.lease and (held := leases.get(old.lease)):
                 held.keys.add(key)
@@ -84,7 +78,7 @@ class KeySpace:
             self.data[kv.key] = kv
             if kv.lease and kv.lease in self.leases:
                 self.leases[kv.lease].keys.add(kv.key)
-        self.keys = sorted(self.data)
+        self.keys = SortedKeys(sorted(self.data))
 
     def replay(self, events: tuple[WatchEvent, ...]) -> None:
         """Apply a logged commit's events exactly (their key-values as they were logged)."""
@@ -94,7 +88,7 @@ class KeySpace:
             if event.type is EventType.PUT:
                 old = data.get(key)
                 if old is None:
-                    bisect.insort(self.keys, key)
+                    self.keys.add(key)
                 elif old.lease and (held := leases.get(old.lease)):
                     held.keys.discard(key)
                 data[key] = event.kv

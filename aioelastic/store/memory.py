@@ -295,6 +295,10 @@ class MemoryEngine(EngineReplay):
         self._check_open()
         return self._leases.status(lease_id)
 
+    def has_lease(self, lease_id: int) -> bool:
+        """Whether lease ``lease_id`` is live (O(1); no snapshot)."""
+        return lease_id in self._leases.by_id
+
     def leases(self) -> list[LeaseStatus]:
         """A snapshot of every live lease."""
         self._check_open()

@@ -142,11 +142,20 @@ async def session_wire(
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
     path: str = "/v1/session",
+    pieces: int = 1,
 ) -> AsyncIterator[SessionWire]:
-    """An upgraded session connection to the server at ``url`` (UpgradeRefused: not a 101)."""
+    """An upgraded session connection to the server at ``url`` (UpgradeRefused: not a 101).
+    ``pieces``: the upgrade request is written in that many parts, a moment apart (so that the
+    server reads them apart)."""
     host, port, reader, writer = await _connect(url, tls)
     try:
-        writer.write(_request(host, port, token, UPGRADE, path))
+        request = _request(host, port, token, UPGRADE, path)
+        cut = len(request) // max(1, pieces)
+        for start in range(0, (pieces - 1) * cut, cut):
+            writer.write(request[start : start + cut])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(request[(pieces - 1) * cut :])
         status, headers = await _head(reader)
         if status != 101:
             length = int(headers.get("content-length", "0"))

@@ -12,12 +12,14 @@ no public hook for any of these:
 - the read deadline reads the handler's private state: ``_request_count``, ``_messages``,
   ``_waiter``, ``_current_request``, ``_force_close``, ``_close``, ``_upgraded``, ``_loop``;
 - ``LineTooLong`` comes from ``aiohttp.http_exceptions`` (not in its ``__all__``);
-- :func:`connection_factory` sets ``web.Server.request_handler`` (an undocumented attribute the
+- :func:`handler_factory` sets ``web.Server.request_handler`` (an undocumented attribute the
   handler reads when it is made) to the fast path, and makes the handlers itself rather than
-  through ``web.Server.__call__``, so that they get the deadline and the budget.
+  through ``web.Server.__call__``, so that they get the deadline and the budget; a handler is
+  made once a new connection has spoken (:mod:`._intake`), and handed the connection then.
 
 The server is otherwise built with public API: ``web.AppRunner``, ``runner.server``,
-``server.connections``, and the handlers given to ``loop.create_server``.
+``server.connections``, and asyncio's protocol interface (``connection_made``,
+``data_received``) to hand a connection to a handler.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from ._connections import ConnectionBudget
 from ._encoding import encode_json
 from ._errors import STATUS_CODES, RequestReadTimeout, error_response
 
-__all__ = ["JsonErrorRequestHandler", "RequestHandlerFunction", "connection_factory"]
+__all__ = [
+    "HandlerFactory",
+    "JsonErrorRequestHandler",
+    "RequestHandlerFunction",
+    "handler_factory",
+    "write_read_timeout",
+]
 
 #: What ``web.Server`` calls with each request (the application's routed handler, or the fast path).
 RequestHandlerFunction = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -58,12 +66,12 @@ class JsonErrorRequestHandler(web.RequestHandler):
 
     __slots__ = (
         "_budget",
+        "_entry",
         "_observe",
         "_read_body",
         "_read_since",
         "_read_timeout",
         "_read_timer",
-        "_spoke",
         "over_limit",
     )
 
@@ -73,18 +81,24 @@ class JsonErrorRequestHandler(web.RequestHandler):
         *,
         read_timeout: float | None,
         budget: ConnectionBudget | None,
+        entry: Any,
+        since: float,
+        over_limit: bool,
         observe: Callable[[str, int, float], None],
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
         self._read_timeout = read_timeout
         self._budget = budget
+        #: what the budget counts this connection as (the :class:`~._intake.NewConnection` that
+        #: accepted it and handed it over: the budget saw it open and speak)
+        self._entry = entry
         self._observe = observe
         #: Accepted over max_connections: answered /healthz only (ConnectionBudget).
-        self.over_limit = False
-        self._spoke = False
-        #: When the incomplete request began (its first byte, or its head for a body), or None.
-        self._read_since: float | None = None
+        self.over_limit = over_limit
+        #: When the incomplete request began (its first byte, or its head for a body; the
+        #: connection's time for its first request), or None.
+        self._read_since: float | None = since
         #: The body being received, when the incomplete part is a body.
         self._read_body: StreamReader | None = None
         self._read_timer: asyncio.TimerHandle | None = None
@@ -114,23 +128,16 @@ class JsonErrorRequestHandler(web.RequestHandler):
     # -- the connection budget and the read deadline
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Handed a connection that has spoken (:class:`~._intake.NewConnection`), with its
+        first bytes to follow: the first request's head must be whole within the read deadline
+        of the connection's start."""
         super().connection_made(transport)
-        if self._budget is not None:
-            self._budget.opened(self, asyncio.get_running_loop().time())
-        if self._read_timeout is not None:
-            # The first request's head must arrive within the deadline of the connection (a
-            # socket that never sends a byte was kept until the keep-alive timeout).
-            self._start_read_clock()
-
-    def close_silent(self) -> None:
-        """Close a connection that never sent a byte (the budget needs its slot)."""
-        self.force_close()
+        if self._read_timeout is not None and self._read_since is not None:
+            self._start_read_clock(self._read_since)
+        else:
+            self._read_since = None
 
     def data_received(self, data: bytes) -> None:
-        if not self._spoke:
-            self._spoke = True
-            if self._budget is not None:
-                self._budget.spoke(self)
         requests = self._request_count
         super().data_received(data)
         if self._read_timeout is None or self._force_close or self._close or self._upgraded:
@@ -158,10 +165,10 @@ class JsonErrorRequestHandler(web.RequestHandler):
             # parser ignores them).
             self._start_read_clock()
 
-    def _start_read_clock(self) -> None:
+    def _start_read_clock(self, since: float | None = None) -> None:
         assert self._read_timeout is not None
         loop = self._loop
-        self._read_since = now = loop.time()
+        self._read_since = now = loop.time() if since is None else since
         if self._read_timer is None:
             # An earlier timer still armed fires early and re-arms itself for this read.
             self._read_timer = loop.call_at(now + self._read_timeout, self._read_deadline)
@@ -206,68 +213,74 @@ class JsonErrorRequestHandler(web.RequestHandler):
 
     def _write_read_timeout(self, timeout: float, waited: float) -> None:
         """Answer 408 on a connection waiting for the rest of a request's head."""
-        transport = self.transport
-        if transport is None:
-            return
-        body = encode_json(
-            {
-                "error": "request_timeout",
-                "message": f"the request's head did not arrive within {timeout:g}s "
-                "(the server's read timeout); closing the connection",
-            }
-        ).encode()
-        transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        self._observe("other", 408, waited)
+        if self.transport is not None:
+            write_read_timeout(self.transport, timeout)
+            self._observe("other", 408, waited)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         if self._budget is not None:
-            self._budget.closed(self)
+            self._budget.closed(self._entry)
             self._budget = None
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
 
 
-def connection_factory(
+def write_read_timeout(transport: Any, timeout: float) -> None:
+    """The 408 JSON answer to a request's head that did not arrive within ``timeout``."""
+    body = encode_json(
+        {
+            "error": "request_timeout",
+            "message": f"the request's head did not arrive within {timeout:g}s "
+            "(the server's read timeout); closing the connection",
+        }
+    ).encode()
+    transport.write(
+        b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
+
+
+#: ``make(entry, since, over_limit, budget)``: aiohttp's handler for a connection that has spoken
+#: (``entry``: what the budget counts it as; ``since``: the connection's start, loop time).
+HandlerFactory = Callable[[Any, float, bool, "ConnectionBudget | None"], JsonErrorRequestHandler]
+
+
+def handler_factory(
     runner: web.AppRunner,
     *,
     route: Callable[[RequestHandlerFunction], RequestHandlerFunction],
     observe: Callable[[str, int, float], None],
-    refused: Callable[[str], None],
     read_timeout: float | None,
-    max_connections: int | None,
     **handler_kwargs: Any,
-) -> Callable[[], JsonErrorRequestHandler]:
-    """The protocol factory for ``loop.create_server``, once ``runner`` is set up: each
-    connection a :class:`JsonErrorRequestHandler` of ``runner.server`` (which tracks and shuts
-    them down), each request through ``route(the application's handler)``.
+) -> HandlerFactory:
+    """What a new connection (:class:`~._intake.NewConnection`) hands itself to once it has
+    spoken, when it is not a session: a :class:`JsonErrorRequestHandler` of ``runner.server``
+    (which tracks and shuts them down), each request through ``route(the application's
+    handler)``.
 
-    ``observe(op, status, seconds)`` meters a 408 on a head too slow; ``refused(reason)`` counts
-    connections over ``max_connections`` (None: no budget). ``handler_kwargs`` go to aiohttp's
-    ``RequestHandler`` (``keepalive_timeout``, ``max_line_size``, ``access_log``, ...).
+    ``observe(op, status, seconds)`` meters a 408 on a head too slow. ``handler_kwargs`` go to
+    aiohttp's ``RequestHandler`` (``keepalive_timeout``, ``max_line_size``, ``access_log``, ...).
     """
     server = runner.server
     assert server is not None, "set the runner up first"
-    budget = None
-    if max_connections is not None:
-        # A connection silent for half the read timeout (at most 1 s) may go to make room.
-        grace = min(1.0, read_timeout / 2) if read_timeout is not None else 1.0
-        budget = ConnectionBudget(max_connections, grace, refused)
     server.request_handler = route(server.request_handler)
     loop = asyncio.get_running_loop()
 
-    def connection() -> JsonErrorRequestHandler:
+    def handler(
+        entry: Any, since: float, over_limit: bool, budget: ConnectionBudget | None
+    ) -> JsonErrorRequestHandler:
         return JsonErrorRequestHandler(
             server,
             loop=loop,
             read_timeout=read_timeout,
             budget=budget,
+            entry=entry,
+            since=since,
+            over_limit=over_limit,
             observe=observe,
             **handler_kwargs,
         )
 
-    return connection
+    return handler

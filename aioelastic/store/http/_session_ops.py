@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import TxnTooLargeError
-from .._txn import DeletePrefix, Put, Range
+from .._txn import DeletePrefix, Put, Range, Txn
 from ._frames import kv_to_wire, lease_status_to_wire, range_to_wire
+from ._session_txn import plain_txn
 from ._txn_wire import result_to_frame, txn_from_frame
 
 if TYPE_CHECKING:
@@ -151,6 +152,14 @@ def _add(conn: Connection, rid: int, args: list[Any]) -> Any:
 
 
 def _txn(conn: Connection, rid: int, args: list[Any]) -> Any:
+    hub = conn.hub
+    txn = plain_txn(args, hub.max_key_bytes, hub.max_value_bytes)  # one pass, the usual case
+    if txn is None:
+        txn = _checked_txn(conn, args)  # the full checks, and their errors
+    return result_to_frame(hub.engine.txn(txn))  # LeaseNotFoundError -> its error frame
+
+
+def _checked_txn(conn: Connection, args: list[Any]) -> Txn:
     try:
         txn = txn_from_frame(args)
     except TxnTooLargeError as exc:
@@ -166,7 +175,7 @@ def _txn(conn: Connection, rid: int, args: list[Any]) -> Any:
             key_arg(conn, item.key)
         if isinstance(item, Put):
             value_arg(conn, item.value)
-    return result_to_frame(conn.hub.engine.txn(txn))  # LeaseNotFoundError -> its error frame
+    return txn
 
 
 def _compact(conn: Connection, rid: int, args: list[Any]) -> Any:

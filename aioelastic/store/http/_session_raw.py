@@ -1,6 +1,15 @@
 """The session's transport: an HTTP Upgrade to ``aioelastic-session/1`` on ``/v1/session``, then
 length-prefixed messages (:mod:`._session_stream`) on the same connection.
 
+The upgrade is taken one of two ways. Almost always a new connection's first read is the whole
+upgrade request, plain (:func:`session_head`): :class:`DirectUpgrade` answers it ``101`` itself
+and the connection becomes a :class:`RawSession` before aiohttp ever sees it (no request parsed,
+routed or answered by aiohttp's machinery: that was most of a session's set-up cost on the
+server). Anything else (a head cut over several reads, a missing or wrong token, any header this
+fast path does not expect, a server over its connection limit or stopping) goes to aiohttp, whose
+route (:func:`upgrade`) answers it as it always has: a 101 there too, or the 401, 426 or 503
+with its JSON error.
+
 :func:`upgrade` moves the connection from aiohttp's handler to a :class:`RawSession` with the
 public ``transport.set_protocol()``, answers ``101 Switching Protocols`` through a plain
 ``web.StreamResponse`` and stays in the handler until the connection ends (while a handler runs,
@@ -13,18 +22,114 @@ handles every frame of every one and writes the answers in one write; no task pe
 from __future__ import annotations
 
 import asyncio
+import hmac
+import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._frames import ERROR, pack
+from ._frames import ERROR, SESSION_PATH, pack
 from ._session_conn import Connection
 from ._session_stream import UPGRADE, MessageLengthError, MessageReader, message_header
 
 if TYPE_CHECKING:
     from ._session_server import SessionHub
 
-__all__ = ["RawSession", "upgrade"]
+__all__ = ["DirectUpgrade", "RawSession", "session_head", "upgrade"]
+
+#: What a new connection's first read starts with when it may be a session's upgrade.
+SESSION_REQUEST_LINE = f"GET {SESSION_PATH} HTTP/1.1\r\n".encode()
+#: The longest head the direct upgrade reads (longer ones are aiohttp's to judge).
+MAX_DIRECT_HEAD = 8 * 1024
+_MAX_DIRECT_HEADERS = 32
+#: A header line: a token, a colon, a value of visible characters, spaces and tabs (no
+#: obs-fold, no control characters).
+_HEADER_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t\x80-\xff]*?)[ \t]*")
+#: Headers that take a request off the direct path: a body or a coding (the middleware refuses
+#: or reads them), an expectation.
+_NOT_DIRECT = frozenset({"content-length", "transfer-encoding", "content-encoding", "expect"})
+#: The answer that switches the connection to the session stream.
+SWITCHING = (
+    f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {UPGRADE}\r\nConnection: Upgrade\r\n\r\n"
+).encode()
+
+
+def session_head(data: bytes) -> tuple[dict[str, str], bytes] | None:
+    """``(headers, the bytes after the head)`` when ``data`` starts with a whole, plain
+    ``GET /v1/session HTTP/1.1`` head (header names lower-cased, each once); None for
+    anything else, which aiohttp's parser is left to judge."""
+    if not data.startswith(SESSION_REQUEST_LINE):
+        return None
+    start = len(SESSION_REQUEST_LINE)
+    if data.startswith(b"\r\n", start):
+        return {}, data[start + 2 :]
+    end = data.find(b"\r\n\r\n", start)
+    if end < 0 or end > MAX_DIRECT_HEAD:
+        return None
+    lines = data[start:end].split(b"\r\n")
+    if len(lines) > _MAX_DIRECT_HEADERS:
+        return None
+    headers: dict[str, str] = {}
+    for line in lines:
+        match = _HEADER_LINE.fullmatch(line)
+        if match is None:
+            return None
+        name = match[1].decode("ascii").lower()
+        if name in headers:
+            return None
+        headers[name] = match[2].decode("latin-1")
+    return headers, data[end + 4 :]
+
+
+class DirectUpgrade:
+    """Takes a new connection whose first read is a session's upgrade straight to the session
+    stream, when the answer would be a 101 anyway: the path, the ``Connection`` and
+    ``Upgrade`` headers, the token, and no body, coding or expectation; the hub is not
+    stopping. Anything else is left to aiohttp (:func:`upgrade` and the refusals)."""
+
+    __slots__ = ("_token", "hub")
+
+    def __init__(self, hub: SessionHub, token: bytes | None) -> None:
+        self.hub = hub
+        self._token = token
+
+    def take(
+        self, transport: Any, data: bytes, on_lost: Callable[[Exception | None], None]
+    ) -> RawSession | None:
+        """The session ``transport`` now carries (the 101 written, the bytes after the head
+        read), or None: not a request this takes; nothing was done."""
+        hub = self.hub
+        parsed = session_head(data)
+        if parsed is None or hub.closing:
+            return None
+        headers, tail = parsed
+        if not _NOT_DIRECT.isdisjoint(headers) or not self._authorized(headers):
+            return None
+        if headers.get("upgrade", "").strip().lower() != UPGRADE:
+            return None
+        tokens = headers.get("connection", "").lower().split(",")
+        if "upgrade" not in (token.strip() for token in tokens):
+            return None
+        transport.write(SWITCHING)
+        session = RawSession(hub, on_lost, transport)
+        transport.set_protocol(session)
+        hub.raw_sessions.add(session)
+        session.start()
+        if tail:
+            session.data_received(tail)
+        return session
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        token = self._token
+        if token is None:
+            return True
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        return (
+            scheme.lower() == "bearer"
+            and bool(given)
+            and hmac.compare_digest(given.strip().encode("latin-1"), token)
+        )
 
 
 async def upgrade(hub: SessionHub, request: web.Request) -> web.StreamResponse:
@@ -32,7 +137,7 @@ async def upgrade(hub: SessionHub, request: web.Request) -> web.StreamResponse:
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client went away before the upgrade")
-    session = RawSession(hub, request.protocol, transport)
+    session = RawSession(hub, request.protocol.connection_lost, transport)
     transport.set_protocol(session)  # from here on, reads go to the session
     response = web.StreamResponse(status=101, headers={"Upgrade": UPGRADE, "Connection": "Upgrade"})
     response.force_close()
@@ -50,9 +155,13 @@ class RawSession(asyncio.Protocol):
     """A connection after the 101: its hello, then its messages; the :class:`Sender` of its
     :class:`Connection`."""
 
-    def __init__(self, hub: SessionHub, handler: Any, transport: Any) -> None:
+    def __init__(
+        self, hub: SessionHub, on_lost: Callable[[Exception | None], None], transport: Any
+    ) -> None:
         self.hub = hub
-        self._handler: asyncio.BaseProtocol = handler  # aiohttp's, told of connection_lost
+        #: told of connection_lost: aiohttp's handler, or the new connection that took the upgrade
+        #: (either way the connection budget forgets the connection)
+        self._on_lost = on_lost
         self.transport: Any = transport  # uvloop's transports are not asyncio.Transport
         self.reader = MessageReader(hub.max_message_bytes)
         self.connection: Connection | None = None
@@ -123,7 +232,8 @@ class RawSession(asyncio.Protocol):
             self.hub.detach(connection)
         if not self.closed.done():
             self.closed.set_result(None)
-        self._handler.connection_lost(exc)  # aiohttp (and the connection budget) forget it
+        self.hub.raw_sessions.discard(self)
+        self._on_lost(exc)
 
     # -- Sender
 
@@ -150,6 +260,11 @@ class RawSession(asyncio.Protocol):
             return
         self.transport.writelines([message_header(len(error)), error])
         self.transport.close()  # after the buffered bytes: FIN
+
+    def abort(self) -> None:
+        """Drop the connection at once (the server's shutdown ran out of time)."""
+        self._ended = True
+        self.transport.abort()
 
     # -- before the hello is through
 

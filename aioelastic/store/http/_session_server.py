@@ -132,9 +132,13 @@ class SessionHub:
         leases it names that still exist and that no live session owns."""
         if not isinstance(claimed, list):
             return
-        live = {status.id for status in self.engine.leases()} if claimed else set()
+        engine = self.engine
         for lease_id in claimed[:100_000]:
-            if isinstance(lease_id, int) and lease_id in live and lease_id not in self._owner:
+            if (
+                isinstance(lease_id, int)
+                and lease_id not in self._owner
+                and engine.has_lease(lease_id)  # (O(1): ten thousand clients back at once)
+            ):
                 self.own_lease(state, lease_id)
 
     def _detached(self, state: SessionState) -> None:
@@ -267,6 +271,16 @@ class SessionHub:
         for session in list(self.raw_sessions):
             if session.connection is None:  # upgraded, no hello yet
                 session.refuse("unavailable", "the server is shutting down")
+
+    async def wait_closed(self, timeout: float) -> None:
+        """After :meth:`shutdown`: wait (``timeout`` seconds at most) until every session's
+        connection has ended, then drop those that have not. (aiohttp's shutdown waits for the
+        sessions it upgraded; those taken directly, never aiohttp's, are waited for here.)"""
+        pending = [session.closed for session in self.raw_sessions]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        for session in list(self.raw_sessions):
+            session.abort()
 
     def blob(self, prefix: str, events: list[Any], revision: int) -> bytes:
         return self._blobs.get(prefix, events, revision)

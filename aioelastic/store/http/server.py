@@ -11,9 +11,10 @@ lifecycle only (start, listen, stop); the rest has one module each:
 - ``_session_server.py``: ``/v1/session``, the multiplexed session transport (its sessions and
   the hello); ``_session_raw.py`` the upgraded connection, ``_session_conn.py`` a connection's
   requests, answers and watches;
+- ``_intake.py``: a connection from its accept to its first bytes (the connection budget, the
+  deadline of a silent one, a session's upgrade taken directly, the rest handed to aiohttp);
 - ``_protocol.py``: aiohttp's connection handler customised (JSON errors for unparsable
-  requests, the read deadline, the connection budget): the one module that relies on aiohttp
-  internals;
+  requests, the read deadline): the one module that relies on aiohttp internals;
 - ``_metrics.py``, ``_errors.py``, ``_encoding.py``, ``_parsing.py``, ``_limits.py``.
 
 The routes are described in ``docs/http-api.md`` and by the OpenAPI document at
@@ -35,9 +36,11 @@ from anyio.abc import AsyncResource
 from ..memory import DEFAULT_HISTORY_LIMIT, MemoryEngine
 from ._app import SESSIONS, STATE, fast_path, make_app
 from ._connections import LogLimiter, connection_room, listen_backlog
+from ._intake import Intake, intake_for
 from ._limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MAX_WATCH_STREAMS
 from ._persist import DataDir, FsyncPolicy
-from ._protocol import connection_factory
+from ._protocol import handler_factory
+from ._session_raw import DirectUpgrade
 from ._session_server import DEFAULT_SESSION_GRACE
 
 __all__ = [
@@ -157,6 +160,7 @@ class HttpStoreServer(AsyncResource):
         self._backlog = backlog
         self._max_connections = _checked_max_connections(max_connections)
         self._listener: asyncio.Server | None = None
+        self._intake: Intake | None = None
         #: One log line a second at most from the server's loggers (attach more: ``asyncio``).
         self.log_limiter = LogLimiter()
         self._session_grace = session_grace
@@ -214,13 +218,11 @@ class HttpStoreServer(AsyncResource):
         self._runner = runner
         state = app[STATE]
         state.max_connections = self.max_connections
-        connection = connection_factory(
+        handler = handler_factory(
             runner,
             route=functools.partial(fast_path, app),
             observe=state.metrics.observe,
-            refused=state.metrics.refused,
             read_timeout=self._read_timeout,
-            max_connections=self.max_connections,
             access_log=None,
             max_line_size=3 * self._max_key_bytes + 1024,
             max_field_size=8190,
@@ -229,15 +231,23 @@ class HttpStoreServer(AsyncResource):
             auto_decompress=False,
             keepalive_timeout=KEEPALIVE_TIMEOUT,
         )
+        self._intake = intake = intake_for(
+            handler,
+            observe=state.metrics.observe,
+            refused=state.metrics.refused,
+            read_timeout=self._read_timeout,
+            max_connections=self.max_connections,
+            upgrade=DirectUpgrade(app[SESSIONS], state.token),
+        )
         server = runner.server
         assert server is not None
-        state.metrics.connections.set_function(lambda: len(server.connections))
+        state.metrics.connections.set_function(lambda: len(server.connections) + len(intake.live))
         self.log_limiter.on_event = state.metrics.log_event
         self.log_limiter.attach("aiohttp.server", log.name)
         # Our own listener, not a web.TCPSite: a site has no TLS handshake deadline (asyncio
         # keeps a socket that never handshakes for 60 s); here it is the read timeout.
         self._listener = await asyncio.get_running_loop().create_server(
-            connection,
+            intake,
             self.host,
             self._port,
             ssl=self._ssl,
@@ -263,9 +273,13 @@ class HttpStoreServer(AsyncResource):
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()  # no new connections; the runner's shutdown finishes the others
+        if self._intake is not None:
+            self._intake.close_silent()
         runner, self._runner = self._runner, None
         if runner is not None:
-            await runner.cleanup()
+            await runner.cleanup()  # (its on_shutdown ends the sessions)
+        if self._app is not None:
+            await self._app[SESSIONS].wait_closed(self._shutdown_timeout)
         if self.data is not None:
             await self.data.aclose()
         if self._owns_engine:

@@ -1,0 +1,121 @@
+"""The session's ``txn`` arguments decoded in one pass, for the common case.
+
+A rendezvous join is one transaction, and decoding it was the largest part of the server's CPU
+per join: :func:`~._txn_wire.txn_from_frame` builds the operations, :func:`~.._txn.check_txn`
+walks them again for the limits and etcd's one-write-per-key rule, and the session walks them a
+third time for its key and value limits. :func:`plain_txn` does all of it in one walk for a
+transaction that breaks no rule. It never decides a refusal: at the first thing it is not sure
+of (a type, a limit, a rule) it returns None and the full path (``txn_from_frame`` and the
+session's checks) answers, with its own error. So the full path stays the one definition of
+what is refused and why; this one only accepts what the full path accepts, as the same
+:class:`~.._txn.Txn` (``tests/test_http_session_txn.py`` holds the two to that).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._txn import (
+    _OPS,
+    _TARGETS,
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    Get,
+    Put,
+    Range,
+    Txn,
+    TxnOp,
+)
+
+__all__ = ["plain_txn"]
+
+
+def plain_txn(args: list[Any], max_key_bytes: int, max_value_bytes: int) -> Txn | None:
+    """The :class:`Txn` of a ``txn`` op's arguments when they are plainly valid (every type
+    exact, every key and value within the session's limits and the transaction's, no key put
+    twice or put and deleted in one branch); None: let the full path judge."""
+    if type(args) is not list or len(args) != 3:
+        return None
+    compares_in, success_in, failure_in = args
+    if type(compares_in) is not list or len(compares_in) > MAX_TXN_OPS:
+        return None
+    key_room = max_key_bytes // 4  # a str of at most this many code points fits in UTF-8
+    size = 0
+    compares: list[Compare] = []
+    for item in compares_in:
+        if type(item) is not list or len(item) != 4:
+            return None
+        key, target, op, operand = item
+        if type(key) is not str or not key or len(key) > key_room or not key.isascii():
+            return None
+        if target not in _TARGETS or op not in _OPS:
+            return None
+        if target == "value":
+            if type(operand) is not bytes:
+                return None
+            size += len(operand)
+        elif type(operand) is not int or operand < 0:
+            return None
+        size += len(key)
+        compares.append(Compare(key, target, op, operand))
+    success = _branch(success_in, key_room, max_value_bytes)
+    failure = _branch(failure_in, key_room, max_value_bytes)
+    if success is None or failure is None:
+        return None
+    size += success[1] + failure[1]
+    if size > MAX_TXN_BYTES:
+        return None
+    return Txn(tuple(compares), success[0], failure[0])
+
+
+def _branch(
+    items: Any, key_room: int, max_value_bytes: int
+) -> tuple[tuple[TxnOp, ...], int] | None:
+    """One branch's operations and their size in bytes, or None (see :func:`plain_txn`)."""
+    if type(items) is not list or len(items) > MAX_TXN_OPS:
+        return None
+    ops: list[TxnOp] = []
+    size = 0
+    written: set[str] | None = None  # keys put or deleted, once two such ops are seen
+    first_write: str | None = None
+    for item in items:
+        if type(item) is not list or not item:
+            return None
+        kind = item[0]
+        key = item[1] if len(item) > 1 else None
+        if type(key) is not str or len(key) > key_room or not key.isascii():
+            return None
+        if kind == "put" and len(item) == 4:
+            value, lease = item[2], item[3]
+            if not key or type(value) is not bytes or len(value) > max_value_bytes:
+                return None
+            if type(lease) is not int or lease < 0:
+                return None
+            size += len(value)
+            op: TxnOp = Put(key, value, lease)
+        elif kind == "delete" and len(item) == 2 and key:
+            op = Delete(key)
+        elif kind == "get" and len(item) == 2 and key:
+            op = Get(key)
+        elif kind == "range" and len(item) == 3:
+            limit = item[2]
+            if limit is not None and (type(limit) is not int or limit < 1):
+                return None
+            op = Range(key, limit)
+        else:
+            return None  # delete_prefix (its rule against puts is the full path's), or invalid
+        size += len(key)
+        if kind == "put" or kind == "delete":
+            # one write per key: a key put twice, or put and deleted (the full path says which)
+            if first_write is None:
+                first_write = key
+            else:
+                if written is None:
+                    written = {first_write}
+                if key in written:
+                    return None
+                written.add(key)
+        ops.append(op)
+    return tuple(ops), size

@@ -1,0 +1,127 @@
+"""The session's one-pass ``txn`` decoder (``store/http/_session_txn.py``) against the full path
+(``txn_from_frame`` and the session's key and value checks): it accepts only what the full path
+accepts, as an equal :class:`Txn`, and a rendezvous join's transaction takes it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioelastic.store._txn import Txn
+from aioelastic.store.http._session_ops import OpError, _checked_txn
+from aioelastic.store.http._session_txn import plain_txn
+
+MAX_KEY, MAX_VALUE = 64, 32
+CONN: Any = SimpleNamespace(hub=SimpleNamespace(max_key_bytes=MAX_KEY, max_value_bytes=MAX_VALUE))
+
+# keys around the limits, shared between ops so that the one-write-per-key rule is reached
+keys = st.sampled_from(["", "a", "b", "a/b", "é", "k" * 15, "k" * 16, "k" * 17, "k" * 65])
+anything = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 3), st.binary(max_size=40), st.text(max_size=3)
+)
+values = st.one_of(st.binary(max_size=40), st.just(bytearray(b"x")), anything)
+ints = st.one_of(st.integers(-1, 3), st.booleans(), st.none(), st.just(2**64))
+
+
+def _op() -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.tuples(st.just("put"), keys, values, ints).map(list),
+        st.tuples(st.just("get"), keys).map(list),
+        st.tuples(st.just("delete"), keys).map(list),
+        st.tuples(st.just("delete_prefix"), keys).map(list),
+        st.tuples(st.just("range"), keys, ints).map(list),
+        st.lists(anything, max_size=4),  # the wrong shape, an unknown op
+        st.tuples(st.just("put"), keys, values).map(list),  # an arity off by one
+        anything,
+    )
+
+
+compare = st.one_of(
+    st.tuples(
+        keys,
+        st.sampled_from(["value", "version", "mod_revision", "create_revision", "lease", "x"]),
+        st.sampled_from(["==", "!=", "<", ">", "="]),
+        st.one_of(st.integers(-1, 3), st.binary(max_size=40), st.booleans(), st.none()),
+    ).map(list),
+    st.lists(anything, max_size=5),
+)
+branch = st.one_of(st.lists(_op(), max_size=4), anything)
+frames = st.one_of(
+    st.tuples(st.one_of(st.lists(compare, max_size=3), anything), branch, branch).map(list),
+    st.lists(anything, max_size=4),
+)
+
+
+# mostly valid: what a client sends, with the odd key at a limit or one written twice
+plain_keys = st.sampled_from(["a", "b", "a/b", "k" * 16, "k" * 17, "é"])
+plain_op = st.one_of(
+    st.tuples(st.just("put"), plain_keys, st.binary(max_size=33), st.integers(0, 2)).map(list),
+    st.tuples(st.just("get"), plain_keys).map(list),
+    st.tuples(st.just("delete"), plain_keys).map(list),
+    st.tuples(st.just("range"), st.sampled_from(["", "a"]), st.none() | st.integers(0, 2)).map(
+        list
+    ),
+)
+plain_compare = st.tuples(
+    plain_keys,
+    st.sampled_from(["value", "version", "mod_revision"]),
+    st.sampled_from(["==", "!=", "<", ">"]),
+    st.integers(0, 3) | st.binary(max_size=8),
+).map(list)
+plain_frames = st.tuples(
+    st.lists(plain_compare, max_size=2),
+    st.lists(plain_op, max_size=4),
+    st.lists(plain_op, max_size=3),
+).map(list)
+
+
+def _full(args: Any) -> Txn | None:
+    try:
+        return _checked_txn(CONN, args)
+    except OpError:
+        return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(frames, plain_frames))
+def test_the_one_pass_decoder_accepts_only_what_the_full_path_does_as_the_same_txn(
+    args: Any,
+) -> None:
+    fast = plain_txn(args, MAX_KEY, MAX_VALUE)
+    if fast is not None:
+        assert fast == _full(args)
+
+
+JOIN = [
+    [["r/c/driver", "mod_revision", "==", 12]],
+    [
+        ["put", "r/n/1/node", b'{"v":1,"kind":"node"}', 3],
+        ["delete", "r/n/0/node"],
+        ["put", "r/c/driver", b'{"v":1,"kind":"driver"}', 3],
+    ],
+    [["put", "r/n/1/node", b'{"v":1,"kind":"node"}', 3], ["delete", "r/n/0/node"]],
+]
+
+
+def test_a_joins_transaction_takes_the_one_pass_way() -> None:
+    fast = plain_txn(JOIN, 1024, 1 << 20)
+    assert fast is not None
+    assert fast == _full(JOIN)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [[], [["put", "k", b"1", 0], ["put", "k", b"2", 0]], []],  # put twice
+        [[], [["put", "k", b"1", 0], ["delete", "k"]], []],  # put and deleted
+        [[], [["delete_prefix", "k"], ["put", "k/1", b"1", 0]], []],  # under a deleted prefix
+        [[], [["put", "k", b"x" * (MAX_VALUE + 1), 0]], []],  # over the value limit
+        [[["k", "value", "==", bytearray(b"x")]], [], []],  # converted by the full path
+    ],
+)
+def test_what_needs_a_closer_look_is_left_to_the_full_path(args: Any) -> None:
+    assert plain_txn(args, MAX_KEY, MAX_VALUE) is None
