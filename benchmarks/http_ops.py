@@ -301,8 +301,14 @@ def tcpstore_server() -> Any | None:
     return distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def tcpstore_sequential(port: int, ops: int) -> dict[str, float]:
-    """One TCPStore client, sequential: {"put": set/s, "get": get/s}."""
+    """One TCPStore client, sequential: {"put": set/s, "get": get/s, "get_cpu": the process's
+    CPU per get (its server thread and the client together)}."""
     distributed: Any = importlib.import_module("torch.distributed")
     client = distributed.TCPStore("127.0.0.1", port, is_master=False)
     value = b"x" * 64
@@ -315,15 +321,19 @@ def tcpstore_sequential(port: int, ops: int) -> dict[str, float]:
     # order) ends the clock when the server has applied them all
     client.get(f"seq/{(ops - 1) % 1000}")
     puts = ops / (time.perf_counter() - start)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _process_cpu()
     for i in range(ops):
         client.get(f"seq/{i % 1000}")
     gets = ops / (time.perf_counter() - start)
-    return {"put": puts, "get": gets}
+    return {"put": puts, "get": gets, "get_cpu": (_process_cpu() - cpu) / ops}
 
 
-def tcpstore_concurrent(port: int, clients: int, ops_each: int) -> float:
-    """``clients`` TCPStore clients, one thread each, half set half get: aggregate ops/s."""
+def tcpstore_concurrent(
+    port: int, clients: int, ops_each: int, cpu: list[float] | None = None
+) -> float:
+    """``clients`` TCPStore clients, one thread each, half set half get: aggregate ops/s (and
+    appended to ``cpu``: the process's CPU per operation, its server thread and the clients
+    together)."""
     distributed: Any = importlib.import_module("torch.distributed")
     value = b"x" * 64
     stores = [distributed.TCPStore("127.0.0.1", port, is_master=False) for _ in range(clients)]
@@ -338,12 +348,16 @@ def tcpstore_concurrent(port: int, clients: int, ops_each: int) -> float:
     for n, store in enumerate(stores):
         store.set(f"c/{n}", b"")
     threads = [threading.Thread(target=work, args=(n, s)) for n, s in enumerate(stores)]
-    start = time.perf_counter()
+    start, used = time.perf_counter(), _process_cpu()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return clients * ops_each / (time.perf_counter() - start)
+    ops = clients * ops_each
+    elapsed = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append((_process_cpu() - used) / ops)
+    return ops / elapsed
 
 
 def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None:
@@ -352,7 +366,9 @@ def torch_rows(ops: int, clients: int, ops_each: int) -> dict[str, float] | None
         return None
     try:
         rows = tcpstore_sequential(server.port, ops)
-        rows["concurrent"] = tcpstore_concurrent(server.port, clients, ops_each)
+        cpu: list[float] = []
+        rows["concurrent"] = tcpstore_concurrent(server.port, clients, ops_each, cpu)
+        rows["concurrent_cpu"] = cpu[0]
         return rows
     finally:
         del server
@@ -488,9 +504,13 @@ def main() -> None:
     for name, label in (("put", "set"), ("get", "get"), ("concurrent", "concurrent")):
         theirs[name] = statistics.median(r[name] for r in torch_runs)
         spread = ", ".join(f"{r[name]:,.0f}" for r in torch_runs)
+        cpu = ""
+        if f"{name}_cpu" in torch_runs[0]:
+            per_op = statistics.median(r[f"{name}_cpu"] for r in torch_runs) * 1e6
+            cpu = f"   CPU/op: {per_op:.0f} us (server thread + client, one process)"
         print(
             f"  {label:<11} {theirs[name]:>10,.0f} ops/s   aioelastic/TCPStore = "
-            f"{ours[name] / theirs[name]:.2f}   (runs: {spread})"
+            f"{ours[name] / theirs[name]:.2f}   (runs: {spread}){cpu}"
         )
     print(
         f"  aioelastic's {args.in_flight} gets in flight / TCPStore's sequential get = "

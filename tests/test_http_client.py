@@ -260,6 +260,56 @@ async def test_a_watch_notices_a_dead_server_within_a_bounded_time() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_server_that_answers_keeps_its_session_however_late_its_progress() -> None:
+    # A loaded server (or client host) whose progress frames are held back but which still
+    # answers requests: the watchdog asks it (a probe) before giving up, and keeps the session.
+    async def answers_but_sends_no_progress(peer: Peer, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            peer.send([RESULT, frame[1], [1, 0, None]])
+        elif frame[2] == "revision":
+            peer.send([RESULT, frame[1], 1])
+
+    async with (
+        fake_session_server(answers_but_sends_no_progress) as (url, seen),
+        open_store(url, progress_interval=0.25) as store,
+        store.watch("x") as events,
+    ):
+        assert isinstance(store, HttpStore)
+        conn = store.session._conn
+        await asyncio.sleep(3.0)  # four times the 0.75 s of silence
+        assert seen.connections == 1
+        assert store.session._conn is conn
+        assert conn is not None
+        assert not conn.lost
+        assert seen.ops.count("revision") >= 2  # it asked, more than once
+        assert events.start_revision == 1
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_answers_nothing_is_still_given_up_after_one_probe() -> None:
+    # Silence for 3 progress intervals, then a probe unanswered for one more: the connection
+    # ends then (not before), and the session dials again.
+    async def created_then_nothing(peer: Peer, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            peer.send([RESULT, frame[1], [1, 0, None]])
+
+    async with (
+        fake_session_server(created_then_nothing) as (url, seen),
+        open_store(url, progress_interval=0.1, reconnect_timeout=30) as store,
+        store.watch("x"),
+    ):
+        assert isinstance(store, HttpStore)
+        conn = store.session._conn
+        assert conn is not None
+        quiet_from = conn.last_received  # (loop time) the watch's answer, the last message
+        await asyncio.wait_for(conn.closed, 10)
+        ended = conn.loop.time() - quiet_from
+        assert 0.39 <= ended < 5  # 0.3 s of silence + 0.1 s for the probe's answer
+        assert "nor an answer to a probe within 0.1s" in conn.reason
+        assert seen.ops.count("revision") == 1
+
+
+@pytest.mark.asyncio
 async def test_silence_before_a_connection_has_watches_does_not_end_it() -> None:
     # The connection's watchdog counts silence only while it has watches: a store idle for
     # longer than 3 progress intervals, then opening a watch the server is slow to confirm,

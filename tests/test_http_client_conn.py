@@ -11,8 +11,8 @@ import pytest
 
 from aioelastic.store.http._client_conn import Connection, ConnectionLost
 from aioelastic.store.http._client_requests import Requests
-from aioelastic.store.http._frames import REQUEST, unpack_all
-from aioelastic.store.http._session_stream import MessageReader
+from aioelastic.store.http._frames import RESULT, pack, unpack_all
+from aioelastic.store.http._session_stream import MessageReader, message_header
 
 
 class _Transport:
@@ -51,10 +51,7 @@ def _open() -> tuple[Connection, _Transport]:
 
 
 def _request(conn: Connection, rid: int, op: str, timeout: float = 30) -> asyncio.Future[Any]:
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    conn.pending.track(rid, future, False, timeout)
-    conn.send([REQUEST, rid, op, []])
-    return future
+    return conn.request(rid, op, [], False, timeout)
 
 
 @pytest.mark.asyncio
@@ -68,6 +65,42 @@ async def test_a_lone_request_goes_at_once_and_a_turns_others_in_one_write() -> 
     await asyncio.sleep(0)
     assert len(transport.writes) == 2
     assert transport.messages() == [["a"], ["b", "c", "d"]]
+
+
+@pytest.mark.asyncio
+async def test_callers_answered_by_one_message_send_their_next_requests_in_one_write() -> None:
+    # 8 callers in flight, answered in one message: each sends its next request as it wakes;
+    # the first of them is then the one request pending, yet it waits for the others (one
+    # message), instead of going alone and the rest after it.
+    conn, transport = _open()
+    callers = 8
+
+    async def caller(n: int) -> None:
+        await _request(conn, n, "first")
+        await _request(conn, 100 + n, "next")
+
+    tasks = [asyncio.ensure_future(caller(n)) for n in range(callers)]
+    for _ in range(2):  # the callers' first steps, then the flush of what they queued
+        await asyncio.sleep(0)
+    assert [len(ops) for ops in transport.messages()] == [1, callers - 1]
+    answers = b"".join(pack([RESULT, n, None]) for n in range(callers))
+    conn.data_received(message_header(len(answers)) + answers)
+    await asyncio.sleep(0)  # the callers wake and send; the flush after them
+    assert transport.messages()[2:] == [["next"] * callers]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_a_lone_answer_leaves_the_next_request_to_go_at_once() -> None:
+    conn, transport = _open()
+    first = _request(conn, 1, "first")
+    answer = pack([RESULT, 1, None])
+    conn.data_received(message_header(len(answer)) + answer)
+    await first
+    _request(conn, 2, "next")
+    assert transport.messages() == [["first"], ["next"]]  # written before any loop turn
 
 
 @pytest.mark.asyncio

@@ -68,3 +68,26 @@ def test_the_messages_before_a_bad_length_come_with_the_error() -> None:
 def test_max_message_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_message must be >= 1, got 0"):
         MessageReader(0)
+
+
+@given(bodies=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=3))
+def test_whole_is_the_one_message_a_read_is_or_none(bodies: list[bytes]) -> None:
+    data = _stream(bodies)
+    reader = MessageReader(max_message=40)
+    whole = reader.whole(data)
+    if len(bodies) == 1:
+        assert whole is not None
+        assert bytes(whole) == bodies[0]
+    else:
+        assert whole is None
+        assert reader.feed(data) == bodies  # whole() took nothing: feed still has it all
+
+
+def test_whole_leaves_a_buffered_stream_a_bad_length_and_a_short_read_to_feed() -> None:
+    reader = MessageReader(max_message=4)
+    assert reader.whole(message_header(5) + b"12345") is None  # over the bound: feed refuses
+    assert reader.whole(message_header(0)) is None
+    assert reader.whole(b"\0\0") is None
+    assert reader.feed(message_header(3) + b"a") == []
+    assert reader.whole(message_header(1) + b"b") is None  # the read continues a message
+    assert reader.feed(b"bc") == [b"abc"]

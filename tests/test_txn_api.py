@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aioelastic import TxnTooLargeError, ValueTooLargeError
 from aioelastic.store import (
@@ -20,7 +23,7 @@ from aioelastic.store import (
     Put,
     Range,
 )
-from aioelastic.store._txn import check_txn
+from aioelastic.store._txn import TxnOp, check_txn
 
 KV = KeyValue("k", b"m", create_revision=3, mod_revision=5, version=2, lease=7)
 
@@ -121,3 +124,46 @@ def test_a_refused_txn_applies_nothing() -> None:
             assert await store.get("k") is None
 
     asyncio.run(main())
+
+
+def _reference_branch_rule(ops: list[TxnOp], branch: str) -> str | None:
+    """etcd's one-write-per-key rule as check_txn stated it before its fast paths: the error
+    message for the first offending put, or None."""
+    puts = [op.key for op in ops if isinstance(op, Put)]
+    deleted = {op.key for op in ops if isinstance(op, Delete)}
+    prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
+    seen: set[str] = set()
+    for key in puts:
+        if key in seen:
+            return f"txn {branch}: key {key!r} is put twice (one write per key)"
+        if key in deleted or any(key.startswith(p) for p in prefixes):
+            return f"txn {branch}: key {key!r} is both put and deleted"
+        seen.add(key)
+    return None
+
+
+_keys = st.sampled_from(["a", "ab", "b", "bé"])
+_ops = st.one_of(
+    st.builds(Put, _keys, st.binary(max_size=3)),
+    st.builds(Get, _keys),
+    st.builds(Delete, _keys),
+    st.builds(DeletePrefix, st.sampled_from(["a", "b", "x"])),
+    st.builds(Range, st.sampled_from(["a", ""])),
+)
+
+
+@given(success=st.lists(_ops, max_size=5), failure=st.lists(_ops, max_size=5))
+def test_the_one_write_per_key_rule_is_the_reference_rule(
+    success: list[TxnOp], failure: list[TxnOp]
+) -> None:
+    expected = _reference_branch_rule(success, "success") or _reference_branch_rule(
+        failure, "failure"
+    )
+    if expected is None:
+        txn = check_txn((), success, failure)
+        assert txn.success == tuple(success)
+        assert txn.failure == tuple(failure)
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected)) as info:
+            check_txn((), success, failure)
+        assert str(info.value) == expected

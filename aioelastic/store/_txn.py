@@ -303,6 +303,11 @@ class Txn:
 
 
 def _as_tuple(items: Iterable[object], what: str) -> tuple[object, ...]:
+    kind = type(items)
+    if kind is tuple:
+        return items  # type: ignore[return-value]
+    if kind is list:  # (the common cases first: the ABC check costs more than the rest)
+        return tuple(items)
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(f"{what} must be a list, got {type(items).__name__}")
     return tuple(items)
@@ -318,14 +323,17 @@ _OP_KINDS = (Put, Get, Range, Delete, DeletePrefix)
 def _check_branch(ops: tuple[object, ...], branch: str) -> int:
     """Check one branch's operations (types; etcd's rule that a branch may not put one key
     twice, nor put a key it also deletes); return their size in bytes."""
+    if not ops:
+        return 0
     size = 0
     puts: list[str] = []
     deleted: list[str] = []
     prefixes: list[str] = []
     for op in ops:
         if isinstance(op, Put):
-            size += _key_size(op.key) + len(op.value)
-            puts.append(op.key)
+            key = op.key
+            size += (len(key) if key.isascii() else _key_size(key)) + len(op.value)
+            puts.append(key)
         elif isinstance(op, Get):
             size += _key_size(op.key)
         elif isinstance(op, (Range, DeletePrefix)):
@@ -338,16 +346,24 @@ def _check_branch(ops: tuple[object, ...], branch: str) -> int:
         else:
             names = " | ".join(k.__name__ for k in _OP_KINDS)
             raise TypeError(f"{branch}[] must be {names}, got {type(op).__name__}")
-    if len(puts) > 1 or (puts and (deleted or prefixes)):
-        seen: set[str] = set()
-        points = set(deleted)
-        for key in puts:
-            if key in seen:
-                raise ValueError(f"txn {branch}: key {key!r} is put twice (one write per key)")
-            if key in points or any(key.startswith(p) for p in prefixes):
-                raise ValueError(f"txn {branch}: key {key!r} is both put and deleted")
-            seen.add(key)
+    if deleted or prefixes:
+        if puts:
+            _check_writes(puts, deleted, prefixes, branch)
+    elif len(puts) > 1 and len(set(puts)) != len(puts):
+        _check_writes(puts, deleted, prefixes, branch)  # (finds the first key put twice)
     return size
+
+
+def _check_writes(puts: list[str], deleted: list[str], prefixes: list[str], branch: str) -> None:
+    """etcd's rule: no key put twice, none both put and deleted (the first offender raises)."""
+    seen: set[str] = set()
+    points = set(deleted)
+    for key in puts:
+        if key in seen:
+            raise ValueError(f"txn {branch}: key {key!r} is put twice (one write per key)")
+        if key in points or any(key.startswith(p) for p in prefixes):
+            raise ValueError(f"txn {branch}: key {key!r} is both put and deleted")
+        seen.add(key)
 
 
 def check_txn(
@@ -357,17 +373,20 @@ def check_txn(
     (:class:`~aioelastic.errors.TxnTooLargeError`) and the one-write-per-key rule
     (``ValueError``)."""
     compares = _as_tuple(compare, "compare")
-    branches = {"success": _as_tuple(success, "success"), "failure": _as_tuple(failure, "failure")}
-    for name, items in (("compare", compares), *branches.items()):
+    successes = _as_tuple(success, "success")
+    failures = _as_tuple(failure, "failure")
+    for name, items in (("compare", compares), ("success", successes), ("failure", failures)):
         if len(items) > MAX_TXN_OPS:
             raise TxnTooLargeError("ops", MAX_TXN_OPS, len(items), f"its {name} list")
     size = 0
     for c in compares:
         if not isinstance(c, Compare):
             raise TypeError(f"compare[] must be Compare, got {type(c).__name__}")
-        size += _key_size(c.key) + (len(c.operand) if isinstance(c.operand, bytes) else 0)
-    for name, items in branches.items():
-        size += _check_branch(items, name)
+        key = c.key
+        size += (len(key) if key.isascii() else _key_size(key)) + (
+            len(c.operand) if isinstance(c.operand, bytes) else 0
+        )
+    size += _check_branch(successes, "success") + _check_branch(failures, "failure")
     if size > MAX_TXN_BYTES:
         raise TxnTooLargeError("bytes", MAX_TXN_BYTES, size, "its keys and values")
-    return Txn(compares, branches["success"], branches["failure"])  # type: ignore[arg-type]
+    return Txn(compares, successes, failures)  # type: ignore[arg-type]

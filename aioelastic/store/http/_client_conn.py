@@ -2,14 +2,14 @@
 message): the upgrade's answer, then messages cut from the stream and their frames handed to the
 requests and watches synchronously (answers to the requests' futures in
 :mod:`._client_requests`, which keeps their deadlines), requests made in one loop turn written as
-one message, and the silence watchdog.
+one message. Its silence watchdog is :mod:`._client_watchdog`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .._types import WatchEvent
 from ._client_requests import Requests
@@ -17,16 +17,20 @@ from ._frames import (
     ERROR,
     EVENTS,
     PROGRESS,
+    REQUEST,
     RESULT,
     WATCH_END,
     FrameError,
     decode_events,
-    pack,
+    pack_bound,
     unpack_all,
 )
 from ._session_errors import Refused
 from ._session_stream import MessageLengthError, MessageReader, message_header
 from ._upgrade_answer import Answer, AnswerReader, HeadError
+
+if TYPE_CHECKING:
+    from ._client_watchdog import Watchdog
 
 __all__ = ["Connection", "ConnectionLost"]
 
@@ -59,7 +63,7 @@ class Connection(asyncio.Protocol):
         self.last_received = loop.time()
         #: the last watchdog check that found no watches (silence is measured from then on)
         self.unwatched_at = self.last_received
-        self.watchdog: asyncio.TimerHandle | None = None
+        self.watchdog: Watchdog | None = None  # (the session's, once attached)
         self.closed: asyncio.Future[None] = loop.create_future()
         self._answer: AnswerReader | None = AnswerReader()
         self._messages: MessageReader | None = None
@@ -126,6 +130,12 @@ class Connection(asyncio.Protocol):
             return
         self.last_received = self.loop.time()
         messages = self._messages
+        if messages is not None and self._attached:
+            body = messages.whole(data)
+            if body is not None:  # one read, one message: handled without cutting a list
+                self.messages_received += 1
+                self._message(body)
+                return
         try:
             if messages is None:
                 if self._answer is None:
@@ -170,29 +180,33 @@ class Connection(asyncio.Protocol):
         self._resolve(answer)
         return rest
 
-    def _message(self, message: bytes) -> bool:
+    def _message(self, message: bytes | memoryview) -> bool:
         """Hand ``message``'s frames to the session; False once the connection is ending."""
+        answered = 0
         try:
             for frame in unpack_all(message, max_len=MAX_MESSAGE):
+                if frame[0] == RESULT:  # (the common frame, inline)
+                    entry = self.pending.pop(frame[1], None)
+                    if entry is not None and not entry[0].done():
+                        entry[0].set_result(frame[2])
+                        answered += 1
+                    continue
                 self._dispatch(frame)
         except (FrameError, ValueError, TypeError, LookupError) as exc:
             self.abort(f"a malformed frame from the server: {exc}")
+        if answered > 1 and not self._flush_due:
+            self._flush_soon()  # after the wake-ups of the callers answered: see request()
         return not self.ending
 
     def _dispatch(self, frame: list[Any]) -> None:
         kind, rid = frame[0], frame[1]
-        if kind in (RESULT, ERROR):
+        if kind == ERROR:  # (a RESULT is handled in _message)
             entry = self.pending.pop(rid, None)
             if entry is None:
-                if kind == ERROR and rid == 0:  # the connection's end, and why
+                if rid == 0:  # the connection's end, and why
                     self.reason = f"the server said: {frame[3]} ({frame[2]})"
-                return
-            future = entry[0]
-            if not future.done():
-                if kind == RESULT:
-                    future.set_result(frame[2])
-                else:
-                    future.set_exception(Refused(frame[2], frame[3], frame[4]))
+            elif not entry[0].done():
+                entry[0].set_exception(Refused(frame[2], frame[3], frame[4]))
             return
         watch = self.watches.get(rid)
         if watch is None:
@@ -240,20 +254,33 @@ class Connection(asyncio.Protocol):
 
     # -- outgoing
 
-    def send(self, frame: list[Any]) -> None:
-        """Send ``frame``: at once when it is the one request pending (a sequential caller's:
-        no loop turn spent waiting for the flush), else queued, and every frame queued in one
-        loop turn goes as one message, in one write."""
-        data = pack(frame)
-        if len(self.pending) <= 1 and not self._outbox and not self.paused:
+    def request(
+        self, rid: int, op: str, args: list[Any], write: bool, timeout: float
+    ) -> asyncio.Future[Any]:
+        """Send ``[REQUEST, rid, op, args]``; its answer's future (failing in ``timeout`` s,
+        :meth:`Requests.track`). Written at once if it is the one request pending (a sequential
+        caller's), else queued: what one loop turn queues goes as one message, in one write;
+        so does what the callers answered by one message send as they wake."""
+        future = self.loop.create_future()
+        pending = self.pending
+        pending.track(rid, future, write, timeout)
+        data = pack_bound([REQUEST, rid, op, args])
+        if len(pending) <= 1 and not (self._flush_due or self._outbox or self.paused):
             transport = self.transport
             if transport is not None and not self.lost:
-                transport.write(message_header(len(data)) + data)
-            return
+                transport.write(len(data).to_bytes(4, "big") + data)
+        else:
+            self._queue(data)
+        return future
+
+    def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
         if not self._flush_due:
-            self._flush_due = True
-            self.loop.call_soon(self._flush)
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        self._flush_due = True
+        self.loop.call_soon(self._flush)
 
     def send_now(self, data: bytes) -> None:
         """Write one message at once (the dialer's upgrade request and hello)."""
@@ -290,29 +317,12 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self._flush()
 
-    # -- requests' deadlines and the watchdog
+    # -- requests' deadlines
 
     def _expired(self) -> None:
         if self.paused:
             # the server has not read for a whole request timeout: it is stuck, or too slow
             self.abort("the server stopped reading (a request's deadline passed unsent)")
-
-    def check_silence(self, silence: float) -> None:
-        """The watchdog: a connection with watches hears from the server at least every
-        progress interval, so ``silence`` (3 intervals) without a message while it has watches
-        ends it. One timer per connection, not a receive timeout per message."""
-        if self.lost:
-            return
-        now = self.loop.time()
-        if not self.watches:
-            self.unwatched_at = now  # silence counts only while there are watches
-        elif now - max(self.last_received, self.unwatched_at) >= silence:
-            self.abort(f"nothing received for {silence:g}s (3 progress intervals)")
-            return
-        since = max(self.last_received, self.unwatched_at)
-        self.watchdog = self.loop.call_later(
-            max(since + silence - now, 0.01), self.check_silence, silence
-        )
 
     def abort(self, reason: str) -> None:
         """End the connection now (``reason``: what the pending requests' errors say)."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import ssl as _ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -29,11 +30,9 @@ from ...errors import (
     StoreConnectionError,
 )
 from ._client_conn import Connection, ConnectionLost
-from ._frames import (
-    REQUEST,
-)
+from ._client_watchdog import Watchdog
 from ._session_dial import Backoff, Dialer, NotYet
-from ._session_errors import Refused, error_from_frame, lost_error, timed_out
+from ._session_errors import Refused, describe, error_from_frame, lost_error, timed_out
 
 __all__ = ["ConnectionLost", "Refused", "SessionClient", "error_from_frame"]
 
@@ -171,7 +170,7 @@ class SessionClient:
             self.leases = {lease for lease in owned if isinstance(lease, int)}
         self.connects += 1
         silence = 3 * self.progress_interval
-        conn.watchdog = conn.loop.call_later(silence, conn.check_silence, silence)
+        conn.watchdog = Watchdog(conn, silence, functools.partial(self._probe, conn))
         self._conn = conn
         conn.attach(self._lost, int(welcome.get("max_message", 4 << 20)))
         for watch in list(self.watches):
@@ -224,9 +223,7 @@ class SessionClient:
         if not conn.watches:  # the watchdog's silence is counted from now on
             conn.unwatched_at = loop.time()
         conn.watches[rid] = watch
-        future: asyncio.Future[Any] = loop.create_future()
-        conn.pending.track(rid, future, False, math.inf)  # (its caller keeps its own deadline)
-        conn.send([REQUEST, rid, "watch", args])
+        future = conn.request(rid, "watch", args, False, math.inf)  # (its caller's deadline)
         watch.wire_id = rid
         return future
 
@@ -237,52 +234,66 @@ class SessionClient:
             del conn.watches[rid]
             self._send_and_forget(conn, "unwatch", [rid])
 
+    def _probe(self, conn: Connection) -> None:
+        """The watchdog's question to a silent server: ``revision``, answered at once (any
+        message that arrives counts; the connection's watchdog keeps the deadline)."""
+        self._send_and_forget(conn, "revision", [])
+
     def _send_and_forget(self, conn: Connection, op: str, args: list[Any]) -> None:
-        rid = self._take_id()
-        conn.send([REQUEST, rid, op, args])
+        future = conn.request(self._take_id(), op, args, False, math.inf)
+        future.add_done_callback(_retrieve)  # (its answer, or the connection's end: unread)
 
     def _take_id(self) -> int:
         rid = self._next_id
         self._next_id = rid + 1 if rid < 2**62 else 1
         return rid
 
-    def call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
-        """Send one request and return its answer's value, or raise an aioelastic error."""
-        return self._call(op, args, write, what)  # (no coroutine frame of its own)
-
-    async def _call(self, op: str, args: list[Any], write: bool, what: str) -> Any:
+    async def call(
+        self,
+        op: str,
+        args: list[Any],
+        write: bool,
+        what: str,
+        key: str | None = None,
+        convert: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Send one request and return its answer's value (``convert(value)`` if given), or
+        raise an aioelastic error naming the call ``what`` (and ``key``: "get 'k'")."""
         limit = self._limit
         if limit is not None and not limit.try_take():
-            await self._slot(limit, what)
+            await self._slot(limit, describe(what, key))
         try:
             attempts = 1 if write else 1 + self.read_retries
-            for attempt in range(attempts):
+            attempt = 0
+            while True:
                 conn = self._conn
                 if conn is None:
                     try:
                         conn = await self.connection()
                     except StoreConnectionError:
                         # Not connected: nothing was sent, so even a write had no effect.
-                        if attempt + 1 == attempts:
+                        attempt += 1
+                        if attempt == attempts:
                             raise
-                        await asyncio.sleep(0.05 * 2**attempt)
+                        await asyncio.sleep(0.05 * 2 ** (attempt - 1))
                         continue
-                rid = self._take_id()
-                future: asyncio.Future[Any] = conn.loop.create_future()
-                conn.pending.track(rid, future, write, self.request_timeout)
-                conn.send([REQUEST, rid, op, args])
+                rid = self._next_id
+                self._next_id = rid + 1 if rid < 2**62 else 1
                 try:
-                    return await future
+                    value = await conn.request(rid, op, args, write, self.request_timeout)
                 except Refused as refused:
-                    raise refused.error(what, write=write) from None
+                    raise refused.error(describe(what, key), write=write) from None
                 except TimeoutError:
-                    raise timed_out(self, what, write) from None
+                    raise timed_out(self, describe(what, key), write) from None
                 except ConnectionLost as exc:
-                    error = lost_error(self, exc, what, write, last=attempt + 1 == attempts)
+                    attempt += 1
+                    last = attempt == attempts
+                    error = lost_error(self, exc, describe(what, key), write, last=last)
                     if error is not None:
                         raise error from None
-                await asyncio.sleep(0.05 * 2**attempt)  # a read, sent again
-            raise AssertionError("unreachable")  # pragma: no cover
+                    await asyncio.sleep(0.05 * 2 ** (attempt - 1))  # a read, sent again
+                    continue
+                return value if convert is None else convert(value)
         finally:
             if limit is not None:
                 limit.give()
@@ -315,6 +326,11 @@ class SessionClient:
                 async with asyncio.timeout(1.0):
                     await asyncio.shield(conn.closed)
             conn.abort("the store was closed")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # (a probe lost with its connection: nobody waits for it)
 
 
 class _Slots:

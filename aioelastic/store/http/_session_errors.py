@@ -18,13 +18,19 @@ from ...errors import (
     WriteTimeoutError,
 )
 
-__all__ = ["Refused", "error_from_frame", "lost_error", "timed_out"]
+__all__ = ["Refused", "describe", "error_from_frame", "lost_error", "timed_out"]
 
 
 class _Session(Protocol):
     closed: bool
     url: str
     request_timeout: float
+
+
+def describe(what: str, key: str | None) -> str:
+    """How an error names a call: ``what``, and the key it was about if any (``get 'a/b'``),
+    formatted only when an error needs it, not for every call."""
+    return what if key is None else f"{what} {key[:200]!r}"
 
 
 def error_from_frame(code: Any, message: Any, extra: Any, what: str, *, write: bool) -> Exception:

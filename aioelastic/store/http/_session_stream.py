@@ -74,6 +74,16 @@ class MessageReader:
         """Bytes received that are not part of a complete message yet."""
         return len(self._buffer)
 
+    def whole(self, data: bytes) -> memoryview | None:
+        """The body of ``data`` if it is exactly one whole message and nothing is buffered (the
+        common read: one answer, one batch), without a copy; else ``None``: :meth:`feed` it."""
+        if self._buffer:
+            return None
+        length = int.from_bytes(data[:HEADER_BYTES], "big")
+        if length != len(data) - HEADER_BYTES or not 1 <= length <= self.max_message:
+            return None
+        return memoryview(data)[HEADER_BYTES:]
+
     def feed(self, data: bytes) -> list[bytes]:
         if not self._buffer:
             # the common case: a read that starts at a message boundary is cut without copying

@@ -18,14 +18,14 @@ import asyncio
 import os
 import ssl as _ssl
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from ...errors import StoreClosedError, StoreConnectionError
 from .._base import Store, Watch
-from .._txn import Get, Range, Txn, TxnResult
+from .._txn import Get, Range, Txn, TxnOp, TxnResult
 from .._types import (
     CasResult,
     KeyValue,
@@ -67,6 +67,25 @@ def _cas_result(value: list[Any]) -> CasResult:
     return CasResult(bool(succeeded), int(revision), None if kv is None else kv_from_wire(kv))
 
 
+def _kv_or_none(value: list[Any] | None) -> KeyValue | None:
+    return None if value is None else kv_from_wire(value)
+
+
+def _txn_result(answer: Any) -> TxnResult:
+    try:
+        return result_from_frame(answer)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise StoreConnectionError(f"txn: malformed answer ({exc!r})") from None
+
+
+def _writes(ops: tuple[TxnOp, ...]) -> bool:
+    """Whether ``ops`` holds anything but reads (a loop: ``any()`` of a generator costs more)."""
+    for op in ops:  # noqa: SIM110
+        if not isinstance(op, (Get, Range)):
+            return True
+    return False
+
+
 class HttpStore(Store):
     """A client of ``aioelastic serve``. Usually made by ``open_store("http://host:port")``.
 
@@ -75,7 +94,8 @@ class HttpStore(Store):
     ``timeout``: seconds for one request. ``connect_timeout``: seconds to connect.
     ``read_retries``: extra attempts for reads after a connection error.
     ``progress_interval``: how often (s) the server reports progress on an idle watch; a session
-    with watches that is silent for ``3 * progress_interval`` counts as lost.
+    with watches that is silent for ``3 * progress_interval`` is asked (a request answered at
+    once), and counts as lost if nothing arrives within one more interval.
     ``reconnect_timeout``: how long (s) a lost session with watches or leases tries to reconnect
     before its watches raise :class:`~aioelastic.errors.StoreConnectionError`.
     ``max_connections``: requests in flight at once (0: no limit); the name is kept from the
@@ -143,57 +163,47 @@ class HttpStore(Store):
     def __repr__(self) -> str:
         return f"<HttpStore {self.url}{' closed' if self._closed else ''}>"
 
-    def _call(self, op: str, args: list[Any], *, write: bool, what: str) -> Awaitable[Any]:
-        # not a coroutine of its own: the session's call is awaited directly (one frame less)
-        self._check_open()
-        return self.session.call(op, args, write=write, what=what)
-
     # -- the core
+    #
+    # The hot calls are plain functions that return the session's coroutine: it is the one
+    # Python frame between ``Store.get`` (which validated the arguments and the closed state)
+    # and the transport's write, and it converts the answer (``convert``). ``what`` and ``key``
+    # name the call in an error's message, formatted only when there is one.
 
-    async def _get(self, key: str) -> KeyValue | None:
-        value = await self._call("get", [key], write=False, what=f"get {key[:200]!r}")
-        return None if value is None else kv_from_wire(value)
+    def _get(self, key: str) -> Coroutine[Any, Any, KeyValue | None]:
+        return self.session.call("get", [key], False, "get", key, _kv_or_none)
 
-    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
-        value = await self._call("range", [prefix, limit], write=False, what="range")
-        return range_from_wire(value)
+    def _range(self, prefix: str, limit: int | None) -> Coroutine[Any, Any, RangeResult]:
+        return self.session.call("range", [prefix, limit], False, "range", None, range_from_wire)
 
-    async def _current_revision(self) -> int:
-        return int(await self._call("revision", [], write=False, what="revision"))
+    def _current_revision(self) -> Coroutine[Any, Any, int]:
+        return self.session.call("revision", [], False, "revision", None, int)
 
-    async def _put(self, key: str, value: bytes, lease: int) -> int:
-        return int(
-            await self._call("put", [key, value, lease], write=True, what=f"put {key[:200]!r}")
-        )
+    def _put(self, key: str, value: bytes, lease: int) -> Coroutine[Any, Any, int]:
+        return self.session.call("put", [key, value, lease], True, "put", key, int)
 
-    async def _delete(self, key: str, prefix: bool) -> int:
-        return int(await self._call("delete", [key, prefix], write=True, what="delete"))
+    def _delete(self, key: str, prefix: bool) -> Coroutine[Any, Any, int]:
+        return self.session.call("delete", [key, prefix], True, "delete", None, int)
 
-    async def _compare_and_swap(
+    def _compare_and_swap(
         self, key: str, expected_mod_revision: int, value: bytes, lease: int
-    ) -> CasResult:
-        answer = await self._call(
-            "cas", [key, expected_mod_revision, value, lease], write=True, what="compare_and_swap"
-        )
-        return _cas_result(answer)
+    ) -> Coroutine[Any, Any, CasResult]:
+        args = [key, expected_mod_revision, value, lease]
+        return self.session.call("cas", args, True, "compare_and_swap", None, _cas_result)
 
-    async def _compare_and_delete(self, key: str, expected_mod_revision: int) -> CasResult:
-        answer = await self._call(
-            "cad", [key, expected_mod_revision], write=True, what="compare_and_delete"
-        )
-        return _cas_result(answer)
+    def _compare_and_delete(
+        self, key: str, expected_mod_revision: int
+    ) -> Coroutine[Any, Any, CasResult]:
+        args = [key, expected_mod_revision]
+        return self.session.call("cad", args, True, "compare_and_delete", None, _cas_result)
 
-    async def _add(self, key: str, delta: int) -> int:
-        return int(await self._call("add", [key, delta], write=True, what=f"add {key[:200]!r}"))
+    def _add(self, key: str, delta: int) -> Coroutine[Any, Any, int]:
+        return self.session.call("add", [key, delta], True, "add", key, int)
 
-    async def _txn(self, txn: Txn) -> TxnResult:
+    def _txn(self, txn: Txn) -> Coroutine[Any, Any, TxnResult]:
         # only reads in both branches: a read (retried on a lost session); else a write
-        write = not all(isinstance(op, (Get, Range)) for op in (*txn.success, *txn.failure))
-        answer = await self._call("txn", txn_to_frame(txn), write=write, what="txn")
-        try:
-            return result_from_frame(answer)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise StoreConnectionError(f"txn: malformed answer ({exc!r})") from None
+        write = _writes(txn.success) or _writes(txn.failure)
+        return self.session.call("txn", txn_to_frame(txn), write, "txn", None, _txn_result)
 
     def _watch(self, prefix: str, start_revision: int | None) -> Watch:
         return SessionWatch(self, prefix, start_revision)
@@ -206,26 +216,26 @@ class HttpStore(Store):
         return watch.snapshot, watch
 
     async def _compact(self, revision: int) -> None:
-        await self._call("compact", [revision], write=True, what="compact")
+        await self.session.call("compact", [revision], True, "compact")
 
     async def _lease_grant(self, ttl: float) -> LeaseGrant:
-        lease_id, granted = await self._call("lease_grant", [ttl], write=True, what="lease_grant")
+        lease_id, granted = await self.session.call("lease_grant", [ttl], True, "lease_grant")
         self.session.leases.add(int(lease_id))
         return LeaseGrant(int(lease_id), float(granted))
 
-    async def _lease_keep_alive(self, lease_id: int) -> float:
+    def _lease_keep_alive(self, lease_id: int) -> Coroutine[Any, Any, float]:
         # Idempotent (it restarts the TTL), so it may be retried like a read.
-        return float(
-            await self._call("lease_keep_alive", [lease_id], write=False, what="lease_keep_alive")
-        )
+        args = [lease_id]
+        return self.session.call("lease_keep_alive", args, False, "lease_keep_alive", None, float)
 
     async def _lease_revoke(self, lease_id: int) -> None:
-        await self._call("lease_revoke", [lease_id], write=True, what="lease_revoke")
+        await self.session.call("lease_revoke", [lease_id], True, "lease_revoke")
         self.session.leases.discard(lease_id)
 
-    async def _lease_time_to_live(self, lease_id: int) -> LeaseStatus:
-        answer = await self._call("lease_ttl", [lease_id], write=False, what="lease_time_to_live")
-        return lease_status_from_wire(answer)
+    def _lease_time_to_live(self, lease_id: int) -> Coroutine[Any, Any, LeaseStatus]:
+        args = [lease_id]
+        convert = lease_status_from_wire
+        return self.session.call("lease_ttl", args, False, "lease_time_to_live", None, convert)
 
     async def _aclose(self) -> None:
         await self.session.aclose()
