@@ -118,8 +118,9 @@ def test_a_waiting_member_keeps_few_objects() -> None:
         await asyncio.gather(*(h.aclose() for h in handlers))
         return kept
 
-    # about 54.2: 58.2 while the join's frame kept its finished lease-grant task (a task, its
-    # context and coroutine), 59.2 with a closure waking the wait, 62.2 before the keeper's
-    # guard was a slotted class
+    # about 53.2: 54.2 with the handler's error translation a generator context manager, 58.2
+    # while the join's frame kept its finished lease-grant task (a task, its context and
+    # coroutine), 59.2 with a closure waking the wait, 62.2 before the keeper's guard was a
+    # slotted class
     kept = run_virtual(main())
-    assert kept <= 55.0, kept
+    assert kept <= 54.0, kept
