@@ -87,9 +87,41 @@ class RoundFigures:
     lost_seen_seconds: float | None = None
     new_round_seconds: float | None = None
     roster_bytes: int | None = None
+    #: memory/simulate: CPU time inside the cyclic garbage collector over the round, that of its
+    #: full (generation 2) collections, and how many full collections ran
+    gc_seconds: float | None = None
+    gc_full_seconds: float | None = None
+    gc_full: int | None = None
 
     def per_node(self, value: int | None) -> float | None:
         return None if value is None else value / self.n
+
+
+class GcMeter:
+    """CPU time (this thread's) the cyclic collector spends while installed, and its full
+    collections: with N participants alive in one process, each full one traverses them all."""
+
+    def __init__(self) -> None:
+        self.seconds = self.full_seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __enter__(self) -> GcMeter:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+            return
+        spent = time.thread_time() - self._started
+        self.seconds += spent
+        if info["generation"] == 2:
+            self.full += 1
+            self.full_seconds += spent
 
 
 class CountingEngine(MemoryEngine):
@@ -145,10 +177,11 @@ async def timed_round(
     if pause_gc:
         gc.disable()
     try:
-        start, cpu = time.perf_counter(), time.process_time()
-        started = [h.next_rendezvous() for h in handlers] if joins is None else joins()
-        results = await asyncio.gather(*started)
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        with GcMeter() as meter:
+            start, cpu = time.perf_counter(), time.process_time()
+            started = [h.next_rendezvous() for h in handlers] if joins is None else joins()
+            results = await asyncio.gather(*started)
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         if pause_gc:
             gc.enable()
@@ -174,6 +207,9 @@ async def timed_round(
         state_bytes=sum(len(kv.key) + len(kv.value) for kv in state.kvs),
         event_bytes=None if counting is None else counting.event_bytes - bytes_before,
         roster_bytes=sum(len(kv.key) + len(kv.value) for kv in roster.kvs),
+        gc_seconds=meter.seconds,
+        gc_full_seconds=meter.full_seconds,
+        gc_full=meter.full,
     )
 
 
@@ -293,6 +329,21 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
             f"{f.record_bytes:>9,} {roster:>10} {f.state_bytes:>10,}"
         )
     return "\n".join(lines)
+
+
+def gc_details(n: int, figures: Sequence[RoundFigures]) -> str:
+    """CPU time per round (range), and the collector's share of it: medians and ranges."""
+
+    def spread(values: Sequence[float]) -> str:
+        return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
+
+    cpu = spread([f.cpu_seconds for f in figures])
+    if any(f.gc_seconds is None for f in figures):
+        return f"N={n}: cpu {cpu}"
+    gc_all = spread([f.gc_seconds or 0.0 for f in figures])
+    full = spread([f.gc_full_seconds or 0.0 for f in figures])
+    counts = "/".join(str(f.gc_full) for f in figures)
+    return f"N={n}: cpu {cpu}; in the collector {gc_all}, in full collections {full} ({counts})"
 
 
 def http_details(figures: Sequence[RoundFigures]) -> str:
@@ -468,6 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [n for n in args.sizes if n in runs]
     if sizes:
         print(summary(sizes, runs))
+    if args.mode in ("memory", "simulate"):
+        for n in sizes:
+            print(gc_details(n, runs[n]))
     for n, why in failures.items():
         print(f"N={n}: FAILED: {why}")
     if args.mode == "http":

@@ -3,6 +3,8 @@ cancels guarded work; in virtual time."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from pathlib import Path
 
 import anyio
@@ -86,6 +88,69 @@ def test_guard_without_loss_is_transparent() -> None:
             assert not keeper.lost
 
     run_virtual(main)
+
+
+def test_every_guard_held_at_once_is_cancelled_and_a_left_one_is_not_kept() -> None:
+    """The keeper holds its first guard apart from the others: a loss cancels each of them,
+    whichever was entered or left first, and a guard left before the loss is not touched."""
+
+    async def main() -> None:
+        async with MemoryStore() as store, store.lease(3) as keeper:
+            with keeper.guard() as early:
+                pass
+            outcomes: list[str] = []
+
+            async def guarded(name: str) -> None:
+                with pytest.raises(LeaseExpiredError) as raised, keeper.guard():
+                    await anyio.sleep(3600)
+                assert raised.value is keeper.error
+                outcomes.append(name)
+
+            async with anyio.create_task_group() as tg:
+                for name in ("first", "second", "third"):
+                    tg.start_soon(guarded, name)
+                    await anyio.sleep(0.1)
+                with keeper.guard() as own, anyio.move_on_after(0.5):
+                    await anyio.sleep(3600)  # entered last, left first (its own deadline)
+                assert not own.cancel_called
+                await store.lease_revoke(keeper.id)
+                with anyio.fail_after(10):
+                    await keeper.wait_lost()
+            assert sorted(outcomes) == ["first", "second", "third"]
+            assert not early.cancel_called
+            with pytest.raises(LeaseExpiredError), keeper.guard():  # after the loss: at once
+                await anyio.sleep(3600)
+
+    run_virtual(main)
+
+
+def test_a_held_guard_keeps_few_tracked_objects() -> None:
+    """A waiting rendezvous participant holds its keeper's guard while it waits (10,000 in one
+    process in ``benchmarks.scale``): what a held guard keeps, counted in objects the collector
+    tracks (every full collection traverses them)."""
+
+    async def main() -> float:
+        store = MemoryStore()
+        keepers = [store.lease(3) for _ in range(1000)]
+        with keepers[0].guard():  # (the backend's first use imports and caches things)
+            pass
+        held: list[contextlib.AbstractContextManager[anyio.CancelScope]] = []
+        gc.collect()
+        before = len(gc.get_objects())
+        for keeper in keepers:
+            guard = keeper.guard()
+            guard.__enter__()
+            held.append(guard)  # (the list's own growth is untracked: a list is one object)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        for guard in reversed(held):
+            guard.__exit__(None, None, None)
+        return grown / len(keepers)
+
+    # the guard and its anyio cancel scope (with its two sets); the generator context manager
+    # before it also kept its generator (and more), and the keeper a set of scopes: 7 in all
+    per_guard = run_virtual(main)
+    assert per_guard <= 4.05, per_guard
 
 
 def test_bad_intervals_are_rejected() -> None:

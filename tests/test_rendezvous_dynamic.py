@@ -20,6 +20,7 @@ from aioelastic.errors import (
     RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    StoreConnectionError,
 )
 from aioelastic.rendezvous import (
     DynamicRendezvousHandler,
@@ -926,3 +927,37 @@ async def test_a_driver_whose_claims_read_was_compacted_away_counts_afresh() -> 
     assert driver.members == ("a", "b", "c")
     await handler.aclose()
     await store.aclose()
+
+
+@virtual
+async def test_store_errors_are_translated_and_rendezvous_errors_kept() -> None:
+    """A handler's translation of what a call raised: a store error or a lost lease becomes
+    RendezvousConnectionError (its cause the original) and the handler's error; another
+    RendezvousError is kept as the error and raised as it is; a timeout, a close and anything
+    else pass through and leave the handler ACTIVE."""
+    (h,) = handlers(MemoryEngine(), 1, 1, 1)
+
+    def error() -> BaseException | None:  # (read afresh: each call below changes it)
+        return h.error
+
+    for passing in (RendezvousTimeoutError("t"), RendezvousClosedError("c"), KeyError("k")):
+        with pytest.raises(type(passing)) as raised, h._translate("is_closed"):
+            raise passing
+        assert raised.value is passing
+        assert h.status is RendezvousStatus.ACTIVE
+    cut = StoreConnectionError("cut")
+    with pytest.raises(RendezvousConnectionError) as translated, h._translate("set_closed"):
+        raise cut
+    assert str(translated.value) == "set_closed failed for run 'job': cut"
+    assert translated.value.__cause__ is cut
+    assert error() is translated.value
+    assert h.status is RendezvousStatus.ERROR
+    state = RendezvousStateError("bad state")
+    with pytest.raises(RendezvousStateError) as kept, h._translate("next_rendezvous"):
+        raise state
+    assert kept.value is state
+    assert error() is state
+    with h._translate("is_closed"):
+        pass
+    assert error() is state
+    await close_all([h])

@@ -142,6 +142,7 @@ class JoinCoordinator:
                 keeper = await granting if granting is not None else h._keeper
             finally:
                 await _settle(granting)
+            granting = None  # a finished task, kept by this frame for the whole wait otherwise
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
                 result = await self._take_part(keeper, ctl, deadline)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,11 @@ def resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 async def first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
     """Wait until one of ``futures`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its
     sets, coroutines and context copies, since every joining node waits on this at once."""
@@ -34,10 +40,8 @@ async def first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
     if any(f.done() for f in futures):
         return
     waiter = asyncio.get_running_loop().create_future()
-
-    def wake(_: object) -> None:
-        resolve(waiter)
-
+    # one object the collector tracks while the node waits (a closure: a function and a cell)
+    wake = functools.partial(_wake, waiter)
     for future in futures:
         future.add_done_callback(wake, context=WAKE_CONTEXT)
     try:

@@ -8,11 +8,11 @@ membership events an orchestrator can ``async for`` over instead of polling.
 from __future__ import annotations
 
 import abc
-import contextlib
 import enum
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from anyio.abc import AsyncResource
@@ -422,26 +422,49 @@ class _BuiltinHandler(RendezvousHandler):
     def error(self) -> BaseException | None:
         return self._error
 
-    @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
+    def _translate(self, what: str) -> _Translate:
         """Store errors become RendezvousConnectionError; errors put the handler in ERROR."""
-        try:
-            yield
-        except (RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError):
-            raise
-        except RendezvousError as exc:
-            self._error = exc
-            raise
-        except (StoreError, LeaseExpiredError) as exc:
-            error = RendezvousConnectionError(f"{what} failed for run {self.run_id!r}: {exc}")
-            self._error = error
-            raise error from exc
+        return _Translate(self, what)
 
     def _check_usable(self) -> None:
         if self._handler_closed:
             raise RendezvousClosedError(f"the rendezvous handler for {self.run_id!r} is closed")
         if self._closed_seen:
             raise RendezvousClosedError(f"the rendezvous {self.run_id!r} is closed")
+
+
+class _Translate:
+    """``RendezvousHandler._translate``: a class rather than a generator context manager, since
+    every waiting participant holds one (one object the collector tracks, not two)."""
+
+    __slots__ = ("_handler", "_what")
+
+    def __init__(self, handler: _BuiltinHandler, what: str) -> None:
+        self._handler = handler
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(
+            exc, RendezvousClosedError | RendezvousGracefulExitError | RendezvousTimeoutError
+        ):
+            return
+        handler = self._handler
+        if isinstance(exc, RendezvousError):
+            handler._error = exc
+        elif isinstance(exc, StoreError | LeaseExpiredError):
+            error = RendezvousConnectionError(
+                f"{self._what} failed for run {handler.run_id!r}: {exc}"
+            )
+            handler._error = error
+            raise error from exc
 
 
 class RendezvousHandlerRegistry:

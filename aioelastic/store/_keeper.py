@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import anyio
@@ -110,8 +111,10 @@ class LeaseKeeper(AsyncResource):
         self._lost: asyncio.Event | None = None  # made by the first wait_lost
         self._error: LeaseExpiredError | None = None
         self._callbacks: list[Callable[[LeaseExpiredError], object]] = []
-        # made by the first guard: a keeper lives as long as its lease, and every full garbage
-        # collection traverses what it holds (thousands of keepers in a large job's process)
+        # The guards' scopes: the one guard a participant holds in ``_scope``, a set only for
+        # more at once. A keeper lives as long as its lease, and every full garbage collection
+        # traverses what it holds (thousands of keepers in a large job's process).
+        self._scope: anyio.CancelScope | None = None
         self._scopes: set[anyio.CancelScope] | None = None
         self._renewals = 0
         self._failures = 0
@@ -195,26 +198,13 @@ class LeaseKeeper(AsyncResource):
         else:
             self._callbacks.append(callback)
 
-    @contextlib.contextmanager
-    def guard(self) -> Iterator[anyio.CancelScope]:
+    def guard(self) -> contextlib.AbstractContextManager[anyio.CancelScope]:
         """A scope that is cancelled if the lease is lost, then raises ``LeaseExpiredError``.
 
         ``with keeper.guard(): ...`` makes work that is only valid while the lease lives stop
         when it is lost, rather than go on as if it still held (two lock holders, two leaders).
         """
-        if self._scopes is None:
-            self._scopes = set()
-        scopes = self._scopes
-        with anyio.CancelScope() as scope:
-            scopes.add(scope)
-            if self._error is not None:
-                scope.cancel()
-            try:
-                yield scope
-            finally:
-                scopes.discard(scope)
-        if scope.cancelled_caught and self._error is not None:
-            raise self._error
+        return _Guard(self)
 
     def statistics(self) -> LeaseKeeperStatistics:
         return LeaseKeeperStatistics(
@@ -303,6 +293,8 @@ class LeaseKeeper(AsyncResource):
         if self._lost is not None:
             self._lost.set()
         log.warning("%s", error)
+        if self._scope is not None:
+            self._scope.cancel()
         for scope in self._scopes or ():
             scope.cancel()
         callbacks, self._callbacks = self._callbacks, []
@@ -311,3 +303,49 @@ class LeaseKeeper(AsyncResource):
                 callback(error)
             except Exception:
                 log.exception("lease-lost callback %r failed", callback)
+
+
+class _Guard:
+    """:meth:`LeaseKeeper.guard`: a cancel scope the keeper cancels when its lease is lost.
+
+    A class rather than a generator context manager: every waiting participant holds one for as
+    long as it waits, and this is one tracked object where the generator form took two.
+    """
+
+    __slots__ = ("_keeper", "_scope")
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self._keeper = keeper
+        self._scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> anyio.CancelScope:
+        if self._scope is not None:
+            raise RuntimeError("a lease guard can be entered only once")
+        keeper = self._keeper
+        scope = self._scope = anyio.CancelScope().__enter__()
+        if keeper._scope is None:
+            keeper._scope = scope
+        else:
+            if keeper._scopes is None:
+                keeper._scopes = set()
+            keeper._scopes.add(scope)
+        if keeper._error is not None:
+            scope.cancel()
+        return scope
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        keeper, scope = self._keeper, self._scope
+        assert scope is not None
+        if keeper._scope is scope:
+            keeper._scope = None
+        elif keeper._scopes is not None:
+            keeper._scopes.discard(scope)
+        suppress = scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught and keeper._error is not None:
+            raise keeper._error
+        return bool(suppress)
