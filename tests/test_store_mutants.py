@@ -4,11 +4,17 @@ virtual time where anything waits."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aioelastic.errors import StoreConnectionError
+from aioelastic.store import Delete, DeletePrefix, LeaseStatus, MemoryEngine, Put, Txn
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
+from aioelastic.store.memory import Commit
+from aioelastic.testing import virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
 EDGE_CHARS = st.sampled_from(["a", "b", "\x00", "\x7f", "\ud7ff", "\ue000", "\U0010ffff", "\uffff"])
@@ -51,3 +57,92 @@ def test_argument_checks_name_the_argument_and_the_type() -> None:
     with pytest.raises(ValueError, match=r"^n must be >= 1, got 0$"):
         check_int(0, "n", minimum=1)
     assert check_int(1, "n", minimum=1) == 1
+
+
+# -- the memory engine's leases
+
+
+@virtual_test
+async def test_lease_status_is_exact_and_never_negative() -> None:
+    """``lease_time_to_live``: its id, TTL, keys (sorted) and the time left, to the virtual
+    second; past its deadline while its end is vetoed (a log that cannot be written), 0."""
+    engine = MemoryEngine()
+    lease = engine.lease_grant(10.0)
+    engine.put("b", b"1", lease.id)
+    engine.put("a", b"1", lease.id)
+    await asyncio.sleep(3.5)
+    status = engine.lease_time_to_live(lease.id)
+    assert status == LeaseStatus(lease.id, 10.0, 6.5, ("a", "b"))
+    await asyncio.sleep(6.0)
+    assert engine.lease_time_to_live(lease.id).remaining == 0.5
+
+    def veto(commit: Commit) -> None:
+        raise OSError("disk full")
+
+    engine.on_commit.append(veto)
+    await asyncio.sleep(0.7)  # past the deadline: the end is vetoed, the lease stays
+    status = engine.lease_time_to_live(lease.id)
+    assert status.remaining == 0.0
+    assert status.keys == ("a", "b")
+    assert [s.id for s in engine.leases()] == [lease.id]
+    engine.on_commit.remove(veto)
+    await asyncio.sleep(1.0)  # tried again a second later
+    assert engine.leases() == []
+    assert len(engine) == 0
+    engine.close()
+
+
+# -- the memory engine's watchers
+
+
+@virtual_test
+async def test_failing_an_owners_watchers_fails_each_of_them_and_no_other() -> None:
+    engine = MemoryEngine()
+    owner, other = object(), object()
+    mine = [engine.add_watcher(p, None, owner) for p in ("a/", "b/", "c/")]
+    theirs = engine.add_watcher("a/", None, other)
+    before = engine.work().watcher_visits
+    engine.fail_watchers_of(owner, StoreConnectionError("gone"))
+    assert engine.work().watcher_visits == before + 3
+    for watcher in mine:
+        with pytest.raises(StoreConnectionError):
+            engine.read_events(watcher)
+    engine.put("a/1", b"x")
+    assert [e.kv.key for e in engine.read_events(theirs)] == ["a/1"]
+    engine.fail_watchers_of(object(), StoreConnectionError("nobody's"))  # owns none: no-op
+    engine.remove_watcher(mine[0])
+    engine.remove_watcher(mine[1])  # the owner is left with one watcher (no set)
+    engine.fail_watchers_of(owner, StoreConnectionError("again"))
+    # the put visited both a/ watchers (a failed one stays registered), then c/'s alone
+    assert engine.work().watcher_visits == before + 3 + 2 + 1
+    engine.close()
+
+
+# -- the memory engine's undo (a vetoing hook)
+
+
+@virtual_test
+async def test_a_vetoed_transaction_puts_back_every_key_and_lease() -> None:
+    """A transaction creating several keys, rewriting one and moving another to a lease,
+    vetoed by its commit hook: the engine is exactly as before (keys, order, lease keys)."""
+    engine = MemoryEngine()
+    lease = engine.lease_grant(100.0)
+    engine.put("k/2", b"old", lease.id)
+    engine.put("k/4", b"old")
+    before = (engine.export_state(), engine.lease_time_to_live(lease.id))
+
+    def veto(commit: Commit) -> None:
+        raise OSError("disk full")
+
+    engine.on_commit.append(veto)
+    ops = (Put("k/1", b"n"), Put("k/2", b"n"), Put("k/3", b"n"), Put("k/4", b"n", lease.id))
+    with pytest.raises(OSError, match="disk full"):
+        engine.txn(Txn(success=ops))
+    with pytest.raises(OSError, match="disk full"):
+        engine.txn(Txn(success=(Delete("k/2"), Put("k/0", b"n"), DeletePrefix("k/"))))
+    assert (engine.export_state(), engine.lease_time_to_live(lease.id)) == before
+    assert [kv.key for kv in engine.range("k/").kvs] == ["k/2", "k/4"]
+    engine.on_commit.remove(veto)
+    engine.lease_revoke(lease.id)  # it still holds k/2, and only k/2
+    assert [kv.key for kv in engine.range("k/").kvs] == ["k/4"]
+    engine.close()
