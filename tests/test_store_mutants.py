@@ -10,8 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.errors import StoreConnectionError
-from aioelastic.store import Delete, DeletePrefix, LeaseStatus, MemoryEngine, Put, Txn
+from aioelastic.errors import CompactedError, StoreConnectionError
+from aioelastic.store import (
+    Delete,
+    DeletePrefix,
+    EventType,
+    KeyValue,
+    LeaseStatus,
+    MemoryEngine,
+    Put,
+    Txn,
+    WatchEvent,
+)
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store.memory import Commit
 from aioelastic.testing import virtual_test
@@ -145,4 +155,64 @@ async def test_a_vetoed_transaction_puts_back_every_key_and_lease() -> None:
     engine.on_commit.remove(veto)
     engine.lease_revoke(lease.id)  # it still holds k/2, and only k/2
     assert [kv.key for kv in engine.range("k/").kvs] == ["k/4"]
+    engine.close()
+
+
+# -- the memory engine's history: automatic compaction and replay
+
+
+@virtual_test
+async def test_auto_compaction_keeps_exactly_the_newest_history_limit_events() -> None:
+    """history_limit 8 compacts once the log is 9 + 1 events long, down to the newest 8: after
+    ten single-key writes, revisions 3 to 10 are kept (a watch can start at 3, not at 2)."""
+    engine = MemoryEngine(history_limit=8)
+    for i in range(9):
+        engine.put(f"k/{i}", b"x")
+    assert engine.compact_revision == 0  # 9 events: not over 8 + 8 // 8 yet
+    engine.put("k/9", b"x")
+    assert engine.compact_revision == 3
+    assert len(engine.export_state().history) == 8
+    with pytest.raises(CompactedError):
+        engine.add_watcher("k/", 2, owner=None)
+    watcher = engine.add_watcher("k/", 3, owner=None)
+    assert [e.revision for e in engine.read_events(watcher)] == list(range(3, 11))
+    engine.close()
+
+
+@virtual_test
+async def test_replay_takes_a_lease_logged_twice_as_the_later_and_ignores_old_compactions() -> None:
+    engine = MemoryEngine()
+    engine.restore_lease(5, 10.0)
+    engine.restore_lease(5, 20.0)  # logged twice (granted again after a restart): the later
+    assert engine.lease_time_to_live(5).granted_ttl == 20.0
+    assert engine.lease_count == 1
+    for revision in range(1, 5):
+        engine.restore_commit(Commit(revision, (WatchEvent(EventType.PUT, _kv("k", revision)),)))
+    engine.restore_compact(3)
+    assert engine.compact_revision == 3
+    watcher = engine.add_watcher("k", 3, owner=None)  # a scanning watcher (it starts back)
+    before = engine.work()
+    engine.restore_compact(3)  # at (or below) the compact revision: nothing to do, no work
+    engine.restore_compact(2)
+    assert engine.work() == before
+    assert engine.compact_revision == 3
+    assert [e.revision for e in engine.read_events(watcher)] == [3, 4]
+    engine.close()
+
+
+def _kv(key: str, revision: int) -> KeyValue:
+    return KeyValue(key, b"v", 1, revision, revision, 0)
+
+
+@virtual_test
+async def test_wait_returns_at_once_for_a_watcher_with_history_to_read() -> None:
+    """A watcher starting in the past has events to read before any new write: ``wait``
+    returns at once (as the http server's watch loops rely on), not at the next write."""
+    engine = MemoryEngine()
+    engine.put("k", b"1")
+    watcher = engine.add_watcher("k", 1, owner=None)
+    await asyncio.wait_for(engine.wait(watcher), 1.0)
+    assert [e.revision for e in engine.read_events(watcher)] == [1]
+    with pytest.raises(TimeoutError):  # caught up: now it waits for a write
+        await asyncio.wait_for(engine.wait(watcher), 1.0)
     engine.close()
