@@ -5,24 +5,35 @@ virtual time where anything waits."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.errors import CompactedError, StoreConnectionError
+from aioelastic.errors import CompactedError, StoreConnectionError, TxnTooLargeError
 from aioelastic.store import (
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    Compare,
     Delete,
     DeletePrefix,
+    DeleteResult,
     EventType,
+    Get,
+    GetResult,
     KeyValue,
     LeaseStatus,
     MemoryEngine,
     Put,
+    Range,
     Txn,
+    TxnOp,
+    TxnResult,
     WatchEvent,
 )
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
+from aioelastic.store._txn import check_txn
 from aioelastic.store.memory import Commit
 from aioelastic.testing import virtual_test
 
@@ -216,3 +227,198 @@ async def test_wait_returns_at_once_for_a_watcher_with_history_to_read() -> None
     with pytest.raises(TimeoutError):  # caught up: now it waits for a write
         await asyncio.wait_for(engine.wait(watcher), 1.0)
     engine.close()
+
+
+@virtual_test
+async def test_wait_returns_at_once_for_a_failed_or_removed_watcher() -> None:
+    engine = MemoryEngine()
+    owner = object()
+    failed = engine.add_watcher("a", None, owner)
+    removed = engine.add_watcher("b", None, object())
+    engine.fail_watchers_of(owner, StoreConnectionError("gone"))  # before it waits
+    engine.remove_watcher(removed)
+    await asyncio.wait_for(engine.wait(failed), 1.0)
+    await asyncio.wait_for(engine.wait(removed), 1.0)
+    with pytest.raises(StoreConnectionError):
+        engine.read_events(failed)
+    engine.close()
+
+
+# -- transactions: the rules every backend enforces (check_txn), and the meaning of a compare
+
+
+def test_txn_errors_say_exactly_what_is_wrong() -> None:
+    cases: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (
+            ValueError,
+            "compare target must be one of ('value', 'version', 'create_revision', "
+            "'mod_revision', 'lease'), got 'size'",
+            lambda: Compare("k", "size", "==", 0),  # type: ignore[arg-type]
+        ),
+        (
+            ValueError,
+            "compare op must be one of ('==', '!=', '<', '>'), got '<='",
+            lambda: Compare("k", "version", "<=", 0),  # type: ignore[arg-type]
+        ),
+        (ValueError, "compare key must not be empty", lambda: Compare.version("") == 0),
+        (TypeError, "compare operand must be bytes, got int", lambda: Compare.value("k") == 1),
+        (
+            ValueError,
+            "compare operand of mod_revision must be >= 0, got -1",
+            lambda: Compare.mod_revision("k") == -1,
+        ),
+        (ValueError, "lease must be >= 0, got -1", lambda: Put("k", b"", -1)),
+        (ValueError, "limit must be >= 1, got 0", lambda: Range("p", 0)),
+        (TypeError, "prefix must be a str, got NoneType", lambda: DeletePrefix(None)),  # type: ignore[arg-type]
+        (TypeError, "key must be a str, got int", lambda: Get(1)),  # type: ignore[arg-type]
+        (TypeError, "key must be a str, got int", lambda: Delete(1)),  # type: ignore[arg-type]
+        (TypeError, "compare must be a list, got str", lambda: check_txn("k", [], [])),  # type: ignore[arg-type]
+        (TypeError, "success must be a list, got bytes", lambda: check_txn([], b"", [])),  # type: ignore[arg-type]
+        (TypeError, "failure must be a list, got int", lambda: check_txn([], [], 1)),  # type: ignore[arg-type]
+        (
+            TypeError,
+            "compare[] must be Compare, got Get",
+            lambda: check_txn([Get("k")], [], []),  # type: ignore[list-item]
+        ),
+        (
+            TypeError,
+            "failure[] must be Put | Get | Range | Delete | DeletePrefix, got str",
+            lambda: check_txn([], [], ["k"]),  # type: ignore[list-item]
+        ),
+        (
+            ValueError,
+            "txn success: key 'k' is put twice (one write per key)",
+            lambda: check_txn([], [Put("k", b"1"), Put("k", b"2")], []),
+        ),
+        (
+            ValueError,
+            "txn failure: key 'p/k' is both put and deleted",
+            lambda: check_txn([], [], [DeletePrefix("p/"), Put("p/k", b"1")]),
+        ),
+        (
+            ValueError,
+            "txn success: key 'k' is both put and deleted",
+            lambda: check_txn([], [Put("k", b"1"), Delete("k")], []),
+        ),
+        (
+            TxnTooLargeError,
+            "transaction too large: its success list has 129 operations, the limit is 128 "
+            "(max_txn_ops); split it into smaller transactions",
+            lambda: check_txn([], [Get(f"k{i}") for i in range(MAX_TXN_OPS + 1)], []),
+        ),
+    ]
+    for error, message, call in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert type(info.value) is error
+        assert str(info.value) == message
+
+
+def test_txn_rules_allow_what_etcd_allows() -> None:
+    """One put per key, a put beside a delete of another key or prefix, reads of anything."""
+    txn = check_txn(
+        [Compare.value("c") == bytearray(b"x")],
+        [
+            Put("a", bytearray(b"1")),  # type: ignore[arg-type]
+            Delete("b"),
+            DeletePrefix("c/"),
+            Get("a"),
+            Range("a"),
+        ],
+        [Put("a", b"1"), Put("b", b"2"), Get("a"), Get("a")],
+    )
+    assert txn.compare[0].operand == b"x"
+    assert type(txn.compare[0].operand) is bytes
+    put = txn.success[0]
+    assert isinstance(put, Put)
+    assert type(put.value) is bytes
+    check_txn([], [Put("a", b"1"), Delete("ab"), DeletePrefix("b")], [])
+    check_txn([], [Delete("k"), Delete("k"), DeletePrefix("k")], [])  # deletes may repeat
+    kinds: list[Callable[[int], TxnOp]] = [
+        lambda i: Get(f"k{i}"),
+        lambda i: Range(f"k{i}"),
+        lambda i: Delete(f"k{i}"),
+        lambda i: DeletePrefix(f"k{i}"),
+        lambda i: Put(f"k{i}", b""),
+    ]
+    for make in kinds:
+        ops = [make(i) for i in range(MAX_TXN_OPS + 1)]
+        assert check_txn([], ops[:-1], ops[:1]).success == tuple(ops[:-1])
+        with pytest.raises(TxnTooLargeError, match=r"^transaction too large: its failure list "):
+            check_txn([], [], ops)
+
+
+@pytest.mark.parametrize("kind", ["compare", "put", "get", "range", "delete", "prefix"])
+def test_txn_bytes_count_every_key_in_utf8_and_every_value(kind: str) -> None:
+    """The byte limit is exact: MAX_TXN_BYTES of keys (UTF-8) and values pass, one more fails."""
+    key = "é" * 10  # 20 bytes in UTF-8
+    filler = b"x" * (MAX_TXN_BYTES - 20 - 1 - 2)
+    op: dict[str, Compare | TxnOp] = {
+        "compare": Compare.value(key) == b"",
+        "put": Put(key, b""),
+        "get": Get(key),
+        "range": Range(key),
+        "delete": Delete(key),
+        "prefix": DeletePrefix(key),
+    }
+    compares = [Compare.value("c") == filler]  # 1 + len(filler) bytes
+    for extra, fits in ((b"", True), (b"x", True), (b"xy", False)):
+        item = op[kind]
+        ops = [Put("v", extra)] if kind == "compare" else [item, Put("v", extra)]
+        all_compares = [*compares, item] if kind == "compare" else compares
+        if fits:
+            check_txn(all_compares, ops, [])  # type: ignore[arg-type]
+            continue
+        with pytest.raises(TxnTooLargeError) as info:
+            check_txn(all_compares, ops, [])  # type: ignore[arg-type]
+        assert (info.value.limit, info.value.size) == ("bytes", MAX_TXN_BYTES + 1)
+        assert str(info.value) == (
+            f"transaction too large: its keys and values has {MAX_TXN_BYTES + 1} bytes, "
+            f"the limit is {MAX_TXN_BYTES} (max_txn_bytes); split it into smaller transactions"
+        )
+
+
+def test_compares_hold_as_in_etcd() -> None:
+    kv = KeyValue("k", b"m", create_revision=2, mod_revision=5, version=3, lease=7)
+    for target, actual in (
+        ("version", 3),
+        ("create_revision", 2),
+        ("mod_revision", 5),
+        ("lease", 7),
+    ):
+        for op, below, at, above in (
+            ("==", False, True, False),
+            ("!=", True, False, True),
+            ("<", False, False, True),
+            (">", True, False, False),
+        ):
+            got = [Compare("k", target, op, n).holds(kv) for n in (actual - 1, actual, actual + 1)]  # type: ignore[arg-type]
+            assert got == [below, at, above], (target, op)
+            assert Compare("k", target, op, 0).holds(None) == (op in ("==",)), (target, op)  # type: ignore[arg-type]
+    for op, results in (
+        ("==", [False, True, False]),
+        ("!=", [True, False, True]),
+        ("<", [False, False, True]),
+        (">", [True, False, False]),
+    ):
+        got = [Compare("k", "value", op, v).holds(kv) for v in (b"l", b"m", b"n")]  # type: ignore[arg-type]
+        assert got == results, op
+        assert not Compare("k", "value", op, b"").holds(None)  # type: ignore[arg-type]
+    field = Compare.lease("k")
+    assert repr(field) == "Compare.lease('k')"
+    assert (field == 1, field != 1, field < 1, field > 1) == (
+        Compare("k", "lease", "==", 1),
+        Compare("k", "lease", "!=", 1),
+        Compare("k", "lease", "<", 1),
+        Compare("k", "lease", ">", 1),
+    )
+    assert Compare.create_revision("k").target == "create_revision"
+    assert Compare.value("k").key == "k"
+
+
+def test_a_txn_result_reads_as_its_branch_and_results() -> None:
+    results = (GetResult(None), DeleteResult(2))
+    ok, failed = TxnResult(True, 4, results), TxnResult(False, 4)
+    assert ok
+    assert not failed
+    assert (len(ok), list(ok), ok[1], len(failed)) == (2, list(results), DeleteResult(2), 0)
