@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.errors import CompactedError, StoreConnectionError, TxnTooLargeError
+from aioelastic.errors import (
+    CompactedError,
+    StoreConnectionError,
+    TxnConflictError,
+    TxnTooLargeError,
+)
 from aioelastic.store import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -25,6 +30,7 @@ from aioelastic.store import (
     KeyValue,
     LeaseStatus,
     MemoryEngine,
+    MemoryStore,
     Put,
     Range,
     Txn,
@@ -33,9 +39,10 @@ from aioelastic.store import (
     WatchEvent,
 )
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
+from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
 from aioelastic.store.memory import Commit
-from aioelastic.testing import virtual_test
+from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
 EDGE_CHARS = st.sampled_from(["a", "b", "\x00", "\x7f", "\ud7ff", "\ue000", "\U0010ffff", "\uffff"])
@@ -422,3 +429,182 @@ def test_a_txn_result_reads_as_its_branch_and_results() -> None:
     assert ok
     assert not failed
     assert (len(ok), list(ok), ok[1], len(failed)) == (2, list(results), DeleteResult(2), 0)
+
+
+# -- the STM on transactions
+
+
+@virtual_test
+async def test_stm_round_trips_prefetch_retry_and_read_only_functions() -> None:
+    """``keys=`` are read in one transaction (each named once), others on first use; a retry
+    reads back every key of the failed attempt in its failure branch (no extra get); a
+    function that only reads is still validated (its commit compares what it read)."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        await store.put("a", b"1")
+        await store.put("b", b"2")
+        runs: list[tuple[bytes | None, ...]] = []
+
+        async def body(tx: StmTxn) -> tuple[bytes | None, ...]:
+            seen = (await tx.get("a"), await tx.get("b"), await tx.get("c"), await tx.get("a"))
+            runs.append(seen)
+            if len(runs) == 1:
+                await store.put("b", b"3")  # another writer, after this attempt read b
+                assert await tx.get("b") == b"2"  # repeatable: as read, not as now
+                assert await tx.rev("b") == 2
+            return seen
+
+        store.calls.clear()
+        assert await store.stm(body, keys=["a", "b", "a"]) == (b"1", b"3", None, b"1")
+        assert runs == [(b"1", b"2", None, b"1"), (b"1", b"3", None, b"1")]
+        # prefetch, c on first use, the failed commit, its put of b, the commit: nothing else
+        assert dict(store.calls) == {"txn": 3, "get": 1, "put": 1}
+        assert await store.current_revision() == 3  # read only: nothing written by the STM
+        with pytest.raises(ValueError, match=r"^keys\[\] must not be empty$"):
+            await store.stm(body, keys=[""])
+        store.calls.clear()
+
+        async def nothing(tx: StmTxn) -> int:
+            return 7
+
+        assert await store.stm(nothing) == 7
+        assert dict(store.calls) == {}  # no keys, no reads, no writes: no round trip
+
+
+@virtual_test
+async def test_stm_gives_up_naming_the_keys_of_its_last_attempt() -> None:
+    async with MemoryStore() as store:
+        calls = 0
+
+        async def interfered(tx: StmTxn) -> None:
+            nonlocal calls
+            calls += 1
+            await tx.get("x")
+            await tx.get(f"k{calls}")
+            await store.put("x", b"%d" % calls)
+            tx.put("y", b"1")
+
+        with pytest.raises(TxnConflictError) as info:
+            await store.stm(interfered, max_attempts=2)
+        assert (info.value.attempts, info.value.keys, calls) == (2, ("x", "k2"), 2)
+        assert await store.get("y") is None
+
+
+@virtual_test
+async def test_a_replay_under_a_registered_watcher_is_seen_by_it_or_reported_lost() -> None:
+    """Replay normally runs before anyone watches; a watcher registered already scans the
+    replayed log (woken), and if that log is compacted before it read it, it gets the exact
+    CompactedError (the revision it missed)."""
+    engine = MemoryEngine()
+    seen = engine.add_watcher("k", None, owner=None)
+    lost = engine.add_watcher("k", None, owner=None)
+    waiting = asyncio.ensure_future(engine.wait(seen))
+    await asyncio.sleep(0)
+    engine.restore_commit(Commit(5, (WatchEvent(EventType.PUT, _kv("k", 5)),)))
+    await asyncio.wait_for(waiting, 1.0)  # woken by the replay
+    assert [e.revision for e in engine.read_events(seen)] == [5]
+    engine.restore_compact(6)
+    with pytest.raises(CompactedError) as info:
+        engine.read_events(lost)
+    assert (info.value.requested_revision, info.value.compact_revision) == (5, 6)
+    engine.restore_commit(Commit(7, (WatchEvent(EventType.PUT, _kv("k", 7)),)))
+    assert [e.revision for e in engine.read_events(seen)] == [7]
+    engine.close()
+
+
+@virtual_test
+async def test_replay_checks_revisions_and_compacts_on_the_same_schedule_as_writes() -> None:
+    engine = MemoryEngine(history_limit=8)
+    engine.restore_commit(Commit(1, (WatchEvent(EventType.PUT, _kv("k", 1)),)))
+    with pytest.raises(ValueError, match=r"^commit revision 1 is not after the engine's 1$"):
+        engine.restore_commit(Commit(1, (WatchEvent(EventType.PUT, _kv("k", 1)),)))
+    for revision in range(2, 10):
+        engine.restore_commit(Commit(revision, (WatchEvent(EventType.PUT, _kv("k", revision)),)))
+    assert engine.compact_revision == 0  # 9 events: not over 8 + 8 // 8 yet
+    engine.restore_commit(Commit(10, (WatchEvent(EventType.PUT, _kv("k", 10)),)))
+    assert engine.compact_revision == 3
+    engine.close()
+
+
+@virtual_test
+async def test_replayed_rewrites_and_deletes_move_keys_off_their_leases() -> None:
+    """A key rewritten without its lease, or deleted, in a replayed log no longer belongs to
+    the lease: revoking the lease then leaves it alone."""
+    engine = MemoryEngine()
+    engine.restore_lease(1, 100.0)
+    leased = KeyValue("k", b"v", 1, 1, 1, lease=1)
+    other = KeyValue("j", b"v", 2, 2, 1, lease=1)
+    engine.restore_commit(Commit(1, (WatchEvent(EventType.PUT, leased),)))
+    engine.restore_commit(Commit(2, (WatchEvent(EventType.PUT, other),)))
+    assert engine.lease_time_to_live(1).keys == ("j", "k")
+    engine.restore_commit(Commit(3, (WatchEvent(EventType.PUT, KeyValue("k", b"w", 1, 3, 2)),)))
+    gone = WatchEvent(EventType.DELETE, KeyValue("j", b"", 0, 4, 0, 0))
+    engine.restore_commit(Commit(4, (gone,)))
+    assert engine.lease_time_to_live(1).keys == ()
+    engine.lease_revoke(1)
+    assert engine.get("k") == KeyValue("k", b"w", 1, 3, 2)
+    assert engine.revision == 4  # the revoke deleted nothing
+    engine.close()
+
+
+@virtual_test
+async def test_a_scanning_watcher_that_caught_up_survives_compaction_of_other_keys() -> None:
+    """A watch that started in the past, once it has read up to now, loses nothing when the
+    history of other keys is compacted (it is tracked from then on, not scanning)."""
+    engine = MemoryEngine()
+    engine.put("a", b"1")
+    watcher = engine.add_watcher("a", 1, owner=None)
+    assert [e.revision for e in engine.read_events(watcher)] == [1]
+    for i in range(5):
+        engine.put(f"b/{i}", b"x")
+    engine.compact(engine.revision)
+    engine.put("a", b"2")
+    assert [e.revision for e in engine.read_events(watcher)] == [7]
+    engine.close()
+
+
+@virtual_test
+async def test_a_removed_watcher_is_forgotten_and_reads_nothing_twice() -> None:
+    engine = MemoryEngine()
+    engine.put("a", b"1")
+    engine.put("a", b"2")
+    watcher = engine.add_watcher("a", 1, owner=None)  # scanning (starts in the past)
+    engine.remove_watcher(watcher)
+    assert [e.revision for e in engine.read_events(watcher)] == [1, 2]  # what it had left
+    assert engine.read_events(watcher) == []
+    before = engine.work()
+    engine.compact(engine.revision)  # looks at no watcher: it was removed
+    assert engine.work() == before
+    engine.close()
+
+
+@virtual_test
+async def test_reads_count_the_events_delivered_and_the_log_scanned() -> None:
+    engine = MemoryEngine()
+    for i in range(3):
+        engine.put(f"a/{i}", b"x")
+        engine.put(f"b/{i}", b"x")
+    start = engine.work()
+    watcher = engine.add_watcher("a/", 1, owner=None)  # scans the 6 events logged, once
+    assert len(engine.read_events(watcher)) == 3
+    work = engine.work()
+    assert (work.events_delivered, work.keys_scanned) == (
+        start.events_delivered + 3,
+        start.keys_scanned + 6,
+    )
+    late = engine.add_watcher("b/", 3, owner=None)  # from the 2nd event on: scans 4
+    assert len(engine.read_events(late)) == 2
+    work = engine.work()
+    assert (work.events_delivered, work.keys_scanned) == (
+        start.events_delivered + 5,
+        start.keys_scanned + 10,
+    )
+    engine.put("a/9", b"x")
+    engine.put("a/8", b"x")
+    engine.put("b/9", b"x")
+    assert len(engine.read_events(watcher)) == 2  # tracked: its own events only
+    work = engine.work()
+    assert (work.events_delivered, work.keys_scanned) == (
+        start.events_delivered + 7,
+        start.keys_scanned + 10,
+    )
+    engine.close()
