@@ -5,6 +5,7 @@ virtual time where anything waits."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -38,6 +39,7 @@ from aioelastic.store import (
     TxnResult,
     WatchEvent,
 )
+from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
@@ -608,3 +610,95 @@ async def test_reads_count_the_events_delivered_and_the_log_scanned() -> None:
         start.keys_scanned + 10,
     )
     engine.close()
+
+
+@virtual_test
+async def test_stm_rev_of_an_absent_key_is_zero() -> None:
+    async with MemoryStore() as store:
+
+        async def body(tx: StmTxn) -> tuple[int, int]:
+            return await tx.rev("missing"), await tx.rev("missing")
+
+        assert await store.stm(body) == (0, 0)
+
+
+@virtual_test
+async def test_a_watch_below_the_compacted_revision_names_both_revisions() -> None:
+    engine = MemoryEngine()
+    for _ in range(4):
+        engine.put("k", b"x")
+    engine.compact(3)
+    with pytest.raises(CompactedError) as info:
+        engine.add_watcher("k", 2, owner=None)
+    assert (info.value.requested_revision, info.value.compact_revision) == (2, 3)
+    engine.close()
+
+
+# -- add on transactions (CounterAdder)
+
+
+def _collect_loop_errors() -> list[dict[str, object]]:
+    errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+    return errors
+
+
+@virtual_test
+async def test_adds_leave_no_failed_background_task() -> None:
+    """The flusher ends cleanly when no add waits (no 'exception was never retrieved')."""
+    errors = _collect_loop_errors()
+    async with MemoryStore() as store:
+        adder = CounterAdder(store)
+        assert list(await asyncio.gather(adder.add("n", 1), adder.add("n", 2))) == [1, 3]
+        assert await adder.add("m", 5) == 5
+        await asyncio.sleep(0)
+    gc.collect()
+    assert errors == []
+
+
+@virtual_test
+async def test_an_add_queued_behind_a_failed_transaction_still_goes_on() -> None:
+    errors = _collect_loop_errors()
+    async with FaultInjectingStore(MemoryStore()) as store:
+        adder = CounterAdder(store)
+        store.hang("txn")
+        first = asyncio.ensure_future(adder.add("n", 1))
+        await asyncio.sleep(0.01)  # its transaction is in flight (hung)
+        second = asyncio.ensure_future(adder.add("n", 10))  # waits behind it
+        await asyncio.sleep(0.01)
+        store.fail_next("txn", StoreConnectionError("injected"))
+        store.release()
+        with pytest.raises(StoreConnectionError, match="injected"):
+            await first
+        assert await second == 10
+    gc.collect()
+    assert errors == []
+
+
+@virtual_test
+async def test_a_cancelled_flusher_cancels_every_add_waiting_for_it() -> None:
+    """When the flusher itself is cancelled (its loop is closing), the adds in its batch and
+    those queued behind it are cancelled, none left waiting forever."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        adder = CounterAdder(store)
+        store.hang("txn")
+        first = asyncio.ensure_future(adder.add("n", 1))
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(adder.add("n", 10))
+        await asyncio.sleep(0.01)
+        adder._flushers["n"].cancel()
+        _, pending = await asyncio.wait([first, second], timeout=1.0)
+        assert pending == set()
+        assert first.cancelled()
+        assert second.cancelled()
+        store.release()
+
+
+@virtual_test
+async def test_an_add_on_a_non_integer_names_the_key_and_value() -> None:
+    async with MemoryStore() as store:
+        await store.put("text", b"hello")
+        with pytest.raises(
+            ValueError, match=r"^add: the value at 'text' is not a decimal integer: b'hello'$"
+        ):
+            await CounterAdder(store).add("text", 1)
