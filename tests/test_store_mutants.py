@@ -702,3 +702,35 @@ async def test_an_add_on_a_non_integer_names_the_key_and_value() -> None:
             ValueError, match=r"^add: the value at 'text' is not a decimal integer: b'hello'$"
         ):
             await CounterAdder(store).add("text", 1)
+
+
+@virtual_test
+async def test_an_add_remembers_the_last_1024_keys_it_wrote() -> None:
+    """The memo of key-values written is emptied when it holds 1024: an add to one of the
+    forgotten keys guesses again (a conflict), one to the key written last does not."""
+    async with MemoryStore() as store:
+        adder = CounterAdder(store)
+        for i in range(1024):
+            await adder.add(f"k{i}", 1)
+        assert (adder.transactions, adder.conflicts) == (1024, 0)
+        await adder.add("k0", 1)  # remembered
+        assert (adder.transactions, adder.conflicts) == (1025, 0)
+        await adder.add("new", 1)  # the memo was full: emptied, then this one remembered
+        await adder.add("new", 1)
+        assert (adder.transactions, adder.conflicts) == (1027, 0)
+        await adder.add("k1", 1)  # forgotten: guessed absent, read back, then committed
+        assert (adder.transactions, adder.conflicts) == (1029, 1)
+
+
+@virtual_test
+async def test_stm_writes_keep_their_lease() -> None:
+    async with MemoryStore() as store:
+        lease = await store.lease_grant(60)
+
+        async def body(tx: StmTxn) -> None:
+            tx.put("k", b"v", lease=lease.id)
+
+        await store.stm(body)
+        kv = await store.get("k")
+        assert kv is not None
+        assert kv.lease == lease.id
