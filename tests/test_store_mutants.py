@@ -63,6 +63,7 @@ def test_prefix_end_skips_the_surrogates_and_drops_maximal_code_points() -> None
     assert prefix_end("a") == "b"
     assert prefix_end("\ud7ff") == "\ue000"  # surrogates are not valid UTF-8
     assert prefix_end("\ud7fe") == "\ud7ff"
+    assert prefix_end("\udffe") == "\ue000"  # a lone surrogate (surrogateescape) in a key
     assert prefix_end("a\U0010ffff") == "b"
     assert prefix_end("\U0010ffff\U0010ffff") is None
     assert prefix_end("") is None
@@ -311,6 +312,12 @@ def test_txn_errors_say_exactly_what_is_wrong() -> None:
         ),
         (
             TxnTooLargeError,
+            "transaction too large: its compare list has 129 operations, the limit is 128 "
+            "(max_txn_ops); split it into smaller transactions",
+            lambda: check_txn([Compare.version(f"k{i}") == 0 for i in range(129)], [], []),
+        ),
+        (
+            TxnTooLargeError,
             "transaction too large: its success list has 129 operations, the limit is 128 "
             "(max_txn_ops); split it into smaller transactions",
             lambda: check_txn([], [Get(f"k{i}") for i in range(MAX_TXN_OPS + 1)], []),
@@ -370,10 +377,11 @@ def test_txn_bytes_count_every_key_in_utf8_and_every_value(kind: str) -> None:
         "delete": Delete(key),
         "prefix": DeletePrefix(key),
     }
-    compares = [Compare.value("c") == filler]  # 1 + len(filler) bytes
+    # 1 + len(filler) bytes, and a compare of a number: its key's byte only
+    compares = [Compare.value("c") == filler[1:], Compare.version("n") == 0]
     for extra, fits in ((b"", True), (b"x", True), (b"xy", False)):
         item = op[kind]
-        ops = [Put("v", extra)] if kind == "compare" else [item, Put("v", extra)]
+        ops = [Put("v", extra)] if kind == "compare" else [Put("v", extra), item]
         all_compares = [*compares, item] if kind == "compare" else compares
         if fits:
             check_txn(all_compares, ops, [])  # type: ignore[arg-type]
