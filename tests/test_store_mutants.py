@@ -21,6 +21,7 @@ from aioelastic.errors import (
 from aioelastic.store import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
+    CasResult,
     Compare,
     Delete,
     DeletePrefix,
@@ -33,7 +34,9 @@ from aioelastic.store import (
     MemoryEngine,
     MemoryStore,
     Put,
+    PutResult,
     Range,
+    RangeResult,
     Txn,
     TxnOp,
     TxnResult,
@@ -742,3 +745,114 @@ async def test_stm_writes_keep_their_lease() -> None:
         kv = await store.get("k")
         assert kv is not None
         assert kv.lease == lease.id
+
+
+# -- namespaces (PrefixedStore)
+
+
+def _under(prefix: str, kv: KeyValue | None) -> KeyValue | None:
+    """``kv`` of the parent as the view under ``prefix`` shows it."""
+    if kv is None:
+        return None
+    return KeyValue(
+        kv.key[len(prefix) :], kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease
+    )
+
+
+@virtual_test
+async def test_a_namespace_shows_exactly_the_parents_records_under_its_prefix() -> None:
+    """Every call through a (nested) namespace: the parent's result with the prefix taken off
+    the keys, every other field as the parent has it."""
+    async with MemoryStore() as parent:
+        await parent.put("other", b"o")
+        await parent.put("ns/sub/zzz", b"z")
+        view = parent.namespace("ns/").namespace("sub/")
+        assert repr(view) == f"<PrefixedStore 'ns/sub/' of {parent!r}>"
+        lease = await view.lease_grant(30)
+        await view.put("a", b"1", lease=lease.id)
+        await view.put("b", b"2")
+        assert await view.get("a") == _under("ns/sub/", await parent.get("ns/sub/a"))
+        assert await view.get("missing") is None
+        found = await view.range("", limit=2)
+        expected = await parent.range("ns/sub/", limit=2)
+        assert found == RangeResult(
+            tuple(_under("ns/sub/", kv) for kv in expected.kvs),  # type: ignore[misc]
+            expected.revision,
+            3,
+            True,
+        )
+        assert [kv.key for kv in found.kvs] == ["a", "b"]
+        status = await view.lease_time_to_live(lease.id)
+        await parent.put("elsewhere", b"x", lease=lease.id)  # the view sees its own keys only
+        assert (await view.lease_time_to_live(lease.id)).keys == status.keys == ("a",)
+        assert status.id == lease.id
+        assert status.granted_ttl == 30
+        b = await view.get("b")
+        assert b is not None
+        won = await view.compare_and_swap("b", b.mod_revision, b"3")
+        assert won == CasResult(True, won.revision, await view.get("b"))
+        lost = await view.compare_and_swap("b", b.mod_revision, b"4")
+        assert lost == CasResult(False, won.revision, await view.get("b"))
+        assert lost.kv is not None
+        assert lost.kv.key == "b"
+        gone = await view.compare_and_delete("a", 1)
+        assert gone.kv is not None
+        assert (gone.succeeded, gone.kv.key) == (False, "a")
+        assert await view.add("n", 5) == 5
+        assert (await parent.get("ns/sub/n")).value == b"5"  # type: ignore[union-attr]
+        assert await view.delete("n") == 1
+        assert await view.delete_prefix("") == 3  # a, b and zzz
+        assert [kv.key for kv in (await parent.range("")).kvs] == ["elsewhere", "other"]
+
+
+@virtual_test
+async def test_a_namespace_maps_every_transaction_operation_and_result() -> None:
+    async with MemoryStore() as parent:
+        view = parent.namespace("ns/")
+        await view.put("k", b"1")
+        await parent.put("k", b"outside")
+        result = await view.txn(
+            compare=[Compare.value("k") == b"1"],
+            success=[
+                Put("k", b"2"),
+                Get("k"),
+                Range("", limit=1),
+                Delete("gone"),
+                DeletePrefix("p/"),
+                Put("p2", b"x"),
+            ],
+        )
+        assert result.succeeded
+        revision = result.revision
+        kv = _under("ns/", await parent.get("ns/k"))
+        assert kv is not None
+        assert result.results == (
+            PutResult(kv, KeyValue("k", b"1", 1, 1, 1, 0)),
+            GetResult(kv),
+            RangeResult((kv,), revision, 1, False),
+            DeleteResult(0),
+            DeleteResult(0),
+            PutResult(KeyValue("p2", b"x", revision, revision, 1, 0)),
+        )
+        failed = await view.txn(compare=[Compare.version("k") == 9], failure=[Get("absent")])
+        assert failed == TxnResult(False, revision, (GetResult(None),))
+        assert (await parent.get("k")).value == b"outside"  # type: ignore[union-attr]
+
+
+@virtual_test
+async def test_a_namespace_watch_and_range_and_watch_strip_the_prefix() -> None:
+    async with MemoryStore() as parent:
+        view = parent.namespace("ns/")
+        await view.put("a", b"1")
+        result, watch = await view.range_and_watch("")
+        async with watch, view.watch("", start_revision=1) as since:
+            assert [kv.key for kv in result.kvs] == ["a"]
+            assert watch.start_revision == result.revision + 1
+            assert since.start_revision == 1
+            lease = await parent.lease_grant(10)
+            await parent.put("ns/b", b"2", lease=lease.id)
+            event = await watch.__anext__()
+            kv = await parent.get("ns/b")
+            assert kv is not None
+            assert event == WatchEvent(EventType.PUT, _under("ns/", kv))  # type: ignore[arg-type]
+            assert [(await since.__anext__()).kv.key for _ in range(2)] == ["a", "b"]
