@@ -46,7 +46,7 @@ from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
-from aioelastic.store.memory import Commit
+from aioelastic.store.memory import Commit, EngineState
 from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
@@ -856,3 +856,38 @@ async def test_a_namespace_watch_and_range_and_watch_strip_the_prefix() -> None:
             assert kv is not None
             assert event == WatchEvent(EventType.PUT, _under("ns/", kv))  # type: ignore[arg-type]
             assert [(await since.__anext__()).kv.key for _ in range(2)] == ["a", "b"]
+
+
+@virtual_test
+async def test_a_restored_snapshot_gives_known_leases_their_keys_and_ignores_unknown_ones() -> None:
+    kvs = (
+        KeyValue("a", b"1", 1, 1, 1, lease=7),
+        KeyValue("b", b"1", 2, 2, 1, lease=9),  # its lease ended after the snapshot was cut
+        KeyValue("c", b"1", 3, 3, 1, lease=0),
+        KeyValue("d", b"1", 4, 4, 1, lease=7),
+    )
+    state = EngineState(4, 0, kvs, (), {7: 30.0}, 9)
+    engine = MemoryEngine()
+    engine.restore(state)
+    assert engine.lease_time_to_live(7).keys == ("a", "d")
+    assert [kv.key for kv in engine.range("").kvs] == ["a", "b", "c", "d"]
+    engine.close()
+    busy = MemoryEngine()
+    busy.lease_grant(5)  # a lease and nothing else: not fresh
+    with pytest.raises(RuntimeError, match=r"^restore\(\) needs a fresh engine$"):
+        busy.restore(state)
+    busy.close()
+
+
+@virtual_test
+async def test_ranges_count_the_keys_they_read() -> None:
+    engine = MemoryEngine()
+    for key in ("a/1", "a/2", "a/3", "b/1"):
+        engine.put(key, b"x")
+    start = engine.work().keys_scanned
+    assert engine.range("a/", limit=2).count == 3
+    assert engine.work().keys_scanned == start + 2  # the keys taken, not the count
+    engine.range("a/")
+    engine.range("b/")
+    assert engine.work().keys_scanned == start + 6
+    engine.close()
