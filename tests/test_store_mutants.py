@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 from collections.abc import Callable
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.errors import (
     CompactedError,
+    LeaseExpiredError,
     StoreConnectionError,
     TxnConflictError,
     TxnTooLargeError,
@@ -37,6 +40,7 @@ from aioelastic.store import (
     PutResult,
     Range,
     RangeResult,
+    Store,
     Txn,
     TxnOp,
     TxnResult,
@@ -44,6 +48,7 @@ from aioelastic.store import (
 )
 from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
+from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
 from aioelastic.store.memory import Commit, EngineState
@@ -891,3 +896,164 @@ async def test_ranges_count_the_keys_they_read() -> None:
     engine.range("b/")
     assert engine.work().keys_scanned == start + 6
     engine.close()
+
+
+# -- LeaseKeeper
+
+
+def _record_keep_alives(store: Store) -> list[float]:
+    """The loop times at which ``store.lease_keep_alive`` is called (before faults apply)."""
+    times: list[float] = []
+    keep_alive = store.lease_keep_alive
+
+    async def recording(lease_id: int) -> float:
+        times.append(asyncio.get_running_loop().time())
+        return await keep_alive(lease_id)
+
+    store.lease_keep_alive = recording  # type: ignore[method-assign]
+    return times
+
+
+@virtual_test
+async def test_a_keeper_retries_at_a_quarter_of_the_time_left_then_renews_on_schedule() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        times = _record_keep_alives(store)
+        start = asyncio.get_running_loop().time()
+        async with LeaseKeeper(store, 12) as keeper:  # renews every 4 s
+            await asyncio.sleep(3.9)
+            store.partition()
+            await asyncio.sleep(3.0)
+            store.heal()
+            await asyncio.sleep(5.0)
+            stats = keeper.statistics()
+            # 4: fails (8 s left: retry in 2), 6: fails (6 left: in 1.5), 7.5: renewed, 11.5
+            assert [t - start for t in times] == [4.0, 6.0, 7.5, 11.5]
+            assert stats == LeaseKeeperStatistics(keeper.id, 12.0, 2, 2, start + 11.5, False)
+
+
+async def _lost(keeper: LeaseKeeper, within: float) -> str:
+    with anyio.fail_after(within):
+        error = await keeper.wait_lost()
+    assert keeper.lost
+    assert keeper.error is error
+    return str(error)
+
+
+@virtual_test
+async def test_a_keeper_says_exactly_why_its_lease_was_lost() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        async with LeaseKeeper(store, 3) as keeper:
+            await store.expire_lease(keeper.id)
+            assert await _lost(keeper, 2) == f"lease {keeper.id:#x} lost: expired or revoked"
+        async with LeaseKeeper(store, 3) as keeper:
+            store.hang("lease_keep_alive")
+            reason = await _lost(keeper, 4)
+            assert reason == f"lease {keeper.id:#x} lost: store unreachable for the whole TTL (3s)"
+            store.release()
+        async with LeaseKeeper(store, 3) as keeper:
+            store.partition()
+            reason = await _lost(keeper, 4)
+            assert reason == (
+                f"lease {keeper.id:#x} lost: store unreachable for the whole TTL "
+                "(injected partition (client: lease_keep_alive))"
+            )
+            store.heal()
+        async with LeaseKeeper(store, 6, renew_deadline=2.5) as keeper:
+            store.hang("lease_keep_alive")
+            reason = await _lost(keeper, 3)
+            expected = f"lease {keeper.id:#x} lost: not renewed within the renew deadline (2.5s)"
+            assert reason == expected
+            assert asyncio.get_running_loop().time() - keeper.statistics().last_renewal == 2.5
+            store.release()
+        async with LeaseKeeper(store, 9, keep_alive_interval=1, renew_deadline=2.5) as keeper:
+            store.partition()
+            reason = await _lost(keeper, 3)
+            assert reason.startswith(
+                f"lease {keeper.id:#x} lost: store unreachable for the whole renew deadline ("
+            )
+            store.heal()
+        async with LeaseKeeper(store, 3) as keeper:
+            store.fail_next("lease_keep_alive", RuntimeError("boom"))
+            reason = await _lost(keeper, 2)
+            assert reason == f"lease {keeper.id:#x} lost: keep-alive failed: RuntimeError: boom"
+            assert isinstance(keeper.error.__cause__, RuntimeError)  # type: ignore[union-attr]
+            assert keeper.statistics().failed_renewals == 1
+        async with LeaseKeeper(store, 3) as keeper:
+            store.hang("lease_keep_alive")
+            await asyncio.sleep(1.5)  # the first renewal is in flight, hung
+            assert keeper._task is not None
+            keeper._task.cancel()
+            reason = await _lost(keeper, 1)
+            assert reason == f"lease {keeper.id:#x} lost: the keep-alive task was cancelled"
+            store.release()
+    async with MemoryStore() as closing:
+        keeper = LeaseKeeper(closing, 3)
+        await keeper.start()
+        closing.engine.close()
+        assert await _lost(keeper, 2) == f"lease {keeper.id:#x} lost: the store was closed"
+        await keeper.aclose()
+
+
+def test_a_keeper_refuses_intervals_that_cannot_work() -> None:
+    store = MemoryStore()
+    cases = [
+        (
+            {"keep_alive_interval": 5},
+            "keep_alive_interval (5.0s) must be shorter than the ttl (5.0s)",
+        ),
+        ({"renew_deadline": 6}, "renew_deadline (6.0s) must be shorter than the ttl (5.0s)"),
+        (
+            {"keep_alive_interval": 2, "renew_deadline": 2},
+            "renew_deadline (2.0s) must be longer than the keep_alive_interval (2.0s)",
+        ),
+    ]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            LeaseKeeper(store, 5, **options)
+    LeaseKeeper(store, 5, keep_alive_interval=4.9, renew_deadline=4.95)
+    with pytest.raises(ValueError, match=r"^renew_deadline must be a finite number"):
+        LeaseKeeper(store, 5, renew_deadline=0)
+
+
+@virtual_test
+async def test_a_keeper_once_lost_reports_it_at_once_to_late_callers() -> None:
+    async with MemoryStore() as store:
+        keeper = LeaseKeeper(store, 3)
+        with pytest.raises(RuntimeError, match=r"^the lease keeper has not started$"):
+            _ = keeper.id
+        async with keeper:
+            with pytest.raises(RuntimeError, match=r"^the lease keeper has already started$"):
+                await keeper.start()
+            await store.lease_revoke(keeper.id)
+            error = await _lost(keeper, 2)
+            seen: list[LeaseExpiredError] = []
+            keeper.on_lost(seen.append)
+            assert [str(e) for e in seen] == [error]
+            assert str(await keeper.wait_lost()) == error
+            ran = False
+
+            async def guarded() -> None:
+                nonlocal ran
+                with keeper.guard():
+                    await asyncio.sleep(0)
+                    ran = True
+
+            with pytest.raises(LeaseExpiredError):
+                await guarded()
+            assert not ran
+
+
+@virtual_test
+async def test_a_keeper_closed_without_revoking_leaves_the_lease_to_its_ttl() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 30)
+        await keeper.start()
+        await store.put("k", b"v", lease=keeper.id)
+        await keeper.aclose(revoke=False)
+        await keeper.aclose()  # closing twice does nothing
+        assert (await store.lease_time_to_live(keeper.id)).keys == ("k",)
+        other = LeaseKeeper(store, 30)
+        await other.start()
+        store.fail_next("lease_revoke", StoreConnectionError("down"))
+        await other.aclose()  # the revoke failed: logged, not raised; the lease expires later
+        assert (await store.lease_time_to_live(other.id)).id == other.id
