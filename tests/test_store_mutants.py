@@ -1057,3 +1057,47 @@ async def test_a_keeper_closed_without_revoking_leaves_the_lease_to_its_ttl() ->
         store.fail_next("lease_revoke", StoreConnectionError("down"))
         await other.aclose()  # the revoke failed: logged, not raised; the lease expires later
         assert (await store.lease_time_to_live(other.id)).id == other.id
+
+
+@virtual_test
+async def test_compaction_fails_only_watchers_that_had_not_read_what_it_drops() -> None:
+    """A compaction up to a watcher's first unread event (kept), or past events it has read,
+    loses it nothing: scanning or tracked, it reads on. Past an unread one, it fails."""
+    engine = MemoryEngine()
+    for i in range(3):
+        engine.put("a", b"%d" % i)
+    scanning = engine.add_watcher("a", 2, owner=None)  # its first unread event is revision 2
+    tracked = engine.add_watcher("a", None, owner=None)
+    caught_up = engine.add_watcher("a", None, owner=None)
+    engine.put("a", b"3")  # revision 4: the first unread event of both tracked watchers
+    assert [e.revision for e in engine.read_events(caught_up)] == [4]
+    engine.compact(2)  # up to (not past) the scanning watcher's first unread event
+    assert [e.revision for e in engine.read_events(scanning)] == [2, 3, 4]
+    engine.compact(4)  # up to the tracked watcher's first unread event; caught_up read it
+    assert [e.revision for e in engine.read_events(tracked)] == [4]
+    engine.put("a", b"5")
+    assert [e.revision for e in engine.read_events(caught_up)] == [5]
+    engine.compact(5)
+    for watcher in (scanning, tracked):
+        assert [e.revision for e in engine.read_events(watcher)] == [5]
+    engine.put("a", b"6")
+    engine.put("b", b"7")
+    assert [e.revision for e in engine.read_events(caught_up)] == [6]
+    engine.compact(7)  # tracked had not read 6
+    with pytest.raises(CompactedError) as info:
+        engine.read_events(tracked)
+    assert (info.value.requested_revision, info.value.compact_revision) == (6, 7)
+    engine.close()
+
+
+@virtual_test
+async def test_restore_refuses_any_engine_that_is_not_fresh() -> None:
+    state = EngineState(0, 0, (KeyValue("k", b"v", 1, 1, 1),), (), {}, 0)
+    loaded = MemoryEngine()
+    loaded.restore(state)  # keys and nothing else (a snapshot of revision 0, oddly)
+    replayed = MemoryEngine()
+    replayed.restore_commit(Commit(5, ()))  # a revision and nothing else
+    for engine in (loaded, replayed):
+        with pytest.raises(RuntimeError, match=r"^restore\(\) needs a fresh engine$"):
+            engine.restore(state)
+        engine.close()
