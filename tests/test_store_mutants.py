@@ -1101,3 +1101,27 @@ async def test_restore_refuses_any_engine_that_is_not_fresh() -> None:
         with pytest.raises(RuntimeError, match=r"^restore\(\) needs a fresh engine$"):
             engine.restore(state)
         engine.close()
+
+
+@virtual_test
+async def test_a_lost_watcher_is_told_its_first_unread_revision_and_counted() -> None:
+    """A tracked watcher's error names the first event under its prefix it had not read, not
+    the end of the log when it last read; the compaction counts the watchers it looked at."""
+    engine = MemoryEngine()
+    engine.put("a", b"0")
+    tracked = engine.add_watcher("a", None, owner=None)
+    scanning = engine.add_watcher("a", 1, owner=None)
+    engine.put("b", b"1")  # revision 2, not under "a"
+    engine.put("a", b"2")  # revision 3: the tracked watcher's first unread event
+    engine.put("b", b"3")
+    before = engine.work().watcher_visits
+    engine.compact(4)
+    # one scanning watcher, and both it and the tracked one lost
+    assert engine.work().watcher_visits == before + 1 + 2
+    with pytest.raises(CompactedError) as info:
+        engine.read_events(tracked)
+    assert (info.value.requested_revision, info.value.compact_revision) == (3, 4)
+    with pytest.raises(CompactedError) as info:
+        engine.read_events(scanning)
+    assert info.value.requested_revision == 1
+    engine.close()
