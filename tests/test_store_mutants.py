@@ -5,6 +5,7 @@ virtual time where anything waits."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import re
 from collections.abc import Callable
@@ -1124,4 +1125,37 @@ async def test_a_lost_watcher_is_told_its_first_unread_revision_and_counted() ->
     with pytest.raises(CompactedError) as info:
         engine.read_events(scanning)
     assert info.value.requested_revision == 1
+    engine.close()
+
+
+@virtual_test
+async def test_a_write_reaches_every_watcher_of_its_prefixes_when_more_prefixes_than_chars() -> (
+    None
+):
+    """With more distinct watched prefixes than the key has characters, a write looks its own
+    prefixes up (the whole key and the empty prefix included): each such watcher gets it once,
+    the others nothing."""
+    engine = MemoryEngine()
+    watchers = {p: engine.add_watcher(p, None, owner=None) for p in ("", "k", "kx", "x", "y")}
+    engine.put("k", b"1")
+    got = {p: [e.kv.key for e in engine.read_events(w)] for p, w in watchers.items()}
+    assert got == {"": ["k"], "k": ["k"], "kx": [], "x": [], "y": []}
+    engine.close()
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+
+
+@virtual_test
+async def test_a_lease_expires_in_no_callers_context() -> None:
+    """The expiry's hooks (a log, metrics) do not run in the context of whoever granted it."""
+    engine = MemoryEngine()
+    seen: list[str] = []
+    engine.on_lease.append(lambda change: seen.append(_REQUEST.get()))
+    _REQUEST.set("grant-request")
+    lease = engine.lease_grant(1.0)
+    engine.put("k", b"v", lease.id)
+    await asyncio.sleep(1.5)
+    assert engine.leases() == []
+    assert seen == ["grant-request", "none"]  # the grant's own hook, then the expiry's
     engine.close()
