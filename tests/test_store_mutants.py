@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from aioelastic.errors import (
     CompactedError,
     LeaseExpiredError,
+    StoreClosedError,
     StoreConnectionError,
     TxnConflictError,
     TxnTooLargeError,
@@ -52,7 +53,7 @@ from aioelastic.store._args import check_int, check_key, check_prefix, check_val
 from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
-from aioelastic.store.memory import Commit, EngineState
+from aioelastic.store.memory import Commit, EngineState, LeaseChange
 from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
@@ -1159,3 +1160,19 @@ async def test_a_lease_expires_in_no_callers_context() -> None:
     assert engine.leases() == []
     assert seen == ["grant-request", "none"]  # the grant's own hook, then the expiry's
     engine.close()
+
+
+@virtual_test
+async def test_a_closed_engine_says_so_and_expires_nothing_after() -> None:
+    engine = MemoryEngine()
+    ended: list[LeaseChange] = []
+    engine.on_lease.append(ended.append)
+    lease = engine.lease_grant(1.0)
+    assert lease.id == 1  # ids count from 1 (0 is "no lease")
+    engine.put("k", b"v", lease.id)
+    engine.close()
+    await asyncio.sleep(2.0)  # past the TTL: the timer was stopped with the engine
+    assert ended == [LeaseChange(1, 1.0)]  # the grant only
+    for call in (lambda: engine.get("k"), lambda: engine.export_state()):
+        with pytest.raises(StoreClosedError, match=r"^the memory store engine is closed$"):
+            call()
