@@ -1176,3 +1176,25 @@ async def test_a_closed_engine_says_so_and_expires_nothing_after() -> None:
     for call in (lambda: engine.get("k"), lambda: engine.export_state()):
         with pytest.raises(StoreClosedError, match=r"^the memory store engine is closed$"):
             call()
+
+
+@virtual_test
+async def test_an_empty_namespace_is_the_parent_and_says_what_it_watches() -> None:
+    async with MemoryStore() as parent:
+        view = parent.namespace("")
+        assert view.features == parent.features
+        for key in ("a", "b", "c"):
+            await view.put(key, b"x")
+        assert await view.range("", limit=2) == await parent.range("", limit=2)
+        lease = await view.lease_grant(10)
+        kv = await view.get("a")
+        assert kv is not None
+        swapped = await view.compare_and_swap("a", kv.mod_revision, b"y", lease=lease.id)
+        assert swapped.kv is not None
+        assert swapped.kv.lease == lease.id
+        nested = parent.namespace("n/")
+        watch = nested.watch("p/", start_revision=2)
+        assert (watch.prefix, watch.requested_revision) == ("p/", 2)
+        _, following = await nested.range_and_watch("q/")
+        async with following:
+            assert following.prefix == "q/"
