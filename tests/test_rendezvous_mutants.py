@@ -10,19 +10,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 from typing import Any
 
 import pytest
 
-from aioelastic.errors import ConfigError
+from aioelastic.errors import ConfigError, RendezvousError
 from aioelastic.rendezvous import (
     RendezvousHandler,
+    RendezvousHandlerRegistry,
     RendezvousParameters,
+    StaticRendezvousHandler,
     _backends,
     _status_cli,
     handler_registry,
+    parse_rdzv_conf,
     store_url_for,
 )
+from aioelastic.store import MemoryStore
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -75,9 +80,9 @@ def _params(backend: str = "memory", endpoint: str = "", **config: Any) -> Rende
     return RendezvousParameters(backend, endpoint, "job", 2, 2, **config)
 
 
-def _bad(key: str, call: Any, *args: Any) -> ConfigError:
+def _bad(key: str, call: Any, *args: Any, **kwargs: Any) -> ConfigError:
     with pytest.raises(ConfigError) as caught:
-        call(*args)
+        call(*args, **kwargs)
     assert caught.value.key == key
     return caught.value
 
@@ -299,3 +304,112 @@ def test_a_credential_for_another_store_is_refused(backend: str, key: str, value
         asyncio.run(_backends._open(params))
     assert caught.value.key == key
     assert caught.value.expected == _backends._CREDENTIAL_FORMS[key]
+
+
+# -- api: parameters, the registry, the handler's shared surface ----------------------------------
+
+
+def test_parse_rdzv_conf_messages() -> None:
+    assert parse_rdzv_conf(" a = 1 ,b=2=3, ") == {"a": "1", "b": "2=3"}
+    error = _bad("rdzv_conf", parse_rdzv_conf, "a=1, k= ")
+    assert (error.value, error.expected) == ("k=", "key=value pairs separated by ','")
+    with pytest.raises(TypeError, match=r"^rdzv_conf must be a str, got int$"):
+        parse_rdzv_conf(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        ((3, "", "job", 1, 1), ValueError, "^backend must be a non-empty string$"),
+        (("m", 3, "job", 1, 1), TypeError, "^endpoint must be a str, got int$"),
+        (("m", "", "", 1, 1), ValueError, "run_id"),
+        (("m", "", "job", True, 1), TypeError, "^min_nodes must be an int, got bool$"),
+        (("m", "", "job", 1, 1.0), TypeError, "^max_nodes must be an int, got float$"),
+        (("m", "", "job", 0, 1), ValueError, r"^min_nodes must be >= 1, got 0$"),
+        (("m", "", "job", 3, 2), ValueError, r"^max_nodes \(2\) must be >= min_nodes \(3\)$"),
+    ],
+)
+def test_parameters_name_what_is_wrong(args: tuple[Any, ...], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        RendezvousParameters(*args)
+
+
+def test_parameters_keep_every_argument_and_redact_their_repr() -> None:
+    params = RendezvousParameters.from_rdzv_conf(
+        "etcd", "etcd://u:pw@h:1", "job", 1, 3, "token=x,n=1", local_addr="10.0.0.2"
+    )
+    assert (params.backend, params.endpoint, params.run_id) == ("etcd", "etcd://u:pw@h:1", "job")
+    assert (params.min_nodes, params.max_nodes, params.local_addr) == (1, 3, "10.0.0.2")
+    assert params.config == {"token": "x", "n": "1"}
+    assert RendezvousParameters.from_rdzv_conf("m", "", "job", 1, 1).config == {}
+    text = repr(RendezvousParameters("m", "http://u:pw@h:1", "job", 1, 2, url="http://a:pw@b", n=1))
+    assert "pw" not in text
+    assert text.startswith("RendezvousParameters(backend='m', endpoint='http://u:")
+    assert text.endswith(
+        ", run_id='job', min_nodes=1, max_nodes=2, config={'url': 'http://a:***@b', 'n': 1})"
+    )
+
+
+def test_get_and_the_typed_getters_defaults() -> None:
+    params = RendezvousParameters("m", "", "job", 1, 1, n=" 7 ", s=" 2.5 ", i=3, f=0.5, z=0)
+    assert (params.get("n"), params.get("x"), params.get("x", 4)) == (" 7 ", None, 4)
+    assert params.get_as_bool("x") is None
+    assert params.get_as_bool("x", True) is True
+    assert params.get_as_int("n") == 7
+    assert params.get_as_int("i") == 3
+    assert params.get_as_int("x") is None
+    assert params.get_as_seconds("s") == 2.5
+    assert params.get_as_seconds("i") == 3.0
+    assert params.get_as_seconds("f") == 0.5
+    assert params.get_as_seconds("x") is None
+    assert params.get_as_seconds("x", 4) == 4.0
+    assert params.get_as_seconds("z", allow_zero=True) == 0.0
+    assert _bad("n", params.get_as_bool, "n").expected == (
+        "a boolean: 1/true/t/yes/y or 0/false/f/no/n"
+    )
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "1.5", [1]])
+def test_get_as_int_refuses(value: Any) -> None:
+    params = RendezvousParameters("m", "", "job", 1, 1, k=value)
+    assert _bad("k", params.get_as_int, "k").expected == "an integer"
+
+
+@pytest.mark.parametrize(
+    ("value", "allow_zero"),
+    [(True, False), (False, True), ([1], False), ("x", True), ("nan", False), (math.inf, True),
+     (-1, True), ("-0.5", True), (0, False), ("0", False)],
+)  # fmt: skip
+def test_get_as_seconds_refuses(value: Any, allow_zero: bool) -> None:
+    params = RendezvousParameters("m", "", "job", 1, 1, k=value)
+    error = _bad("k", params.get_as_seconds, "k", None, allow_zero=allow_zero)
+    form = "a number of seconds >= 0" if allow_zero else "a number of seconds > 0"
+    assert (error.value, error.expected) == (value, form)
+
+
+def test_registry_messages() -> None:
+    registry = RendezvousHandlerRegistry()
+
+    async def creator(params: RendezvousParameters) -> RendezvousHandler:
+        return StaticRendezvousHandler(MemoryStore(), params.run_id, 0, 1, local_addr="h")
+
+    for bad in ("", 3):
+        with pytest.raises(ValueError, match=r"^backend must be a non-empty string$"):
+            registry.register(bad, creator)  # type: ignore[arg-type]
+    registry.register("b", creator)
+    registry.register("a", creator)
+    assert registry.backends() == ["a", "b"]
+    with pytest.raises(ValueError, match=r"^the rendezvous backend 'a' is already registered"):
+        registry.register("a", _backends._create_static)
+
+    async def body() -> None:
+        with pytest.raises(
+            ValueError, match=r"^unknown rendezvous backend 'c' \(registered: a, b\)$"
+        ):
+            await registry.create_handler(RendezvousParameters("c", "", "job", 1, 1))
+        with pytest.raises(
+            RendezvousError, match=r"^the handler created for 'a' reports backend 'static'$"
+        ):
+            await registry.create_handler(RendezvousParameters("a", "", "job", 1, 1))
+
+    asyncio.run(body())
