@@ -256,8 +256,8 @@ def test_static_options_defaults_and_each_key() -> None:
 def test_static_options_name_the_bad_key(
     nodes: tuple[int, int], rank: str | None, key: str, expected: str
 ) -> None:
-    config = {} if rank is None else {"rank": rank}
-    params = RendezvousParameters("static", "", "job", *nodes, **config)
+    config: dict[str, Any] = {} if rank is None else {"rank": rank}
+    params = RendezvousParameters("static", "", "job", nodes[0], nodes[1], **config)
     error = _bad(key, _backends._static_options, params)
     assert error.expected == expected
     if key == "nnodes":
