@@ -15,11 +15,22 @@ from typing import Any
 
 import pytest
 
-from aioelastic.errors import ConfigError, RendezvousError
+from aioelastic.errors import (
+    ConfigError,
+    LeaseExpiredError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    StoreClosedError,
+)
 from aioelastic.rendezvous import (
+    RendezvousEventKind,
     RendezvousHandler,
     RendezvousHandlerRegistry,
     RendezvousParameters,
+    RendezvousStatus,
+    RendezvousStoreInfo,
     StaticRendezvousHandler,
     _backends,
     _status_cli,
@@ -27,7 +38,9 @@ from aioelastic.rendezvous import (
     parse_rdzv_conf,
     store_url_for,
 )
-from aioelastic.store import MemoryStore
+from aioelastic.rendezvous._state import NodeRecord, RoundRecord, RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.testing import run_virtual, virtual_test
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -413,3 +426,256 @@ def test_registry_messages() -> None:
             await registry.create_handler(RendezvousParameters("a", "", "job", 1, 1))
 
     asyncio.run(body())
+
+
+# -- the static handler ---------------------------------------------------------------------------
+
+
+def _static(
+    engine: MemoryEngine, rank: int, world: int = 2, **options: Any
+) -> StaticRendezvousHandler:
+    options.setdefault("local_addr", f"host{rank}")
+    options.setdefault("lease_ttl", 6.0)
+    return StaticRendezvousHandler(MemoryStore(engine), "job", rank, world, **options)
+
+
+@pytest.mark.parametrize(
+    ("args", "options", "error", "message"),
+    [
+        ((True, 2), {}, TypeError, "^rank must be an int, got bool$"),
+        ((0, 2.0), {}, TypeError, "^world_size must be an int, got float$"),
+        ((0, 0), {}, ValueError, "^world_size must be >= 1, got 0$"),
+        ((-1, 2), {}, ValueError, r"^rank must be in 0\.\.1, got -1$"),
+        ((2, 2), {}, ValueError, r"^rank must be in 0\.\.1, got 2$"),
+        ((0, 1), {"join_timeout": 0}, ValueError, "^join_timeout must be > 0 seconds, got 0$"),
+        ((0, 1), {"master_port": 0}, ValueError, r"^master_port must be in 1\.\.65535, got 0$"),
+        ((0, 1), {"master_port": 65536}, ValueError, "got 65536$"),
+    ],
+)
+def test_static_handler_names_a_bad_argument(
+    args: tuple[Any, Any], options: dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        StaticRendezvousHandler(MemoryStore(), "job", *args, local_addr="h", **options)
+
+
+def test_static_handler_accepts_the_edges() -> None:
+    h = StaticRendezvousHandler(MemoryStore(), "job", 1, 2, master_port=65535, backend="mine")
+    assert (h.get_backend(), h.run_id, h.node_name(3)) == ("mine", "job", "rank3")
+    assert StaticRendezvousHandler(MemoryStore(), "job", 0, 1, master_port=1).get_backend() == (
+        "static"
+    )
+
+
+@virtual_test
+async def test_static_round_publishes_rank0s_address_and_the_rounds_store() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, 0, master_addr="m", master_port=7), _static(engine, 1)]
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for rank, r in enumerate(results):
+        assert (r.run_id, r.round, r.rank, r.world_size) == ("job", 0, rank, 2)
+        assert (r.node_id, r.participants) == (f"rank{rank}", ("rank0", "rank1"))
+        assert r.bootstrap_store_info == RendezvousStoreInfo("m", 7)
+    await results[1].store.put("k", b"v")
+    kv = await MemoryStore(engine).get(RunKeys("job").data(0) + "k")
+    assert kv is not None
+    assert kv.value == b"v"
+    lease = hs[0]._keeper
+    again = await hs[0].next_rendezvous()  # its own registration, under its own lease
+    assert again.rank == 0
+    assert hs[0]._keeper is lease
+    for h in hs:
+        await h.aclose()
+    # rank 0's local address, and a free port, when nothing overrides them
+    hs = [_static(engine, 0), _static(engine, 1, master_addr="not-rank-0", master_port=9)]
+    hs[0]._keys = hs[1]._keys = RunKeys("job2")
+    results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    info = results[1].bootstrap_store_info
+    assert info.master_addr == "host0"
+    assert 0 < info.master_port < 65536
+    assert info.master_port != 9
+    for h in hs:
+        await h.aclose()
+
+
+@virtual_test
+async def test_static_rank0_counts_only_live_ranks_of_its_world() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    record = NodeRecord("x", "h", 1).encode()
+    for key in (keys.node(0, "rank3"), keys.node(0, "rank01"), keys.node(0, "rankx"),
+                keys.node(0, "x2"), keys.node(1, "rank2"), keys.root + "other"):  # fmt: skip
+        await store.put(key, record)
+    rank0 = _static(engine, 0, 3, join_timeout=50)
+    rank1 = _static(engine, 1, 3)
+    joining = asyncio.ensure_future(rank0.next_rendezvous())
+    waiting = asyncio.ensure_future(rank1.next_rendezvous())
+    await asyncio.sleep(10)
+    await rank1.aclose()  # registered, then gone before the round: not counted
+    waiting.cancel()
+    await asyncio.sleep(1)
+    await store.put(keys.node(0, "rank2"), NodeRecord("rank2", "h", 1).encode())
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await joining
+    assert str(caught.value) == (
+        "static rendezvous 'job': ranks ['rank1'] did not arrive within join_timeout=50.0s"
+    )
+    assert asyncio.get_running_loop().time() == pytest.approx(50)
+    assert rank0.status is RendezvousStatus.ACTIVE  # a timeout is not the handler's error
+    await rank0.aclose()
+    await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("record", "world"),
+    [(RoundRecord(0, 3, "h", 1, chunks=0), 3), (RoundRecord(0, 2, "h", 1, chunks=1), 2)],
+)
+def test_static_rank_refuses_a_round_record_not_of_its_world(
+    record: RoundRecord, world: int
+) -> None:
+    async def body() -> None:
+        engine = MemoryEngine()
+        store = MemoryStore(engine)
+        await store.put(RunKeys("job").round, record.encode())
+        h = _static(engine, 1)
+        with pytest.raises(RendezvousError) as caught:
+            await h.next_rendezvous()
+        assert str(caught.value) == (
+            f"static rendezvous 'job': the round record has {world} ranks, this handler expects 2"
+        )
+        assert h.status is RendezvousStatus.ERROR
+        assert h.error is caught.value
+        assert h.get_error_message() == f"RendezvousError: {caught.value}"
+        await h.aclose()
+        await store.aclose()
+
+    run_virtual(body())
+
+
+@virtual_test
+async def test_static_ranks_see_a_closed_run() -> None:
+    engine = MemoryEngine()
+    closer = _static(engine, 0)
+    await closer.set_closed()
+    for rank in (0, 1):
+        h = _static(engine, rank)
+        with pytest.raises(RendezvousClosedError, match=r"^the rendezvous 'job' is closed$"):
+            await h.next_rendezvous()
+        assert h.status is RendezvousStatus.CLOSED
+        assert await h.is_closed()
+        await h.aclose()
+    # closed while a rank waits
+    engine = MemoryEngine()
+    waiting = [asyncio.ensure_future(_static(engine, rank, 3).next_rendezvous()) for rank in (0, 1)]
+    await asyncio.sleep(5)
+    other = _static(engine, 2, 3)
+    assert not await other.is_closed()
+    assert other.status is RendezvousStatus.ACTIVE
+    await other.set_closed()
+    for task in waiting:
+        with pytest.raises(RendezvousClosedError):
+            await task
+    assert await _static(engine, 2, 3).is_closed()  # read from the store
+
+
+@virtual_test
+async def test_static_wait_for_change_reports_only_another_ranks_loss() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank, 3) for rank in range(3)]
+    with pytest.raises(RendezvousError, match=r"^wait_for_change\(\) needs a completed round"):
+        await hs[0].wait_for_change()
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "rank7"), b"x")
+    await store.delete(keys.node(0, "rank7"))  # not of this world
+    await store.put(keys.node(1, "rank2"), b"x")
+    await store.delete(keys.node(1, "rank2"))  # not round 0
+    await store.delete(keys.node(0, "rank0"))  # its own
+    await hs[2].aclose()
+    event = await hs[0].wait_for_change()
+    assert (event.kind, event.node_id, event.round) == (
+        RendezvousEventKind.PARTICIPANT_LOST,
+        "rank2",
+        0,
+    )
+    assert event.revision == (await store.range(keys.root)).revision  # the deletion's
+    await hs[1].set_closed()
+    kinds = [e.kind async for e in hs[0].events()]
+    assert kinds == [RendezvousEventKind.CLOSED]
+    assert (await hs[0].wait_for_change()).kind is RendezvousEventKind.CLOSED
+    await hs[0].aclose()
+    with pytest.raises(
+        RendezvousClosedError, match=r"^the rendezvous handler for 'job' is closed$"
+    ):
+        await hs[0].wait_for_change()
+    with pytest.raises(
+        RendezvousClosedError, match=r"^the rendezvous handler for 'job' is closed$"
+    ):
+        await hs[0].num_nodes_waiting()
+    await hs[1].aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_static_lost_lease_is_an_error_event() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    keeper = hs[0]._keeper
+    assert keeper is not None
+    store = MemoryStore(engine)
+    await store.lease_revoke(keeper.id)
+    event = await hs[0].wait_for_change()
+    assert event.kind is RendezvousEventKind.ERROR
+    assert isinstance(event.error, LeaseExpiredError)
+    assert hs[0].error is event.error
+    assert hs[0].status is RendezvousStatus.ERROR
+    again = await hs[0].wait_for_change()  # the keeper is lost: at once
+    assert (again.kind, again.error) == (RendezvousEventKind.ERROR, event.error)
+    result = await hs[0].next_rendezvous()  # a new lease, the round again; the error is gone
+    assert result.rank == 0
+    assert hs[0]._keeper is not keeper
+    assert hs[0].is_active
+    for h in hs:
+        await h.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_static_shutdown_closes_the_run_and_its_own_store() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    h = StaticRendezvousHandler(store, "job", 0, 1, local_addr="h", owns_store=True)
+    await h.next_rendezvous()
+    assert await h.num_nodes_waiting() == 0
+    assert await h.shutdown() is True
+    assert h.status is RendezvousStatus.CLOSED
+    with pytest.raises(StoreClosedError):
+        await store.get("x")  # the handler closed the store it owns
+    observer = MemoryStore(engine)
+    assert await observer.get(RunKeys("job").closed) is not None
+    assert await observer.get(RunKeys("job").node(0, "rank0")) is None  # its lease revoked
+    await h.aclose()  # again: nothing
+    kept = StaticRendezvousHandler(observer, "job2", 0, 1, local_addr="h")
+    await kept.aclose()
+    assert await observer.get("x") is None  # a store it does not own stays open
+    assert await kept.shutdown() is True  # closed already: nothing to close
+    assert await observer.get(RunKeys("job2").closed) is None
+    await observer.aclose()
+
+
+@virtual_test
+async def test_static_store_errors_become_connection_errors() -> None:
+    store = MemoryStore()
+    h = StaticRendezvousHandler(store, "job", 0, 1, local_addr="h")
+    await store.aclose()
+    with pytest.raises(RendezvousConnectionError, match=r"^next_rendezvous failed for run 'job': "):
+        await h.next_rendezvous()
+    assert isinstance(h.error, RendezvousConnectionError)
+    with pytest.raises(RendezvousConnectionError, match=r"^is_closed failed for run 'job': "):
+        await h.is_closed()
+    with pytest.raises(RendezvousConnectionError, match=r"^set_closed failed for run 'job': "):
+        await h.set_closed()
+    assert await h.shutdown() is False
