@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 import math
+import socket
+import threading
 from typing import Any
 
 import pytest
@@ -32,6 +35,7 @@ from aioelastic.rendezvous import (
     RendezvousStatus,
     RendezvousStoreInfo,
     StaticRendezvousHandler,
+    _addr,
     _backends,
     _status_cli,
     handler_registry,
@@ -679,3 +683,53 @@ async def test_static_store_errors_become_connection_errors() -> None:
     with pytest.raises(RendezvousConnectionError, match=r"^set_closed failed for run 'job': "):
         await h.set_closed()
     assert await h.shutdown() is False
+
+
+# -- this host's address --------------------------------------------------------------------------
+
+
+def test_the_lookup_thread_does_not_hold_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DNS lookup that hangs must not keep the process from exiting: a daemon thread."""
+    started, release = threading.Event(), threading.Event()
+    seen: list[threading.Thread] = []
+
+    def getfqdn() -> str:
+        seen.append(threading.current_thread())
+        started.set()
+        release.wait(30)
+        return "slow.example"
+
+    monkeypatch.setattr(socket, "getfqdn", getfqdn)
+    monkeypatch.setattr(_addr, "_lookup", None)
+    lookup = _addr.prefetch_default_addr()
+    try:
+        assert _addr.prefetch_default_addr() is lookup  # once per process
+        assert started.wait(30)
+        assert seen[0].daemon
+        assert seen[0].name == "aioelastic-getfqdn"
+        assert not lookup.done()
+    finally:
+        release.set()
+    assert lookup.result(30) == "slow.example"
+    assert _addr.default_addr() == "slow.example"
+
+
+def test_a_pending_lookup_is_awaited_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    pending: concurrent.futures.Future[str] = concurrent.futures.Future()
+    monkeypatch.setattr(_addr, "_lookup", pending)
+
+    async def body() -> str:
+        waiter = asyncio.ensure_future(_addr.looked_up_default_addr())
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        pending.set_result("later.example")
+        return await waiter
+
+    assert asyncio.run(body()) == "later.example"
+
+
+def test_free_port_is_an_ephemeral_tcp_port() -> None:
+    port = _addr.free_port()
+    assert 1024 <= port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))  # free for TCP right after
