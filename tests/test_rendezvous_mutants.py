@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
+import json
 import logging
 import math
 import socket
@@ -43,6 +45,13 @@ from aioelastic.rendezvous import (
     store_url_for,
 )
 from aioelastic.rendezvous._state import NodeRecord, RoundRecord, RunKeys
+from aioelastic.rendezvous._status import (
+    MemberStatus,
+    NodeStatus,
+    RunStatus,
+    TimerStatus,
+    format_run_status,
+)
 from aioelastic.store import MemoryEngine, MemoryStore
 from aioelastic.testing import run_virtual, virtual_test
 
@@ -733,3 +742,107 @@ def test_free_port_is_an_ephemeral_tcp_port() -> None:
     assert 1024 <= port < 65536
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))  # free for TCP right after
+
+
+# -- the status snapshot's text -------------------------------------------------------------------
+
+
+def _run_status(**changes: Any) -> RunStatus:
+    base = RunStatus(
+        run_id="job",
+        revision=42,
+        round=3,
+        members=(
+            MemberStatus(0, "node-a", True, 5.25, "10.0.0.1", False, 6.0),
+            MemberStatus(1, "b", False, None, None, True),
+        ),
+        master_addr="10.0.0.1",
+        master_port=29500,
+        forming_round=4,
+        driver="b",
+        waiting=(NodeStatus("b", "10.0.0.2", 4.0, 40, True, 6.0),),
+        standby=(),
+        closed=False,
+        closed_after_round=None,
+        reopened=False,
+        timers=(
+            TimerStatus(7, "ckpt", None, 86400.25, -1.25, "t/7/ckpt"),
+            TimerStatus("node-a:0", "train/step", 1234, 86401.0, 12.0, "t/x"),
+        ),
+        timers_prefix="t/",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_status_text_of_a_run_with_everything() -> None:
+    assert format_run_status(_run_status()).splitlines() == [
+        "run job  (store revision 42)",
+        "state: open",
+        "round: 3  nodes 2  master 10.0.0.1:29500",
+        "members:",
+        "  RANK  NODE    STATE  LEASE LEFT  ADDR      REJOINED",
+        "  0     node-a  alive  5.2s        10.0.0.1",
+        "  1     b       gone   -           -         yes",
+        "forming round: 4  driver b",
+        "waiting:",
+        "  NODE  LEASE LEFT  ADDR      MEMBER",
+        "  b     4.0s        10.0.0.2  yes",
+        "standby: none",
+        "timers (2 under t/):",
+        "  WORKER    SCOPE       PID   DEADLINE (UTC)         TIME LEFT",
+        "  7         ckpt        -     1970-01-02 00:00:00.2  overdue 1.2s",
+        "  node-a:0  train/step  1234  1970-01-02 00:00:01.0  12.0s",
+    ]
+
+
+def test_status_text_of_a_new_closed_or_reopened_run() -> None:
+    new = _run_status(
+        round=None,
+        members=(),
+        driver=None,
+        waiting=(),
+        timers=(),
+        closed=True,
+        closed_after_round=-1,
+    )
+    assert format_run_status(new).splitlines() == [
+        "run job  (store revision 42)",
+        "state: closed after round -1",
+        "round: none completed yet",
+        "forming round: 4  driver none",
+        "waiting: none",
+        "standby: none",
+        "timers: none under t/",
+    ]
+    standby = NodeStatus("c", "h", None, 41, False)
+    reopened = _run_status(
+        members=(), waiting=(), standby=(standby,), reopened=True, closed_after_round=2
+    )
+    lines = format_run_status(reopened).splitlines()
+    assert lines[1] == "state: open (reopened; closed after round 2 before)"
+    assert lines[3:10] == [
+        "members:",
+        "  RANK  NODE  STATE  LEASE LEFT  ADDR  REJOINED",
+        "forming round: 4  driver b",
+        "waiting: none",
+        "standby:",
+        "  NODE  LEASE LEFT  ADDR  MEMBER",
+        "  c     -           h",
+    ]
+
+
+def test_status_json_is_one_sorted_line() -> None:
+    text = format_run_status(_run_status(), as_json=True)
+    assert "\n" not in text
+    data = json.loads(text)
+    assert list(data) == sorted(data)
+    assert data["members"][0] == {
+        "rank": 0,
+        "node_id": "node-a",
+        "alive": True,
+        "lease_remaining": 5.25,
+        "addr": "10.0.0.1",
+        "rejoined": False,
+        "lease_ttl": 6.0,
+    }
+    assert data["timers"][1]["worker_id"] == "node-a:0"
