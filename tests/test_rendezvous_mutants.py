@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -52,7 +53,7 @@ from aioelastic.rendezvous._status import (
     TimerStatus,
     format_run_status,
 )
-from aioelastic.store import MemoryEngine, MemoryStore
+from aioelastic.store import MemoryEngine, MemoryStore, open_store
 from aioelastic.testing import run_virtual, virtual_test
 
 
@@ -97,6 +98,141 @@ def test_status_of_an_unknown_run_fails_in_one_line(capsys: pytest.CaptureFixtur
     assert err.startswith("aioelastic status: ")
     assert err.count("\n") == 1
     assert "nobody" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--timeout", "0"), "--timeout must be a number of seconds > 0, got 0.0"),
+        (("--timeout", "nan"), "--timeout must be a number of seconds > 0, got nan"),
+        (("--timers-prefix", ""), "--timers-prefix must not be empty"),
+        (
+            ("--run-id", "a/b"),
+            "--run-id must be 1-128 characters of letters, digits and '_.:@-' (no '/'), got 'a/b'",
+        ),
+        (("--run-id", "u:pw@h/x"), "--run-id must be 1-128 characters"),
+        (("--endpoint", "h:0"), "--endpoint 'h:0' is malformed: bad value for 'endpoint': "),
+        (("--endpoint", "foo://u:pw@x"), "--endpoint 'foo://u:***@x' is malformed: url "),
+        (("--token-file", "/t"), "--token-file applies to http(s) stores only"),
+        (("--endpoint", "h", "--password-file", "/p"), "--password-file applies to etcd "),
+    ],
+)
+def test_status_refuses_bad_flags_in_one_line(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    base = {"--endpoint": "memory://mutants-flags", "--run-id": "job"}
+    flags = dict(zip(argv[::2], argv[1::2], strict=True))
+    args = [item for pair in {**base, **flags}.items() for item in pair]
+    code, out, err = _status(capsys, *args)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"aioelastic status: {message}")
+    assert err.count("\n") == 1
+    assert "pw" not in err
+
+
+def test_status_says_only_its_own_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    store_log = logging.getLogger("aioelastic.store")
+    level = store_log.level
+    try:
+        _status(capsys, "--endpoint", "memory://mutants-log", "--run-id", "job")
+        assert store_log.level == logging.ERROR  # not the client's "retrying" warnings
+    finally:
+        store_log.setLevel(level)
+
+
+async def _seeded(url: str) -> StaticRendezvousHandler:
+    """A completed static round of one (rank 0 at h:7) in the shared memory store ``url``."""
+    store = await open_store(url)
+    handler = StaticRendezvousHandler(
+        store, "job", 0, 1, local_addr="h", master_port=7, owns_store=True
+    )
+    await handler.next_rendezvous()
+    return handler
+
+
+def test_status_prints_one_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "memory://mutants-once"
+
+    async def body(*argv: str) -> int:
+        handler = await _seeded(url)
+        try:
+            return await _status_cli._main(_args("--endpoint", url, "--run-id", "job", *argv))
+        finally:
+            await handler.aclose()
+
+    assert run_virtual(body("--json")) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    status = json.loads(out)
+    assert (status["round"], status["master_addr"], status["master_port"]) == (0, "h", 7)
+    assert status["timers_prefix"] == "aioelastic/run-timers/job/"
+    assert run_virtual(body("--timers-prefix", "mine/")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run job  (store revision ")
+    assert out.endswith("\ntimers: none under mine/\n")  # one frame, no blank line after it
+
+
+@pytest.mark.parametrize(
+    ("argv", "tty", "frame_end"),
+    [((), False, "\n\n"), (("--json",), False, "}\n"), ((), True, "\n")],
+)
+def test_status_watch_prints_a_frame_per_change(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: tuple[str, ...],
+    tty: bool,
+    frame_end: str,
+) -> None:
+    url = "memory://mutants-watch"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+
+    async def body() -> None:
+        handler = await _seeded(url)
+        args = _args("--endpoint", url, "--run-id", "job", "--watch", *argv)
+        watching = asyncio.ensure_future(_status_cli._main(args))
+        await asyncio.sleep(1)
+        await handler.set_closed()
+        await asyncio.sleep(1)
+        assert not watching.done()
+        watching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watching
+        await handler.aclose()
+
+    run_virtual(body())
+    out = capsys.readouterr().out
+    frames = out.split(_status_cli._CLEAR)[1:] if tty else None
+    if tty:
+        assert frames is not None
+        assert out.startswith(_status_cli._CLEAR)
+        assert len(frames) == 2
+        assert "state: closed after round 0" in frames[1]
+    elif argv:
+        lines = out.splitlines()
+        assert len(lines) == 2
+        assert [json.loads(line)["closed"] for line in lines] == [False, True]
+    else:
+        assert out.count("run job  (store revision ") == 2
+        assert "\n\nrun job" in out  # a blank line between frames
+        assert _status_cli._CLEAR not in out
+    assert out.endswith(frame_end)
+
+
+def test_status_gives_up_on_a_store_that_does_not_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store that takes the connection and never answers: the first snapshot's timeout."""
+    accepted = socket.create_server(("127.0.0.1", 0))
+    port = accepted.getsockname()[1]
+    try:
+        code, out, err = _status(
+            capsys, "--endpoint", f"127.0.0.1:{port}", "--run-id", "job", "--timeout", "0.5"
+        )
+    finally:
+        accepted.close()
+    assert (code, out) == (2, "")
+    url = f"http://127.0.0.1:{port}"
+    assert err == f"aioelastic status: no answer from the store at {url} within 0.5s\n"
 
 
 # -- the built-in backends' configuration ---------------------------------------------------------
