@@ -17,6 +17,7 @@ import math
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from aioelastic.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousNotFoundError,
     RendezvousTimeoutError,
     StoreClosedError,
 )
@@ -45,16 +47,25 @@ from aioelastic.rendezvous import (
     parse_rdzv_conf,
     store_url_for,
 )
-from aioelastic.rendezvous._state import NodeRecord, RoundRecord, RunKeys
+from aioelastic.rendezvous._state import (
+    ClosedRecord,
+    DriverRecord,
+    NodeRecord,
+    RoundRecord,
+    RunKeys,
+)
 from aioelastic.rendezvous._status import (
     MemberStatus,
     NodeStatus,
     RunStatus,
     TimerStatus,
     format_run_status,
+    read_run_status,
+    watch_run_status,
 )
 from aioelastic.store import MemoryEngine, MemoryStore, open_store
 from aioelastic.testing import run_virtual, virtual_test
+from aioelastic.timer import TimerRequest, timer_key
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -982,3 +993,163 @@ def test_status_json_is_one_sorted_line() -> None:
         "lease_ttl": 6.0,
     }
     assert data["timers"][1]["worker_id"] == "node-a:0"
+
+
+# -- the status snapshot's reads ------------------------------------------------------------------
+
+
+@virtual_test
+async def test_status_reads_each_record_of_the_run() -> None:
+    store = MemoryStore()
+    keys = RunKeys("job")
+    lease = await store.lease_grant(10.0)
+    record = RoundRecord(2, 2, "m", 9, chunks=0)
+    await store.put(keys.round, record.encode())
+    await store.put(keys.node(2, "rank0"), NodeRecord("rank0", "a0", 1).encode(), lease=lease.id)
+    await store.put(keys.node(2, "rank1"), NodeRecord("rank1", "a1", 1).encode())  # no lease
+    await store.put(keys.node(1, "old"), NodeRecord("old", "o", 1).encode())  # an old round's
+    await store.put(keys.node(3, "late"), NodeRecord("late", "l", 1).encode(), lease=lease.id)
+    await store.put(keys.node(3, "early"), NodeRecord("early", "e", 1).encode())
+    await store.put(keys.driver, DriverRecord(2, "stale").encode())  # not the forming round's
+    await store.put(keys.closed, ClosedRecord(1, reopened=True).encode())
+    await asyncio.sleep(4)
+    status = await read_run_status(store, "job")
+    assert (status.run_id, status.round, status.forming_round) == ("job", 2, 3)
+    assert (status.master_addr, status.master_port, status.driver) == ("m", 9, None)
+    assert (status.closed, status.closed_after_round, status.reopened) == (False, 1, True)
+    assert status.members == (
+        MemberStatus(0, "rank0", True, 6.0, "a0", False, 10.0),
+        MemberStatus(1, "rank1", True, None, "a1", False, None),
+    )
+    assert status.waiting == ()  # the round is intact: the registered nodes stand by
+    assert [(n.node_id, n.lease_remaining, n.lease_ttl, n.member) for n in status.standby] == [
+        ("late", 6.0, 10.0, False),
+        ("early", None, None, False),
+    ]  # in registration order
+    assert status.standby[0].registered_revision < status.standby[1].registered_revision
+    assert status.revision == (await store.range(keys.root)).revision
+    # a member re-registers: the round is no longer intact, the others wait
+    await store.put(keys.node(3, "rank1"), NodeRecord("rank1", "a1", 1).encode())
+    await store.put(keys.driver, DriverRecord(3, "late").encode())
+    await store.put(keys.closed, ClosedRecord(2).encode())
+    status = await read_run_status(store, "job")
+    assert status.members[1].rejoined
+    assert not status.members[0].rejoined
+    assert status.standby == ()
+    assert [n.node_id for n in status.waiting] == ["late", "early", "rank1"]
+    assert status.waiting[2].member
+    assert (status.driver, status.closed, status.closed_after_round) == ("late", True, 2)
+    assert status.reopened is False
+    # a member gone, its lease revoked: gone, and its candidates wait
+    await store.delete(keys.node(3, "rank1"))
+    await store.lease_revoke(lease.id)
+    status = await read_run_status(store, "job")
+    assert status.members[0] == MemberStatus(0, "rank0", False, None, None, False, None)
+    assert [n.node_id for n in status.waiting] == ["early"]
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_of_a_run_with_no_round_yet() -> None:
+    store = MemoryStore()
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "b"), NodeRecord("b", "hb", 1).encode())
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    await store.put(keys.driver, DriverRecord(0, "a").encode())
+    status = await read_run_status(store, "job")
+    assert (status.round, status.members, status.master_addr, status.master_port) == (
+        None,
+        (),
+        None,
+        None,
+    )
+    assert (status.forming_round, status.driver, status.standby) == (0, "a", ())
+    assert [n.node_id for n in status.waiting] == ["b", "a"]
+    assert (status.closed, status.closed_after_round, status.reopened) == (False, None, False)
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_asks_for_each_lease_once() -> None:
+    store = MemoryStore()
+    asked: list[int] = []
+    ask = store.lease_time_to_live
+
+    async def counted(lease: int) -> Any:
+        asked.append(lease)
+        return await ask(lease)
+
+    store.lease_time_to_live = counted  # type: ignore[method-assign,assignment]
+    keys = RunKeys("job")
+    lease = await store.lease_grant(10.0)
+    await store.put(keys.round, RoundRecord(0, 1, "m", 9, chunks=0).encode())
+    await store.put(keys.node(0, "rank0"), NodeRecord("rank0", "a", 1).encode(), lease=lease.id)
+    await store.put(keys.node(1, "rank0"), NodeRecord("rank0", "a", 1).encode(), lease=lease.id)
+    status = await read_run_status(store, "job")
+    assert status.members[0].rejoined
+    assert status.waiting[0].lease_remaining == 10.0
+    assert asked == [lease.id]
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_lists_only_armed_timers_of_the_prefix() -> None:
+    store = MemoryStore()
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    prefix = "tp/"
+    soon = TimerRequest("w/1", "s 1", time.time() + 50, pid=5)
+    late = TimerRequest(2, "s", time.time() + 90)
+    await store.put(timer_key(prefix, "2", "s"), late.to_json())
+    await store.put(timer_key(prefix, "w/1", "s 1"), soon.to_json())
+    await store.put(prefix + "junk", b"not json")
+    await store.put(prefix + "wrong/key", soon.to_json())  # not where its timer lives
+    unarmed = TimerRequest(3, "s", None)
+    await store.put(timer_key(prefix, "3", "s"), unarmed.to_json())
+    status = await read_run_status(store, "job", timers_prefix=prefix)
+    assert [(t.worker_id, t.scope_id, t.pid, t.key) for t in status.timers] == [
+        ("w/1", "s 1", 5, timer_key(prefix, "w/1", "s 1")),
+        (2, "s", None, timer_key(prefix, "2", "s")),
+    ]
+    assert status.timers[0].expiration_time == soon.expiration_time
+    assert 45 < status.timers[0].time_left <= 50
+    assert status.timers_prefix == prefix
+    for bad in ("", 3):
+        with pytest.raises(ValueError, match=r"^timers_prefix must be a non-empty str, got "):
+            await read_run_status(store, "job", timers_prefix=bad)  # type: ignore[arg-type]
+    with pytest.raises(RendezvousNotFoundError, match=r"^no rendezvous state for run id 'x' in"):
+        await read_run_status(store, "x")
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_watch_yields_once_per_burst_and_waits_for_a_vanished_run() -> None:
+    store = MemoryStore()
+    keys = RunKeys("job")
+    with pytest.raises(RendezvousNotFoundError, match=r"^no rendezvous state for run id 'job'"):
+        await anext(watch_run_status(store, "job"))
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    first = await anext(snapshots)
+    assert [n.node_id for n in first.waiting] == ["a"]
+    for name in ("b", "c", "d"):  # a burst: one snapshot covers it
+        await store.put(keys.node(0, name), NodeRecord(name, "h", 1).encode())
+    burst = await anext(snapshots)
+    assert [n.node_id for n in burst.waiting] == ["a", "b", "c", "d"]
+    revision = await store.put(keys.node(0, "e"), NodeRecord("e", "h", 1).encode())
+    after = await anext(snapshots)
+    assert after.revision == revision
+    # the run's records vanish: nothing to yield, even when its timers change
+    await store.delete_prefix(keys.root)
+    timer = TimerRequest(1, "s", time.time() + 60)
+    await store.put(timer_key("tp/", "1", "s"), timer.to_json())
+    nothing = asyncio.ensure_future(anext(snapshots))
+    await asyncio.sleep(10)
+    assert not nothing.done()
+    back = await store.put(keys.node(0, "f"), NodeRecord("f", "h", 1).encode())
+    again = await nothing
+    assert [n.node_id for n in again.waiting] == ["f"]
+    assert [t.scope_id for t in again.timers] == ["s"]
+    assert again.revision == back
+    await snapshots.aclose()
+    await store.aclose()
