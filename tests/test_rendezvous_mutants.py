@@ -89,6 +89,35 @@ def test_status_defaults() -> None:
     assert (args.token_file, args.password_file, args.timers_prefix) == (None, None, None)
 
 
+def test_status_flags_parse() -> None:
+    args = _args(
+        "--endpoint", "e", "--run-id", "r", "--backend", "etcd", "--token-file", "/t",
+        "--password-file", "/p", "--timeout", "2.5", "--watch", "--json", "--timers-prefix", "x/",
+    )  # fmt: skip
+    assert (args.endpoint, args.run_id, args.backend) == ("e", "r", "etcd")
+    assert (args.token_file, args.password_file, args.timeout) == ("/t", "/p", 2.5)
+    assert (args.watch, args.json, args.timers_prefix) == (True, True, "x/")
+    for backend in ("c10d", "http", "https"):
+        assert _args("--endpoint", "e", "--run-id", "r", "--backend", backend).backend == backend
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--run-id", "r"),
+        ("--endpoint", "e"),
+        ("--endpoint", "e", "--run-id", "r", "--backend", "memory"),
+        ("--endpoint", "e", "--run-id", "r", "--timeout", "soon"),
+        ("--endpoint", "e", "--run-id", "r", "--watch", "1"),
+    ],
+)
+def test_status_flags_refused(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        _args(*argv)
+    assert caught.value.code == 2
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(
     ("endpoint", "backend", "url"),
     [
