@@ -43,6 +43,7 @@ from aioelastic.rendezvous import (
     _addr,
     _backends,
     _status_cli,
+    create_handler,
     handler_registry,
     parse_rdzv_conf,
     store_url_for,
@@ -1182,3 +1183,91 @@ async def test_status_watch_yields_once_per_burst_and_waits_for_a_vanished_run()
     assert again.revision == back
     await snapshots.aclose()
     await store.aclose()
+
+
+# -- the built-in backends' creators --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "endpoint", "config", "url"),
+    [
+        ("c10d", "h", {"token_file": "/t"}, "http://h:29400"),
+        ("https", "h", {"token_file": "/t"}, "https://h:29400"),
+        ("etcd", "h", {"username": "u", "password_file": "/p"}, "etcd://h:2379"),
+        ("c10d", "", {"store_url": "etcds://h:1", "password_file": "/p"}, "etcds://h:1"),
+        ("memory", "m", {}, "memory://m"),
+    ],
+)
+def test_open_passes_the_credentials_of_its_store(
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    endpoint: str,
+    config: dict[str, str],
+    url: str,
+) -> None:
+    opened: list[tuple[str, dict[str, str]]] = []
+
+    async def open_store(url: str, **options: str) -> Any:
+        opened.append((url, options))
+        return None
+
+    monkeypatch.setattr(_backends, "open_store", open_store)
+    params = RendezvousParameters(backend, endpoint, "job", 1, 1, **config)
+    asyncio.run(_backends._open(params))
+    assert opened == [(url, {k: v for k, v in config.items() if k != "store_url"})]
+
+
+def test_bad_values_are_named_in_the_error() -> None:
+    assert _bad("node_id", _backends._dynamic_options, _params(node_id=3)).value == 3
+    assert _bad("rank", _backends._static_options, _params("static", rank="5")).value == 5
+    assert _bad("rdzv_backend", _backends.check_params, _params("nope")).value == "nope"
+    assert _bad("endpoint", _backends._host_port, "[a]]", 1).expected == (
+        "host[:port] or [ipv6]:port"
+    )
+
+
+@pytest.mark.parametrize("backend", ["memory", "c10d", "static"])
+def test_created_handlers_report_their_backend_and_own_their_store(backend: str) -> None:
+    async def body() -> None:
+        config: dict[str, Any] = {"store_url": "memory://mutants-own", "last_call_timeout": "0"}
+        if backend == "static":
+            config["rank"] = "0"
+        params = RendezvousParameters(backend, "", "job", 1, 1, local_addr="h", **config)
+        handler = await create_handler(params)
+        assert handler.get_backend() == backend
+        await handler.next_rendezvous()
+        store = handler._store  # type: ignore[attr-defined]
+        await handler.aclose()
+        with pytest.raises(StoreClosedError):
+            await store.get("x")
+
+    run_virtual(body())
+
+
+def test_a_static_handler_with_an_address_looks_nothing_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looked_up: list[str] = []
+
+    def getfqdn() -> str:
+        looked_up.append("getfqdn")
+        return "node.example"
+
+    monkeypatch.setattr(socket, "getfqdn", getfqdn)
+    monkeypatch.setattr(_addr, "_lookup", None)
+
+    async def body(**config: str) -> str:
+        params = RendezvousParameters("static", "", "job", 1, 1, rank="0", **config)
+        handler = await create_handler(params)
+        result = await handler.next_rendezvous()
+        await handler.aclose()
+        return result.bootstrap_store_info.master_addr
+
+    assert asyncio.run(body(master_addr="m")) == "m"
+    assert looked_up == []
+    params = RendezvousParameters("static", "", "job", 1, 1, local_addr="l", rank="0")
+    handler = asyncio.run(create_handler(params))
+    asyncio.run(handler.aclose())
+    assert looked_up == []
+    assert asyncio.run(body()) == "node.example"
+    assert looked_up == ["getfqdn"]
