@@ -622,11 +622,11 @@ def test_registry_messages() -> None:
 
 
 def _static(
-    engine: MemoryEngine, rank: int, world: int = 2, **options: Any
+    engine: MemoryEngine, rank: int, world: int = 2, run_id: str = "job", **options: Any
 ) -> StaticRendezvousHandler:
     options.setdefault("local_addr", f"host{rank}")
     options.setdefault("lease_ttl", 6.0)
-    return StaticRendezvousHandler(MemoryStore(engine), "job", rank, world, **options)
+    return StaticRendezvousHandler(MemoryStore(engine), run_id, rank, world, **options)
 
 
 @pytest.mark.parametrize(
@@ -677,8 +677,10 @@ async def test_static_round_publishes_rank0s_address_and_the_rounds_store() -> N
     for h in hs:
         await h.aclose()
     # rank 0's local address, and a free port, when nothing overrides them
-    hs = [_static(engine, 0), _static(engine, 1, master_addr="not-rank-0", master_port=9)]
-    hs[0]._keys = hs[1]._keys = RunKeys("job2")
+    hs = [
+        _static(engine, 0, run_id="job2"),
+        _static(engine, 1, run_id="job2", master_addr="not-rank-0", master_port=9),
+    ]
     results = await asyncio.gather(*(h.next_rendezvous() for h in hs))
     info = results[1].bootstrap_store_info
     assert info.master_addr == "host0"
