@@ -1273,3 +1273,33 @@ def test_a_static_handler_with_an_address_looks_nothing_up(
     assert looked_up == []
     assert asyncio.run(body()) == "node.example"
     assert looked_up == ["getfqdn"]
+
+
+def test_register_builtin_backends_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = RendezvousHandlerRegistry()
+    monkeypatch.setattr(_backends, "handler_registry", registry)
+    monkeypatch.setattr(_backends, "_registered", False)
+    _backends.register_builtin_backends()
+    assert registry.backends() == ["c10d", "etcd", "http", "https", "memory", "static"]
+    creators = registry._creators
+    assert {name for name, c in creators.items() if c is _backends._create_dynamic} == {
+        "c10d",
+        "etcd",
+        "http",
+        "https",
+        "memory",
+    }
+    assert creators["static"] is _backends._create_static
+    assert _backends._registered is True
+    registry._creators.clear()
+    _backends.register_builtin_backends()  # registered already: nothing done
+    assert registry.backends() == []
+
+
+def test_every_refused_value_is_in_its_error() -> None:
+    error = _bad("keep_alive_max_attempt", _backends._lease, _params(keep_alive_max_attempt="-2"))
+    assert error.value == -2
+    with pytest.raises(ConfigError) as caught:
+        asyncio.run(_backends._open(_params("memory", token_file="/t")))
+    assert caught.value.value == "/t"
+    assert _bad("store_url", store_url_for, _params(store_url="u:pw@h")).value == "u:***@h"
