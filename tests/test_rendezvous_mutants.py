@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1303,3 +1304,24 @@ def test_every_refused_value_is_in_its_error() -> None:
         asyncio.run(_backends._open(_params("memory", token_file="/t")))
     assert caught.value.value == "/t"
     assert _bad("store_url", store_url_for, _params(store_url="u:pw@h")).value == "u:***@h"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "flag"),
+    [
+        ("http://127.0.0.1:1", "--token-file"),
+        ("https://127.0.0.1:1", "--token-file"),
+        ("etcd://u@127.0.0.1:1", "--password-file"),
+        ("etcds://u@127.0.0.1:1", "--password-file"),
+    ],
+)
+def test_status_passes_a_secret_file_to_its_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, endpoint: str, flag: str
+) -> None:
+    missing = tmp_path / "missing"
+    code, out, err = _status(
+        capsys, "--endpoint", endpoint, "--run-id", "job", flag, str(missing), "--timeout", "5"
+    )
+    assert (code, out) == (2, "")
+    assert "applies to" not in err
+    assert str(missing) in err  # the store read the file it was given
