@@ -71,10 +71,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, *, redact: bool = True) -> int:
+    """Say ``message`` on stderr (passwords in it redacted unless the caller did) and return 2."""
     from .._secrets import redact_url
 
-    print(f"aioelastic status: {redact_url(message)}", file=sys.stderr)
+    print(f"aioelastic status: {redact_url(message) if redact else message}", file=sys.stderr)
     return 2
 
 
@@ -110,6 +111,7 @@ def store_url(endpoint: str, backend: str, run_id: str) -> str:
 async def _main(args: argparse.Namespace) -> int:
     import asyncio
 
+    from .._checks import RUN_ID_FORM
     from .._secrets import redact_url
     from ..store import open_store
     from ._state import check_run_id
@@ -118,8 +120,9 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         run_id = check_run_id(args.run_id)
     except ValueError:
+        # redact the run id only: the allowed characters ':@' look like a password to redact_url
         return _fail(
-            f"--run-id must be 1-128 characters of letters, digits and '_.:@-', got {args.run_id!r}"
+            f"--run-id must be {RUN_ID_FORM}, got {redact_url(args.run_id)!r}", redact=False
         )
     try:
         url = store_url(args.endpoint, args.backend, run_id)
