@@ -264,11 +264,14 @@ def main() -> None:
             if warm:
                 warm_rows.append(_warm_row(n, warm, got["aioelastic"]))
                 print(warm_rows[-1], flush=True)
-            if not got["aioelastic"] or not (got["torch"] or args.no_torch):
+            if not got["aioelastic"]:
                 continue
             a = [g["round"] for g in got["aioelastic"]]
             torch_round, ratio = "(not run)", "(--no-torch)"
-            if not args.no_torch:
+            if not args.no_torch and not got["torch"]:
+                # every torch round failed (listed above): aioelastic's figures all the same
+                torch_round, ratio = "(failed)", "(none)"
+            elif not args.no_torch:
                 t = [g["round"] for g in got["torch"]]
                 ratios = [x / y for x, y in zip(t, a, strict=False)]
                 torch_round = _fmt(t)
