@@ -77,9 +77,21 @@ def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     printed since). Its history holds 4 N events (the N registrations of a round at once, and
     room to spare) so that no watcher falls behind a compaction and reads everything again."""
     history = str(max(10_000, 4 * n))
+    with serve_process(["--history-limit", history], _env()) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def serve_process(
+    args: list[str], env: dict[str, str], cwd: Path | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """``aioelastic serve --port 0 ARGS`` (in ``cwd``, with ``env``) until the block ends:
+    (process, URL, the lines it printed since), its output drained (a full pipe would stop the
+    server) and kept for the report; SIGTERM at the end."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aioelastic", "serve", "--port", "0", "--history-limit", history],
-        env=_env(),
+        [sys.executable, "-m", "aioelastic", "serve", "--port", "0", *args],
+        env=env,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -91,7 +103,6 @@ def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
         match = re.search(r"listening on (\S+)", first)
         if not match:
             raise RuntimeError(f"aioelastic serve did not start: {first!r}")
-        # drain its output (a full pipe would stop the server), keeping it for the report
         drain = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
         drain.start()
         yield proc, match.group(1), lines

@@ -35,12 +35,7 @@ import cProfile
 import io
 import os
 import pstats
-import re
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +46,7 @@ from aioelastic.store.http._frames import PROTOCOL_VERSIONS, REQUEST, pack
 from aioelastic.store.http._session_stream import UPGRADE, message_header
 from aioelastic.testing.http import ServerThread
 from benchmarks.rdzv_processes import _cpu_seconds
+from benchmarks.scale_http import serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("tcp", "upgrade", "hello", "lease", "watch")
@@ -188,31 +184,9 @@ def _ratios(before: Figures, after: Figures) -> None:
 def _server_process(root: Path) -> Iterator[tuple[str, Callable[[], float]]]:
     """``aioelastic serve`` from the checkout at ``root`` on a free port."""
     env = dict(os.environ, PYTHONPATH=str(root))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aioelastic", "serve", "--port", "0"],
-        env=env,
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        match = re.search(r"listening on (\S+)", first)
-        if not match:
-            raise RuntimeError(f"aioelastic serve did not start: {first!r}")
-        # drain its output (a full pipe would stop the server)
-        threading.Thread(target=lambda: list(proc.stdout or ()), daemon=True).start()
+    with serve_process([], env, cwd=root) as (proc, url, _):
         pid = proc.pid
-        yield match.group(1), lambda: _cpu_seconds(pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        yield url, lambda: _cpu_seconds(pid)
 
 
 def _profile(args: argparse.Namespace, stage: str) -> None:
