@@ -318,3 +318,25 @@ def test_the_group_head_is_the_msgpack_of_the_frame() -> None:
     [frame] = sent
     assert msgpack.unpackb(frame, raw=False)[:2] == [EVENTS_MANY, [7, 300, 2**40]]
     assert groups.pending == 0
+
+
+@pytest.mark.asyncio
+async def test_a_started_watch_reads_each_event_through_one_coroutine() -> None:
+    # (CPU per delivery: Watch.__anext__ around _next was two coroutines per event) and the
+    # semantics stay Watch.__anext__'s: events in order, a closed watch ends
+    from aioelastic.store.http.client import SessionWatch
+
+    async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
+        watch = store.watch("one/")
+        assert isinstance(watch, SessionWatch)
+        await watch.start()
+        await store.put("one/a", b"1")
+        await store.put("one/b", b"2")
+        step = watch.__anext__()
+        code = step.cr_code  # type: ignore[attr-defined]
+        assert (await step).kv.value == b"1"
+        assert code is SessionWatch._next.__code__
+        assert (await asyncio.wait_for(anext(watch), 30)).kv.value == b"2"
+        await watch.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await watch.__anext__()

@@ -364,6 +364,13 @@ class SessionWatch(Watch):
         self._client.unwatch(self)
         self._wake()
 
+    def __anext__(self) -> Coroutine[Any, Any, WatchEvent]:
+        # Once started, straight to _next: one coroutine per event, not two (Watch.__anext__'s
+        # checks are _next's own then: a closed watch ends, a failed one raises).
+        if self._started and not self._closed:
+            return self._next()
+        return super().__anext__()
+
     async def _next(self) -> WatchEvent:
         pending = self._pending
         while not pending:
