@@ -19,10 +19,11 @@ import msgpack
 
 from ...errors import CompactedError, StoreClosedError
 from .._memory_watch_hub import _Watcher
+from .._types import WatchEvent
 from ._frames import EVENTS, EVENTS_MANY, PROGRESS, WATCH_END
 
 if TYPE_CHECKING:
-    from ._session_server import Connection
+    from ._session_server import Connection, SessionHub
 
 __all__ = ["GROUP_WATCHES", "EventGroups", "ServedWatch", "events_frame", "events_head"]
 
@@ -51,22 +52,46 @@ class EventGroups:
     same events are one ``[EVENTS_MANY, [id, ...], blob]`` frame. A progress frame of a watch
     whose events wait here is held until they are out (a watch's frames stay in order)."""
 
-    __slots__ = ("_after", "_conn", "_groups", "pending")
+    __slots__ = ("_after", "_conn", "_groups", "_same", "pending")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._groups: dict[bytes, list[int]] = {}
         self._after: list[list[Any]] = []
+        #: the last watch's read: (first event, last event, count, prefix, its group's ids)
+        self._same: tuple[WatchEvent, WatchEvent, int, str, list[int]] | None = None
         #: watches grouped and not sent yet
         self.pending = 0
 
-    def add(self, wid: int, blob: bytes) -> None:
+    def add(self, wid: int, blob: bytes) -> list[int]:
+        """Group ``wid`` with the watches whose events are ``blob``; that group's ids."""
         wids = self._groups.get(blob)
         if wids is None:
-            self._groups[blob] = [wid]
+            wids = self._groups[blob] = [wid]
         else:
             wids.append(wid)
         self.pending += 1
+        return wids
+
+    def add_read(
+        self, wid: int, prefix: str, events: list[WatchEvent], hub: SessionHub, revision: int
+    ) -> None:
+        """Group ``wid``, which read ``events`` from ``prefix``: with the previous watch if it
+        read the same (the same first and last event objects, as many, from the same prefix:
+        the blob cache's own key, :class:`BlobCache`, without making it), else by its blob."""
+        same = self._same
+        if (
+            same is not None
+            and same[0] is events[0]
+            and same[1] is events[-1]
+            and same[2] == len(events)
+            and same[3] == prefix
+        ):
+            same[4].append(wid)
+            self.pending += 1
+            return
+        wids = self.add(wid, hub.blob(prefix, events, revision))
+        self._same = (events[0], events[-1], len(events), prefix, wids)
 
     def after(self, frame: list[Any]) -> None:
         """Send ``frame`` once the grouped events are out."""
@@ -79,6 +104,7 @@ class EventGroups:
             head: bytes = msgpack.packb(wids)
             conn.send_parts(_EVENTS_MANY_HEAD + head, blob)
         self._groups.clear()
+        self._same = None
         self.pending = 0
         for frame in self._after:
             conn.send(frame)
@@ -129,11 +155,11 @@ class ServedWatch:
             self._end([WATCH_END, self.wid, "closing", str(exc), {}])
             return
         if events:
-            blob = hub.blob(self.prefix, events, engine.revision)
             if groups is None:
+                blob = hub.blob(self.prefix, events, engine.revision)
                 conn.send_parts(events_head(self.wid), blob)
             else:
-                groups.add(self.wid, blob)
+                groups.add_read(self.wid, self.prefix, events, hub, engine.revision)
             self.idle = False
         if self.progress_due:
             self.progress_due = False
