@@ -11,7 +11,7 @@ separate cores) and prints:
   share both cores);
 - one put seen by 1,000 watchers: latency until the last watcher has it (median and max), the
   watchers on one session, then spread over ``--fan-sessions`` sessions (``--only fanout``
-  runs just these rows);
+  runs just these rows; ``benchmarks/fanout.py`` compares two checkouts' fan-out in one run);
 - the same operations on torch.distributed.TCPStore (C++), and the ratios.
 
 Every throughput figure is the median of ``--repeat`` runs against the same server (the runs
