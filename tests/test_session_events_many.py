@@ -340,3 +340,25 @@ async def test_a_started_watch_reads_each_event_through_one_coroutine() -> None:
         await watch.aclose()
         with pytest.raises(StopAsyncIteration):
             await watch.__anext__()
+
+
+@pytest.mark.asyncio
+async def test_a_watcher_that_does_not_read_stalls_no_other_watch_of_its_group() -> None:
+    async with (
+        HttpStoreServer(port=0) as server,
+        open_store(server.url) as writer,
+        open_store(server.url) as reader,
+    ):
+        slow = reader.watch("s/")
+        others = [reader.watch("s/") for _ in range(100)]
+        await asyncio.gather(slow.start(), *(w.start() for w in others))
+        values = [str(i).encode() for i in range(50)]
+        for value in values:
+            await writer.put("s/k", value)  # the slow watch is in every group, and reads nothing
+        for watch in others:
+            got = [await asyncio.wait_for(anext(watch), 30) for _ in values]
+            assert [e.kv.value for e in got] == values
+        got = [await asyncio.wait_for(anext(slow), 30) for _ in values]  # all of it, in order
+        assert [e.kv.value for e in got] == values
+        for watch in [slow, *others]:
+            await watch.aclose()
