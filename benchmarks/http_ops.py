@@ -11,7 +11,7 @@ separate cores) and prints:
   share both cores);
 - one put seen by 1,000 watchers: latency until the last watcher has it (median and max), the
   watchers on one session, then spread over ``--fan-sessions`` sessions (``--only fanout``
-  runs just these rows);
+  runs just these rows; ``benchmarks/fanout.py`` compares two checkouts' fan-out in one run);
 - the same operations on torch.distributed.TCPStore (C++), and the ratios.
 
 Every throughput figure is the median of ``--repeat`` runs against the same server (the runs
@@ -245,15 +245,23 @@ async def fan_out(
             for i in range(0, watchers, 100):
                 await asyncio.gather(*(w.start() for w in watches[i : i + 100]))
             latencies = []
+            window = 0.0
             with CpuMeter(pid) as cpu:
                 for r in range(rounds):
-                    latencies.append(await _one_round(writer, watches, r))
+                    seconds, spent = await _one_round(writer, watches, r)
+                    latencies.append(seconds)
+                    window += spent
             for watch in watches:
                 await watch.aclose()
     finally:
         for reader in readers:
             await reader.aclose()
-    return latencies, cpu.per_op(watchers * rounds).replace("CPU/op", "CPU/delivery")
+    deliveries = watchers * rounds
+    return latencies, (
+        f"{cpu.per_op(deliveries).replace('CPU/op', 'CPU/delivery')} (the rounds: their "
+        f"tasks' start and end included); client {window / deliveries * 1e6:.1f} us from the "
+        "put until the last watcher has it"
+    )
 
 
 def fan_out_rows(url: str, args: argparse.Namespace, pid: int, loop: str) -> None:
@@ -270,9 +278,10 @@ def fan_out_rows(url: str, args: argparse.Namespace, pid: int, loop: str) -> Non
         )
 
 
-async def _one_round(writer: Store, watches: list[Watch], r: int) -> float:
-    """Seconds from sending one put until the last of ``watches`` has received it."""
-    done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+async def _one_round(writer: Store, watches: list[Watch], r: int) -> tuple[float, float]:
+    """(seconds, this thread's CPU seconds) from sending one put until the last of
+    ``watches`` has received it."""
+    done: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
     remaining = len(watches)
 
     async def one(watch: Watch) -> None:
@@ -280,15 +289,15 @@ async def _one_round(writer: Store, watches: list[Watch], r: int) -> float:
         await watch.__anext__()
         remaining -= 1
         if remaining == 0:
-            done.set_result(time.perf_counter())
+            done.set_result((time.perf_counter(), time.thread_time()))
 
     tasks = [asyncio.ensure_future(one(w)) for w in watches]
     await asyncio.sleep(0.2)  # every watcher waiting
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     await writer.put("fan/key", str(r).encode())
-    end = await asyncio.wait_for(done, 30)
+    end, end_cpu = await asyncio.wait_for(done, 30)
     await asyncio.gather(*tasks)
-    return end - start
+    return end - start, end_cpu - cpu
 
 
 def tcpstore_server() -> Any | None:

@@ -46,7 +46,7 @@ from aioelastic.rendezvous._state import RunKeys
 from aioelastic.store import Store, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
-from aioelastic.store.http._frames import EVENTS
+from aioelastic.store.http._frames import EVENTS, EVENTS_MANY
 from benchmarks.scale import RoundFigures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +143,9 @@ class _Received:
             dispatch(conn, frame)
             if frame[0] == EVENTS:
                 self.events += len(conn._last_events)
+                self.bytes += len(frame[2])
+            elif frame[0] == EVENTS_MANY:  # (protocol version 2: the events of several watches)
+                self.events += len(conn._last_events) * len(frame[1])
                 self.bytes += len(frame[2])
 
         setattr(Connection, "_dispatch", counting)  # noqa: B010 - the instrument, on purpose

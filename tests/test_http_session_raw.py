@@ -134,8 +134,8 @@ async def test_an_old_or_unknown_protocol_version_gets_an_error_frame_then_the_e
                 await wire.send([[REQUEST, 0, "hello", {"versions": versions}]])
                 [frame] = await wire.recv()
                 assert frame[:3] == [ERROR, 0, "unsupported_version"]
-                assert "versions [1]" in frame[3]
-                assert frame[4] == {"supported": [1]}
+                assert "versions [1, 2]" in frame[3]
+                assert frame[4] == {"supported": [1, 2]}
                 assert await wire.closed()
         async with session_wire(server.url) as wire:  # not a hello at all
             await wire.send([[REQUEST, 1, "get", ["x"]]])

@@ -16,6 +16,7 @@ from ._client_requests import Requests
 from ._frames import (
     ERROR,
     EVENTS,
+    EVENTS_MANY,
     PROGRESS,
     REQUEST,
     RESULT,
@@ -208,20 +209,33 @@ class Connection(asyncio.Protocol):
             elif not entry[0].done():
                 entry[0].set_exception(Refused(frame[2], frame[3], frame[4]))
             return
+        if kind == EVENTS_MANY:  # the same events for each of these watches
+            events = self._decoded(frame[2])
+            now = self.last_received
+            watches = self.watches
+            for wid in rid:
+                watch = watches.get(wid)
+                if watch is not None:
+                    watch.on_events(events, now)
+            return
         watch = self.watches.get(rid)
         if watch is None:
             return
         if kind == EVENTS:
-            blob = frame[2]
-            if blob != self._last_blob:  # watches at one position share the decoded events
-                self._last_events = decode_events(blob)
-                self._last_blob = blob
-            watch.on_events(self._last_events)
+            watch.on_events(self._decoded(frame[2]), self.last_received)
         elif kind == PROGRESS:
             watch.on_progress(frame[2])
         elif kind == WATCH_END:
             del self.watches[rid]
             watch.on_end(self, frame[2], frame[3], frame[4])
+
+    def _decoded(self, blob: bytes) -> list[WatchEvent]:
+        """``blob``'s events, decoded once for the frames in a row that carry it (watches at one
+        position share them: events are immutable)."""
+        if blob != self._last_blob:
+            self._last_events = decode_events(blob)
+            self._last_blob = blob
+        return self._last_events
 
     def eof_received(self) -> bool | None:
         return None  # the server is done: close our end too

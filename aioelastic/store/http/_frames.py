@@ -10,7 +10,10 @@ must be the hello, ``[REQUEST, 0, "hello", {...}]``.
 Server to client: ``[RESULT, id, value]``, ``[ERROR, id, code, message, extra]``, and for a watch
 (whose id is the id of the request that opened it): ``[EVENTS, id, blob]`` (``blob``: the msgpack
 of a list of events, encoded once for every watcher at the same position),
-``[PROGRESS, id, revision]`` and ``[WATCH_END, id, code, message, extra]``.
+``[PROGRESS, id, revision]`` and ``[WATCH_END, id, code, message, extra]``. From version 2 on,
+the events that several watches of a connection read alike are one frame,
+``[EVENTS_MANY, [id, ...], blob]`` (one put seen by 1,000 watches of a session: one frame, not
+1,000); a version-1 connection gets an ``EVENTS`` frame per watch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from .._types import EventType, KeyValue, LeaseStatus, RangeResult, WatchEvent
 __all__ = [
     "ERROR",
     "EVENTS",
+    "EVENTS_MANY",
+    "EVENTS_MANY_VERSION",
     "PROGRESS",
     "PROTOCOL_VERSIONS",
     "REQUEST",
@@ -47,7 +52,9 @@ __all__ = [
 ]
 
 #: Versions of the session protocol this package speaks, newest last.
-PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+PROTOCOL_VERSIONS: tuple[int, ...] = (1, 2)
+#: The first version whose server sends :data:`EVENTS_MANY` frames.
+EVENTS_MANY_VERSION = 2
 #: The route of the session endpoint (an upgrade to the session stream).
 SESSION_PATH = "/v1/session"
 
@@ -57,6 +64,8 @@ ERROR = 2
 EVENTS = 3
 PROGRESS = 4
 WATCH_END = 5
+#: ``[EVENTS_MANY, [watch, ...], blob]``: the same events for each of these watches (version 2)
+EVENTS_MANY = 6
 
 _PUT, _DELETE = 0, 1
 

@@ -17,10 +17,20 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
-from ._frames import ERROR, REQUEST, RESULT, WATCH_END, FrameError, kv_to_wire, pack, unpack_all
+from ._frames import (
+    ERROR,
+    EVENTS_MANY_VERSION,
+    REQUEST,
+    RESULT,
+    WATCH_END,
+    FrameError,
+    kv_to_wire,
+    pack,
+    unpack_all,
+)
 from ._persist import LogWriteError
 from ._session_ops import OPS, OpError, bad
-from ._session_watch import ServedWatch
+from ._session_watch import GROUP_WATCHES, EventGroups, ServedWatch
 
 if TYPE_CHECKING:
     from ._session_server import SessionHub, SessionState
@@ -72,6 +82,8 @@ class Connection:
         self.sender = sender
         self.state = state
         self.progress_interval = interval
+        #: the session protocol version of this connection (the hello's; see greet)
+        self.version = 1
         state.connection = self
         self._loop = asyncio.get_running_loop()
         self._outbox: list[bytes] = []
@@ -126,8 +138,12 @@ class Connection:
             self._finish("too_slow", "the client does not read its answers", abort=True)
 
     def _pump(self) -> None:
-        """Every watch that has something: its frames, written in chunks as they come."""
+        """Every watch that has something: its frames, written in chunks as they come (from
+        version 2 on, the watches that read the same events share a frame: EventGroups)."""
         ready, self._ready = self._ready, []
+        if self.version >= EVENTS_MANY_VERSION:
+            self._pump_grouped(ready)
+            return
         queued = 0
         for served in ready:
             before = len(self._outbox)
@@ -138,6 +154,19 @@ class Connection:
                 queued = 0
                 if self._closing:
                     return
+
+    def _pump_grouped(self, ready: list[ServedWatch]) -> None:
+        groups = EventGroups(self)
+        outbox = self._outbox
+        for served in ready:
+            served.pump(groups)
+            if groups.pending >= GROUP_WATCHES or len(outbox) >= GROUP_WATCHES:
+                groups.flush()
+                self._write_outbox()
+                if self._closing:
+                    return
+                outbox = self._outbox
+        groups.flush()
 
     def watch_ready(self, served: ServedWatch) -> None:
         """``served`` has something to send: pump it with the others (one wake-up for all)."""

@@ -218,6 +218,7 @@ class SessionHub:
             return _refuse(sender, "bad_hello", exc.message)
         state, resumed = self._session_for(fields)
         connection = Connection(self, sender, state, max(0.05, min(interval, 300.0)))
+        connection.version = max(common)
         self._connections.add(connection)
         welcome = {
             "version": max(common),

@@ -327,9 +327,10 @@ class SessionWatch(Watch):
         elif exc is None:
             self.reconnects += 1  # alive only once it delivers (a hung server answers too)
 
-    def on_events(self, decoded: list[WatchEvent]) -> None:
-        """Events from the server (``decoded`` is shared by the watches at one position)."""
-        self._alive_at = asyncio.get_running_loop().time()
+    def on_events(self, decoded: list[WatchEvent], now: float) -> None:
+        """Events from the server (``decoded`` is shared by the watches at one position), in a
+        message that arrived at loop time ``now``."""
+        self._alive_at = now
         if not decoded:
             return
         if decoded[0].kv.mod_revision < self._next_revision:  # never deliver a revision twice
@@ -338,7 +339,9 @@ class SessionWatch(Watch):
                 return
         self._pending.extend(decoded)
         self._next_revision = decoded[-1].kv.mod_revision + 1
-        self._wake()
+        waiter = self._waiter  # (_wake, inline: once per watch per event)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -360,6 +363,13 @@ class SessionWatch(Watch):
         self._client.watches.discard(self)
         self._client.unwatch(self)
         self._wake()
+
+    def __anext__(self) -> Coroutine[Any, Any, WatchEvent]:
+        # Once started, straight to _next: one coroutine per event, not two (Watch.__anext__'s
+        # checks are _next's own then: a closed watch ends, a failed one raises).
+        if self._started and not self._closed:
+            return self._next()
+        return super().__anext__()
 
     async def _next(self) -> WatchEvent:
         pending = self._pending
