@@ -404,6 +404,31 @@ async def test_a_watched_call_is_cancelled_with_its_caller() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_watch_is_created_without_a_read_task(etcd: EtcdServer) -> None:
+    """Until etcd says the watch is created, its stream is read directly (a failure cancels
+    the stream anyway); only a created watch keeps a read task (whose cancellation must not
+    cancel the stream). It made one per handshake read: a task per join's control view."""
+    dead = f"127.0.0.1:{free_port()}"  # failover: the handshake is watched for a hung member
+    loop = asyncio.get_running_loop()
+    created: list[str] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        created.append(getattr(coro, "__qualname__", type(coro).__name__))
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    async with EtcdStore([etcd.endpoints[0], dead]) as store:
+        await store.get("warm")  # connected
+        loop.set_task_factory(factory)
+        try:
+            watch = store.watch(f"created/{uuid.uuid4().hex}/", start_revision=1)
+            await watch.start()
+        finally:
+            loop.set_task_factory(None)
+        await watch.aclose()
+    assert not [name for name in created if name.endswith(".read")], created
+
+
+@pytest.mark.asyncio
 async def test_a_client_opens_a_channel_to_the_member_it_uses_only(etcd: EtcdServer) -> None:
     dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     async with EtcdStore([*etcd.endpoints, *dead]) as store:

@@ -243,6 +243,13 @@ class EtcdClient(AsyncResource):
             self.rotate(ch)  # slow or stuck: the next call tries another member
         raise self.map_error(exc, method, write=write, endpoint=ch.endpoint) from None
 
+    def watch_call(self, ch: MemberChannel, call: Any, *, leader_bound: bool) -> CallWatch | None:
+        """A :class:`CallWatch` of ``call`` on ``ch`` (None with one endpoint: it has nowhere
+        else to go, and giving up would only turn a slow write into an unknown one)."""
+        if len(self._channels.endpoints) == 1:
+            return None
+        return CallWatch(self._channels, ch, call, leader_bound=leader_bound)
+
     async def _send(
         self,
         ch: MemberChannel,
@@ -261,12 +268,7 @@ class EtcdClient(AsyncResource):
             request, timeout=timeout, metadata=metadata, wait_for_ready=False
         )
         channels = self._channels
-        # a lone endpoint has nowhere else to go: giving up would only make a slow write unknown
-        watch = (
-            None
-            if len(channels.endpoints) == 1
-            else CallWatch(channels, ch, call, leader_bound=True)
-        )
+        watch = self.watch_call(ch, call, leader_bound=True)
         try:
             response = await grpc_call(call)
         except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
