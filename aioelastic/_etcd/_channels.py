@@ -179,10 +179,7 @@ class MemberChannels:
                 continue
             if ch.generation != generation:  # taken as hung by another caller meanwhile
                 raise MemberHungError(self.hung_message(ch))
-            ping = live.ping
-            if ping is None:
-                ping = live.ping = asyncio.ensure_future(self._ping(ch))
-                ping.add_done_callback(lambda _: setattr(live, "ping", None))
+            ping = self.shared_ping(ch)
             await asyncio.wait((answer, ping), return_when=asyncio.FIRST_COMPLETED)
             if answer.done():
                 break
@@ -200,6 +197,16 @@ class MemberChannels:
             sent_term = sent_term or live.term  # nothing heard before: the first ping's term
         if not answer.cancelled() and answer.exception() is None:
             live.heard(answer.result())
+
+    def shared_ping(self, ch: MemberChannel) -> asyncio.Future[bool | None]:
+        """The ping of ``ch``'s member in flight, started if none is (one per member, shared by
+        every waiter; never cancel it: wait on it with ``asyncio.wait``)."""
+        live = ch.liveness
+        ping = live.ping
+        if ping is None:
+            ping = live.ping = asyncio.ensure_future(self._ping(ch))
+            ping.add_done_callback(lambda _: setattr(live, "ping", None))
+        return ping
 
     async def _ping(self, ch: MemberChannel) -> bool | None:
         """Whether the member answers a serializable read within ``ping_timeout``, or answers

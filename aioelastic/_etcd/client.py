@@ -27,7 +27,8 @@ from ..errors import (
     StoreTimeoutError,
     WriteOutcomeUnknownError,
 )
-from ._channels import MemberChannel, MemberChannels
+from ._call_watch import CallWatch
+from ._channels import MemberChannel, MemberChannels, grpc_call
 from ._endpoints import Endpoint, TLSConfig, parse_endpoint
 from ._errors import UNKNOWN, map_error, not_sent
 from ._liveness import CallAbandonedError, MemberHungError
@@ -242,6 +243,13 @@ class EtcdClient(AsyncResource):
             self.rotate(ch)  # slow or stuck: the next call tries another member
         raise self.map_error(exc, method, write=write, endpoint=ch.endpoint) from None
 
+    def watch_call(self, ch: MemberChannel, call: Any, *, leader_bound: bool) -> CallWatch | None:
+        """A :class:`CallWatch` of ``call`` on ``ch`` (None with one endpoint: it has nowhere
+        else to go, and giving up would only turn a slow write into an unknown one)."""
+        if len(self._channels.endpoints) == 1:
+            return None
+        return CallWatch(self._channels, ch, call, leader_bound=leader_bound)
+
     async def _send(
         self,
         ch: MemberChannel,
@@ -251,25 +259,40 @@ class EtcdClient(AsyncResource):
         metadata: tuple[tuple[str, str], ...],
     ) -> Any:
         """One attempt on ``ch``: the answer, or ``AioRpcError``, or :class:`CallAbandonedError`
-        when the member hung or the leader changed while it waited (see ``wait_answer``)."""
+        when the member hung or the leader changed while it waited (see ``_call_watch``).
+
+        The call is awaited directly, watched by one timer (no task, no ``asyncio.wait``: most
+        calls are answered before it is due)."""
         generation = ch.generation
-        rpc = asyncio.ensure_future(
-            ch.stub.methods[method](
-                request, timeout=timeout, metadata=metadata, wait_for_ready=False
-            )
+        call = ch.stub.methods[method](
+            request, timeout=timeout, metadata=metadata, wait_for_ready=False
         )
-        rpc.add_done_callback(_retrieve)
+        channels = self._channels
+        watch = self.watch_call(ch, call, leader_bound=True)
         try:
-            await self.wait_answer(ch, rpc, leader_bound=True)
+            response = await grpc_call(call)
+        except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
+            if (
+                isinstance(exc, grpc.aio.AioRpcError)
+                and exc.code() is not grpc.StatusCode.CANCELLED
+            ):
+                raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller was cancelled (grpc.aio cancelled the call with it)
+            if watch is not None and watch.verdict is not None:
+                raise watch.verdict from None
+            if self.closed:
+                raise StoreClosedError("the etcd client is closed") from None
+            if ch.generation != generation:
+                # the channel was closed under us: another caller found its member hung
+                raise MemberHungError(channels.hung_message(ch)) from None
+            raise
         finally:
-            if not rpc.done():
-                rpc.cancel()  # our caller was cancelled, or we gave up on the member
-        if self.closed and _cancelled(rpc):
-            raise StoreClosedError("the etcd client is closed")
-        if ch.generation != generation and _cancelled(rpc):
-            # the channel was closed under us: another caller found its member hung
-            raise MemberHungError(self._channels.hung_message(ch))
-        return rpc.result()
+            if watch is not None:
+                watch.close()
+        ch.liveness.heard(response)
+        return response
 
     def map_error(
         self, exc: grpc.aio.AioRpcError, method: str, *, write: bool, endpoint: Endpoint
@@ -297,16 +320,3 @@ class EtcdClient(AsyncResource):
 
     async def aclose(self) -> None:
         await self._channels.aclose()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Retrieve a finished call's outcome (an abandoned one is never reported unretrieved)."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _cancelled(future: asyncio.Future[Any]) -> bool:
-    if future.cancelled():
-        return True
-    exc = future.exception()
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.CANCELLED

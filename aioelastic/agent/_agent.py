@@ -294,7 +294,7 @@ class ElasticAgent(AsyncResource):
         """The handler given, or one made from the parameters (its events go where ours do)."""
         if self._handler is None:
             assert self._params is not None
-            self._handler = await create_handler(self._params)
+            self._handler = await create_handler(_without_roster(self._params))
             if hasattr(self._handler, "event_sink"):  # ours: it reports where the agent does
                 self._handler.event_sink = self.event_sink
         return self._handler
@@ -309,3 +309,21 @@ class ElasticAgent(AsyncResource):
         self._telemetry.emit("agent.worker_reaped", pid=pid, scope=timer.scope_id, round=self.round)
         log.warning("watchdog timer %r of worker pid %s expired: killing it", timer.scope_id, pid)
         self._signal_reaper(timer)
+
+
+def _without_roster(params: RendezvousParameters) -> RendezvousParameters:
+    """``params`` with ``participants`` off unless they set it: the agent needs no member list
+    (a restart's refund reads the round record's ``departed`` count), and reading the roster
+    costs every member O(N) bytes a round, O(N^2) in all."""
+    if "participants" in params.config:
+        return params
+    config = {**params.config, "participants": False}
+    return RendezvousParameters(
+        params.backend,
+        params.endpoint,
+        params.run_id,
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        **config,
+    )

@@ -72,15 +72,24 @@ class RunProgress:
 
     def _refund_restart(self, left: RendezvousResult, rdzv: RendezvousResult) -> None:
         """A counted restart whose next round lacks a node of the round it left was the loss's
-        consequence, not a failure of the job: give it back."""
-        lost = sorted(set(left.participants) - set(rdzv.participants))
+        consequence, not a failure of the job: give it back.
+
+        The round right after the one left says how many of its members departed (its round
+        record does, O(1) bytes for each member); only for another round (a round was missed),
+        or a record that does not say, are the two rounds' participants compared."""
+        if rdzv.round == left.round + 1 and rdzv.departed is not None:
+            lost = rdzv.departed
+            which = f"{lost} node(s)"
+        else:
+            gone = sorted(set(left.participants) - set(rdzv.participants))
+            lost, which = len(gone), "node(s) " + ", ".join(gone)
         if lost and self.restarts > 0:
             self.restarts -= 1
             log.info(
-                "round %d: node(s) %s of round %d are gone: the failure was their loss's "
+                "round %d: %s of round %d are gone: the failure was their loss's "
                 "consequence, not counted as a restart",
                 rdzv.round,
-                ", ".join(lost),
+                which,
                 left.round,
             )
 

@@ -348,7 +348,11 @@ class RoundDriver:
             Put(keys.member(self.target, node), MemberRecord(rank).encode(), current[node].lease)
             for rank, node in enumerate(members)
         ]
-        record = RoundRecord(self.target, len(members), master.addr, master.port, len(chunks))
+        kept = sum(1 for node in members if node in self._prev_ranks)
+        departed = len(self._prev_ranks) - kept  # 0 for a first round (no previous members)
+        record = RoundRecord(
+            self.target, len(members), master.addr, master.port, len(chunks), departed
+        )
         return record, [*chunks, *member_records]
 
     def _garbage(self, record: RoundRecord) -> list[TxnOp]:

@@ -478,6 +478,7 @@ def completed(
         node_id=h.node_id,
         store=h._store.namespace(h._keys.data(record.round)),
         bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
+        departed=record.departed,
     )
     h._round, h._round_record, h._result = record.round, record, result
     h._members.reset(revision)

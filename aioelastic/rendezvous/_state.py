@@ -3,7 +3,8 @@
 Everything a rendezvous writes lives under ``aioelastic/rdzv/<run_id>/``::
 
     c/round            RoundRecord   the latest completed round: its number, world size, rank 0's
-                                     address and how many roster chunks it has (no member list:
+                                     address, how many roster chunks it has and how many members
+                                     of the round before are not in it (no member list:
                                      every node watches c/), finalised by compare-and-swap on its
                                      mod_revision; never lease-bound
     c/driver           DriverRecord  which node drives the forming round (bound to its lease)
@@ -229,7 +230,10 @@ class RoundRecord:
     round, whose members are ``rank0 .. rank<world_size - 1>``).
 
     Every node of the run watches ``c/`` and receives this record: it is O(1) bytes, so a round
-    of N costs N small events, not N copies of an N-member list.
+    of N costs N small events, not N copies of an N-member list. ``departed``: how many members
+    of the round before (``round - 1``) are not in this one (0 for a first round; None where the
+    record does not say: a static round, or one written by an older version), so that a member
+    knows whether the round lost a node without reading two rosters.
     """
 
     round: int
@@ -237,11 +241,14 @@ class RoundRecord:
     master_addr: str
     master_port: int
     chunks: int
+    departed: int | None = None
 
     def encode(self) -> bytes:
-        return _dump({"v": ROUND_SCHEMA_VERSION, "kind": "round", "r": self.round,
-                      "w": self.world_size, "ma": self.master_addr, "mp": self.master_port,
-                      "c": self.chunks})  # fmt: skip
+        obj = {"v": ROUND_SCHEMA_VERSION, "kind": "round", "r": self.round, "w": self.world_size,
+               "ma": self.master_addr, "mp": self.master_port, "c": self.chunks}  # fmt: skip
+        if self.departed is not None:
+            obj["d"] = self.departed
+        return _dump(obj)
 
     @classmethod
     def decode(cls, key: str, value: bytes) -> RoundRecord:
@@ -258,6 +265,7 @@ def _decode_round(key: str, value: bytes) -> RoundRecord:
         _field_str(key, obj, "ma"),
         _field_int(key, obj, "mp", 0),
         _field_int(key, obj, "c", 0),
+        None if "d" not in obj else _field_int(key, obj, "d", 0),  # absent: an older writer's
     )
     if record.chunks > record.world_size:
         raise RendezvousStateError(

@@ -77,6 +77,9 @@ class RendezvousResult:
 
     ``participants`` are the members' node ids in rank order (``participants[rank] == node_id``);
     ``store`` is a key-value store namespaced to this run and round, shared by the members.
+    ``departed``: how many members of round ``round - 1`` are not in this round (0 for a first
+    round; None when unknown: a static round, or a round record from an older version); it is
+    in the round record every member receives, so it costs no roster read.
     """
 
     run_id: str
@@ -87,6 +90,7 @@ class RendezvousResult:
     node_id: str
     store: Store
     bootstrap_store_info: RendezvousStoreInfo
+    departed: int | None = None
 
 
 RendezvousInfo = RendezvousResult

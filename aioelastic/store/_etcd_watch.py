@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._etcd._call_watch import CallWatch
 from .._etcd._liveness import MemberHungError
 from .._etcd._rpc import grpc, rpc_pb2
 from ..errors import CompactedError, StoreAuthError, StoreConnectionError, StoreTimeoutError
@@ -21,6 +22,23 @@ if TYPE_CHECKING:
     from .etcd import EtcdStore
 
 __all__ = ["EtcdWatch"]
+
+
+async def _read_watched(call: Any, watch: CallWatch | None, channel: Any) -> Any:
+    """The next message of a stream being created; ``watch``'s verdict if it cancelled the
+    stream (its member is hung), a connection error if the channel was closed under it."""
+    try:
+        response = await call.read()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # our caller was cancelled
+        if watch is not None and watch.verdict is not None:
+            raise watch.verdict from None
+        # the channel was replaced: its member hung
+        raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: hung") from None
+    channel.liveness.heard(response)
+    return response
 
 
 def _auth_refusal(response: Any) -> bool:
@@ -92,16 +110,14 @@ class EtcdWatch(Watch):
         create = rpc_pb2.WatchCreateRequest(
             key=self._key, range_end=self._end, start_revision=self._next_revision
         )
+        # until it is created the stream is read directly (any failure cancels it): watched by
+        # one timer for a silent member (MemberHungError: the caller tries the next member)
+        watch = client.watch_call(channel, call, leader_bound=False)
         try:
             with anyio.fail_after(client.timeout):
                 await call.write(rpc_pb2.WatchRequest(create_request=create))
                 while True:
-                    read = asyncio.ensure_future(call.read())
-                    read.add_done_callback(retrieve)
-                    await client.wait_answer(channel, read)  # MemberHungError: try the next
-                    if read.cancelled():  # the channel was replaced: its member hung
-                        raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: hung")
-                    response = read.result()
+                    response = await _read_watched(call, watch, channel)
                     if response is grpc.aio.EOF:
                         raise StoreConnectionError(f"etcd Watch at {channel.endpoint}: EOF")
                     if response.created:
@@ -123,6 +139,9 @@ class EtcdWatch(Watch):
         except BaseException:
             call.cancel()
             raise
+        finally:
+            if watch is not None:
+                watch.close()
         self._call = call
         self._read = None
         self._channel = channel
