@@ -23,8 +23,18 @@ from aioelastic.errors import (
     NotLeaderError,
     StoreConnectionError,
     SyncTimeoutError,
+    WriteOutcomeUnknownError,
 )
-from aioelastic.store import CasResult, KeyValue, MemoryEngine, MemoryStore, Store
+from aioelastic.store import (
+    CasResult,
+    KeyValue,
+    MemoryEngine,
+    MemoryStore,
+    Put,
+    Store,
+    Txn,
+    TxnResult,
+)
 from aioelastic.sync import (
     Barrier,
     DoubleBarrier,
@@ -40,7 +50,13 @@ from aioelastic.sync import (
     Parameters,
     store_lock,
 )
-from aioelastic.sync._common import decode_json, default_identity, queue_name_of
+from aioelastic.sync._common import (
+    QueueEntry,
+    ResumingWatch,
+    decode_json,
+    default_identity,
+    queue_name_of,
+)
 from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # -- LeaseConfig ---------------------------------------------------------------------------------
@@ -1291,3 +1307,182 @@ def test_lease_config_errors_carry_the_value_and_the_jitter_rule() -> None:
         "more than 1.2 * retry_period (2.4s), so that a holder retries at least once before it "
         "gives up"
     )
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_waiter_watches_the_entry_before_it_not_the_contenders_behind_it() -> None:
+    # etcd's recipe: a waiter wakes when the one key ahead of it goes. Watching the whole queue
+    # would hand every waiter each contender that queues behind it: N^2 events for N waiters.
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    tokens: list[int] = []
+
+    async def contend() -> None:
+        lock = Lock(store, "L", config=CONFIG)
+        tokens.append(await lock.acquire())
+        await lock.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(contend)
+        await anyio.sleep(1)  # the first waiter watches the holder's key
+        delivered = engine.work().events_delivered
+        for _ in range(5):
+            tg.start_soon(contend)
+            await anyio.sleep(1)
+        assert engine.work().events_delivered == delivered  # nobody woken by a newcomer
+        await holder.release()
+    assert tokens == sorted(tokens)
+    assert len(tokens) == 6
+
+
+# -- QueueEntry: a lost answer, a deleted key, the reads' sizes ---------------------------------
+
+
+class _LosesTxnAnswers(MemoryStore):
+    """The next transaction's answer is lost (``WriteOutcomeUnknownError``) after it was
+    applied (``lose = "after"``) or before it reached the store (``lose = "before"``)."""
+
+    lose: str | None = None
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        lose, self.lose = self.lose, None
+        if lose == "before":
+            raise WriteOutcomeUnknownError("injected: lost before applying")
+        result = await super()._txn(txn)
+        if lose == "after":
+            raise WriteOutcomeUnknownError("injected: lost after applying")
+        return result
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_whose_queue_put_answer_was_lost_reads_back_whether_it_applied() -> None:
+    store = _LosesTxnAnswers()
+    lock = Lock(store, "L", config=CONFIG)
+    store.lose = "after"  # applied: the key read back is ours, and the lock is held
+    token = await lock.acquire()
+    (kv,) = (await store.range("L/")).kvs
+    assert (kv.create_revision, kv.lease) == (token, lock.lease.id)
+    await lock.release()
+    assert (await store.range("L/")).kvs == ()
+    store.lose = "before"  # not applied: nothing to read back, the error stands
+    with pytest.raises(WriteOutcomeUnknownError, match="lost before applying"):
+        await Lock(store, "L", config=CONFIG).acquire()
+    assert await Lock(store, "L", config=CONFIG, timeout=1).acquire() > token  # free
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_entry_whose_key_was_deleted_says_so_with_its_lease() -> None:
+    store = MemoryStore()
+    leases = [(await store.lease_grant(60)).id for _ in range(3)]
+    entries = [QueueEntry(store, "Q/", lease) for lease in leases]
+    for entry in entries:
+        await entry.create(b"")
+    mine = entries[1]
+    assert (await mine.position())[0] == entries[0].kv
+    await store.delete(mine.key)
+    wanted = rf"^lease {leases[1]:#x} lost: the queue key {re.escape(repr(mine.key))} was deleted$"
+    with pytest.raises(LeaseExpiredError, match=wanted) as info:  # the full read of the queue
+        await mine.position()
+    assert info.value.lease_id == leases[1]
+    await store.delete(entries[2].key)  # the one key left is another's: the short read says so
+    with pytest.raises(LeaseExpiredError, match=wanted):
+        await mine.position()
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_put_and_a_lone_entrys_position_read_one_key_however_long_the_queue() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    for _ in range(20):  # twenty entries ahead
+        await QueueEntry(store, "Q/", (await store.lease_grant(60)).id).create(b"")
+    entry = QueueEntry(store, "Q/", (await store.lease_grant(60)).id)
+    scanned = engine.work().keys_scanned
+    await entry.create(b"")
+    assert engine.work().keys_scanned - scanned == 1  # the head, read with the put
+    alone = QueueEntry(store, "R/", (await store.lease_grant(60)).id)
+    await alone.create(b"")
+    await alone.position()  # the read made with the put
+    scanned = engine.work().keys_scanned
+    assert await alone.position() == (None, await store.current_revision())
+    assert engine.work().keys_scanned - scanned == 1
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_waiter_keeps_waiting_after_its_watch_fell_behind_a_compaction() -> None:
+    engine = MemoryEngine()
+    admin = MemoryStore(engine)
+    waiter_store = FaultInjectingStore(MemoryStore(engine))
+    holder = Lock(admin, "L", config=CONFIG)
+    await holder.acquire()
+    got: list[int] = []
+
+    async def wait() -> None:
+        got.append(await Lock(waiter_store, "L", config=CONFIG).acquire())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.sleep(1)
+
+        async def nothing() -> None:
+            pass
+
+        await _cut_off_and_compact(waiter_store, admin, nothing)
+        await anyio.sleep(3)  # the waiter read the queue again: the holder is still there
+        assert got == []
+        await holder.release()
+    assert len(got) == 1
+
+
+@virtual_test(timeout=60)
+async def test_a_waiting_candidate_reads_nothing_when_the_leader_proclaims() -> None:
+    store = FaultInjectingStore(MemoryStore())
+    leader = Election(store, "E", config=CONFIG)
+    await leader.campaign("first")
+    terms: list[int] = []
+
+    async def campaign() -> None:
+        second = Election(store, "E", config=CONFIG)
+        terms.append((await second.campaign("second")).term)
+        await second.resign()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(campaign)
+        await anyio.sleep(1)
+        ranges = store.calls["range"]
+        for value in ("a", "b", "c"):
+            await leader.proclaim(value)  # a PUT of the key the candidate waits on
+        await anyio.sleep(1)
+        assert store.calls["range"] == ranges
+        await leader.resign()
+    assert len(terms) == 1
+
+
+# -- ResumingWatch: breaks, ends and replays -------------------------------------------------------
+
+
+@virtual_test(timeout=60)
+async def test_a_resuming_watch_rides_out_a_break_mid_revision_without_loss_or_repeats() -> None:
+    engine = MemoryEngine()
+    watcher = FaultInjectingStore(MemoryStore(engine))
+    admin = MemoryStore(engine)
+    async with ResumingWatch(watcher, "k/", "a test watch") as watch:
+        await watch.open(None)
+        await admin.txn(success=[Put("k/a", b"1"), Put("k/b", b"1")])  # one revision, two events
+        first, second = await watch.next(), await watch.next()
+        assert first is not None
+        assert second is not None
+        assert (first.kv.key, second.kv.key) == ("k/a", "k/b")
+        watcher.drop_watches()  # the stream breaks: it is watched again from that revision
+        watcher.fail_next("watch", StoreConnectionError("injected"))  # and once more
+        await admin.put("k/c", b"1")
+        third = await watch.next()  # k/a and k/b again, skipped: delivered already
+        assert third is not None
+        assert (third.kv.key, third.revision) == ("k/c", second.revision + 1)
+        assert watch._watch is not None
+        await watch._watch.aclose()  # the stream ends underneath (a server going away)
+        await admin.put("k/d", b"1")
+        fourth = await watch.next()
+        assert fourth is not None
+        assert fourth.kv.key == "k/d"
