@@ -34,6 +34,8 @@ from aioelastic.store import (
     Store,
     Txn,
     TxnResult,
+    Watch,
+    WatchEvent,
 )
 from aioelastic.sync import (
     Barrier,
@@ -1486,3 +1488,75 @@ async def test_a_resuming_watch_rides_out_a_break_mid_revision_without_loss_or_r
         fourth = await watch.next()
         assert fourth is not None
         assert fourth.kv.key == "k/d"
+
+
+class _ScriptedWatch(Watch):
+    """A memory watch whose stream fails on request, and whose closing takes a round trip (as
+    an http watch's unwatch does)."""
+
+    def __init__(self, store: _ScriptedStore, inner: Watch) -> None:
+        super().__init__(inner.prefix, inner.requested_revision)
+        self._store = store
+        self._inner = inner
+
+    @property
+    def start_revision(self) -> int:
+        return self._inner.start_revision
+
+    async def _start(self) -> None:
+        await self._inner.start()
+        self._store.open_watches += 1
+
+    async def _next(self) -> WatchEvent:
+        error, self._store.stream_error = self._store.stream_error, None
+        if error is not None:
+            raise error
+        return await self._inner.__anext__()
+
+    async def _aclose(self) -> None:
+        await anyio.sleep(0.01)
+        await self._inner.aclose()
+        self._store.open_watches -= 1
+
+
+class _ScriptedStore(MemoryStore):
+    stream_error: BaseException | None = None  # what the next read of a stream raises
+    open_watches = 0
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        return _ScriptedWatch(self, super()._watch(prefix, start_revision))
+
+
+@virtual_test(timeout=60)
+async def test_parameter_watch_replaying_its_past_fails_if_a_compaction_overtakes_its_stream() -> (
+    None
+):
+    # as above, but connected: the compaction fails the stream itself (not the watch opened
+    # again after a break)
+    engine = MemoryEngine()
+    writer = Parameters(MemoryStore(engine))
+    reader = _ScriptedStore(engine)
+    first = await writer.set("a", 1)
+    await writer.set("b", 2)
+    await writer.set("c", 3)
+    async with Parameters(reader).watch(start_revision=first) as changes:
+        with anyio.fail_after(10):
+            assert (await changes.__anext__()).name == "a"
+            now = await writer.store.current_revision()
+            await writer.store.compact(now)
+            reader.stream_error = CompactedError(first + 1, now)
+            with pytest.raises(CompactedError):
+                await changes.__anext__()
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_wait_that_times_out_closes_its_watch_on_the_store() -> None:
+    # closing a watch takes a round trip on a remote store: cut short by the timed-out wait's
+    # cancellation, it would leave the watch open on the server
+    store = _ScriptedStore()
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    with pytest.raises(SyncTimeoutError):
+        await Lock(store, "L", config=CONFIG, timeout=1).acquire()
+    assert store.open_watches == 0
+    await holder.release()
