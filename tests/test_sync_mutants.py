@@ -1560,3 +1560,18 @@ async def test_a_lock_wait_that_times_out_closes_its_watch_on_the_store() -> Non
         await Lock(store, "L", config=CONFIG, timeout=1).acquire()
     assert store.open_watches == 0
     await holder.release()
+
+
+@virtual_test(timeout=60)
+async def test_a_campaign_on_a_shared_lease_whose_queue_put_failed_raises_that_failure() -> None:
+    # the failed put left no key: the clean-up has nothing to delete, and the caller sees the
+    # store's error, not one of the clean-up's
+    store = FaultInjectingStore(MemoryStore())
+    async with CONFIG.lease(store) as shared:
+        election = Election(store, "E", lease=shared)
+        store.fail_next("txn", StoreConnectionError("injected"))
+        with pytest.raises(StoreConnectionError, match="injected"):
+            await election.campaign("me")
+        assert store.calls["compare_and_delete"] == 0
+        assert (await election.campaign("me")).term > 0
+        await election.resign()
