@@ -1575,3 +1575,19 @@ async def test_a_campaign_on_a_shared_lease_whose_queue_put_failed_raises_that_f
         assert store.calls["compare_and_delete"] == 0
         assert (await election.campaign("me")).term > 0
         await election.resign()
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_put_never_overwrites_a_key_that_exists() -> None:
+    # keys are unique by lease and a per-process number: two processes queueing on one shared
+    # lease could still meet; the put is refused rather than taking the other's place
+    store = MemoryStore()
+    lease = (await store.lease_grant(60)).id
+    first = QueueEntry(store, "Q/", lease)
+    kv = await first.create(b"first")
+    second = QueueEntry(store, "Q/", lease)
+    second.key = first.key
+    wanted = rf"^queue key {re.escape(repr(first.key))} already exists$"
+    with pytest.raises(RuntimeError, match=wanted):
+        await second.create(b"second")
+    assert await store.get(first.key) == kv
