@@ -1064,7 +1064,52 @@ parent = socket.socket(fileno=int(sys.argv[2]))
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 conn.connect(sys.argv[1])
 socket.send_fds(parent, [b"c"], [conn.fileno()])
+conn.close()  # the test's copy is the connection now
+if sys.argv[3] == "stay":
+    sys.stdin.read()  # until the test closes our stdin
 """
+
+
+async def _handed_over(
+    path: str, stay: bool
+) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A worker process connects to the server at ``path`` and hands its connection over to
+    this process (the server knows it by the worker's pid); it exits then, or, if ``stay``,
+    once its stdin is closed."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _SEND_CONNECTION,
+            path,
+            str(theirs.fileno()),
+            "stay" if stay else "go",
+            pass_fds=[theirs.fileno()],
+            stdin=asyncio.subprocess.PIPE,
+        )
+        _data, fds, _flags, _address = await asyncio.to_thread(socket.recv_fds, ours, 1, 1)
+    reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fds[0]))
+    request = TimerRequest(proc.pid, "s", time.time() + 600).to_dict()
+    writer.write(json.dumps({**request, "id": 1}).encode() + b"\n")
+    assert json.loads(await reader.readline()) == {"id": 1, "ok": True}
+    return proc, reader, writer
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_without_pidfds_a_live_worker_whose_connection_closes_is_left_alone(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(unix, "_HAVE_PIDFD", False)  # an old kernel, or not Linux
+    async with UnixTimerServer(socket_path, lambda timer: None) as server:
+        proc, _reader, writer = await _handed_over(socket_path, stay=True)
+        writer.close()
+        await eventually(lambda: not server._handlers, 30, "the connection's handler ended")
+        assert server.armed == 1  # alive: its timer stays armed
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert await proc.wait() == 0  # and the check did not signal it
 
 
 @pytest.mark.asyncio
@@ -1073,31 +1118,11 @@ async def test_without_pidfds_a_worker_gone_when_its_connection_closes_loses_its
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(unix, "_HAVE_PIDFD", False)  # an old kernel, or not Linux
-    ours, theirs = socket.socketpair()
-    try:
-        async with UnixTimerServer(socket_path, lambda timer: None) as server:
-            # a worker connects, hands its connection over to this process, and exits: the
-            # connection outlives it, and the server knows it by the worker's pid
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                _SEND_CONNECTION,
-                socket_path,
-                str(theirs.fileno()),
-                pass_fds=[theirs.fileno()],
-            )
-            assert await proc.wait() == 0
-            _data, fds, _flags, _address = socket.recv_fds(ours, 1, 1)
-            sock = socket.socket(fileno=fds[0])
-            reader, writer = await asyncio.open_unix_connection(sock=sock)
-            request = TimerRequest(proc.pid, "s", time.time() + 600).to_dict()
-            writer.write(json.dumps({**request, "id": 1}).encode() + b"\n")
-            assert json.loads(await reader.readline()) == {"id": 1, "ok": True}
-            assert server.armed == 1
-            writer.close()
-            # without a pidfd the server checks the worker when its connection closes
-            await eventually(lambda: server.armed == 0, 30, "the gone worker's timer dropped")
-            assert server.statistics().dropped == 1
-    finally:
-        ours.close()
-        theirs.close()
+    async with UnixTimerServer(socket_path, lambda timer: None) as server:
+        proc, _reader, writer = await _handed_over(socket_path, stay=False)
+        assert await proc.wait() == 0  # the worker is gone; its connection lives on here
+        assert server.armed == 1
+        writer.close()
+        # without a pidfd the server checks the worker when its connection closes
+        await eventually(lambda: server.armed == 0, 30, "the gone worker's timer dropped")
+        assert server.statistics().dropped == 1
