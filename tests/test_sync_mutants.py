@@ -1394,7 +1394,9 @@ async def test_a_queue_entry_whose_key_was_deleted_says_so_with_its_lease() -> N
 
 
 @virtual_test(timeout=60)
-async def test_a_queue_put_and_a_lone_entrys_position_read_one_key_however_long_the_queue() -> None:
+async def test_a_queue_put_and_a_position_read_the_head_alone_first_however_long_the_queue() -> (
+    None
+):
     engine = MemoryEngine()
     store = MemoryStore(engine)
     for _ in range(20):  # twenty entries ahead
@@ -1403,6 +1405,10 @@ async def test_a_queue_put_and_a_lone_entrys_position_read_one_key_however_long_
     scanned = engine.work().keys_scanned
     await entry.create(b"")
     assert engine.work().keys_scanned - scanned == 1  # the head, read with the put
+    await entry.position()  # the read made with the put, then the whole queue
+    scanned = engine.work().keys_scanned
+    await entry.position()  # read afresh: the head (one key), then the whole queue (21)
+    assert engine.work().keys_scanned - scanned == 1 + 21
     alone = QueueEntry(store, "R/", (await store.lease_grant(60)).id)
     await alone.create(b"")
     await alone.position()  # the read made with the put
