@@ -938,8 +938,9 @@ async def test_a_transport_may_say_ready_more_than_once() -> None:
         assert server.armed == 1
 
 
-@virtual_test
-async def test_closing_the_server_cancels_an_async_reaper_still_running() -> None:
+def test_closing_the_server_cancels_an_async_reaper_still_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     started = asyncio.Event()
     outcome: list[str] = []
 
@@ -951,10 +952,15 @@ async def test_closing_the_server_cancels_an_async_reaper_still_running() -> Non
             outcome.append("cancelled")
             raise
 
-    async with LocalTimerServer(reaper) as server:
-        await server.client(worker_id="w").acquire("s", 1)
-        await started.wait()
+    async def body() -> None:
+        async with LocalTimerServer(reaper) as server:
+            await server.client(worker_id="w").acquire("s", 1)
+            await started.wait()
+
+    run_virtual(body)
     assert outcome == ["cancelled"]
+    # and the server's task ended cancelled, waiting for the reaper, not by an error
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @virtual_test
