@@ -79,6 +79,15 @@ def test_for_ttl_names_the_ttl_in_its_errors() -> None:
         LeaseConfig.for_ttl("15")  # type: ignore[arg-type]
 
 
+@virtual_test(timeout=60)
+async def test_a_shared_lease_is_renewed_every_retry_period() -> None:
+    # client-go's timing: renewals every retry_period (0.5 s here), not the keeper's TTL / 3 (2 s)
+    store = FaultInjectingStore(MemoryStore())
+    async with LeaseConfig(ttl=6, renew_deadline=4, retry_period=0.5).lease(store):
+        await anyio.sleep(5.25)
+    assert store.calls["lease_keep_alive"] == 10
+
+
 # -- EventChannel --------------------------------------------------------------------------------
 
 
