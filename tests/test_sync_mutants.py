@@ -23,8 +23,20 @@ from aioelastic.errors import (
     NotLeaderError,
     StoreConnectionError,
     SyncTimeoutError,
+    WriteOutcomeUnknownError,
 )
-from aioelastic.store import CasResult, KeyValue, MemoryEngine, MemoryStore, Store
+from aioelastic.store import (
+    CasResult,
+    KeyValue,
+    MemoryEngine,
+    MemoryStore,
+    Put,
+    Store,
+    Txn,
+    TxnResult,
+    Watch,
+    WatchEvent,
+)
 from aioelastic.sync import (
     Barrier,
     DoubleBarrier,
@@ -40,7 +52,13 @@ from aioelastic.sync import (
     Parameters,
     store_lock,
 )
-from aioelastic.sync._common import decode_json, default_identity, queue_name_of
+from aioelastic.sync._common import (
+    QueueEntry,
+    ResumingWatch,
+    decode_json,
+    default_identity,
+    queue_name_of,
+)
 from aioelastic.testing import FaultInjectingStore, virtual_test
 
 # -- LeaseConfig ---------------------------------------------------------------------------------
@@ -59,6 +77,15 @@ def test_for_ttl_names_the_ttl_in_its_errors() -> None:
     assert info.value.key == "ttl"
     with pytest.raises(TypeError, match=r"^ttl must be a number of seconds, got str$"):
         LeaseConfig.for_ttl("15")  # type: ignore[arg-type]
+
+
+@virtual_test(timeout=60)
+async def test_a_shared_lease_is_renewed_every_retry_period() -> None:
+    # client-go's timing: renewals every retry_period (0.5 s here), not the keeper's TTL / 3 (2 s)
+    store = FaultInjectingStore(MemoryStore())
+    async with LeaseConfig(ttl=6, renew_deadline=4, retry_period=0.5).lease(store):
+        await anyio.sleep(5.25)
+    assert store.calls["lease_keep_alive"] == 10
 
 
 # -- EventChannel --------------------------------------------------------------------------------
@@ -1291,3 +1318,291 @@ def test_lease_config_errors_carry_the_value_and_the_jitter_rule() -> None:
         "more than 1.2 * retry_period (2.4s), so that a holder retries at least once before it "
         "gives up"
     )
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_waiter_watches_the_entry_before_it_not_the_contenders_behind_it() -> None:
+    # etcd's recipe: a waiter wakes when the one key ahead of it goes. Watching the whole queue
+    # would hand every waiter each contender that queues behind it: N^2 events for N waiters.
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    tokens: list[int] = []
+
+    async def contend() -> None:
+        lock = Lock(store, "L", config=CONFIG)
+        tokens.append(await lock.acquire())
+        await lock.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(contend)
+        await anyio.sleep(1)  # the first waiter watches the holder's key
+        delivered = engine.work().events_delivered
+        for _ in range(5):
+            tg.start_soon(contend)
+            await anyio.sleep(1)
+        assert engine.work().events_delivered == delivered  # nobody woken by a newcomer
+        await holder.release()
+    assert tokens == sorted(tokens)
+    assert len(tokens) == 6
+
+
+# -- QueueEntry: a lost answer, a deleted key, the reads' sizes ---------------------------------
+
+
+class _LosesTxnAnswers(MemoryStore):
+    """The next transaction's answer is lost (``WriteOutcomeUnknownError``) after it was
+    applied (``lose = "after"``) or before it reached the store (``lose = "before"``)."""
+
+    lose: str | None = None
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        lose, self.lose = self.lose, None
+        if lose == "before":
+            raise WriteOutcomeUnknownError("injected: lost before applying")
+        result = await super()._txn(txn)
+        if lose == "after":
+            raise WriteOutcomeUnknownError("injected: lost after applying")
+        return result
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_whose_queue_put_answer_was_lost_reads_back_whether_it_applied() -> None:
+    store = _LosesTxnAnswers()
+    lock = Lock(store, "L", config=CONFIG)
+    store.lose = "after"  # applied: the key read back is ours, and the lock is held
+    token = await lock.acquire()
+    (kv,) = (await store.range("L/")).kvs
+    assert (kv.create_revision, kv.lease) == (token, lock.lease.id)
+    await lock.release()
+    assert (await store.range("L/")).kvs == ()
+    store.lose = "before"  # not applied: nothing to read back, the error stands
+    with pytest.raises(WriteOutcomeUnknownError, match="lost before applying"):
+        await Lock(store, "L", config=CONFIG).acquire()
+    assert await Lock(store, "L", config=CONFIG, timeout=1).acquire() > token  # free
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_entry_whose_key_was_deleted_says_so_with_its_lease() -> None:
+    store = MemoryStore()
+    leases = [(await store.lease_grant(60)).id for _ in range(3)]
+    entries = [QueueEntry(store, "Q/", lease) for lease in leases]
+    for entry in entries:
+        await entry.create(b"")
+    mine = entries[1]
+    assert (await mine.position())[0] == entries[0].kv
+    await store.delete(mine.key)
+    wanted = rf"^lease {leases[1]:#x} lost: the queue key {re.escape(repr(mine.key))} was deleted$"
+    with pytest.raises(LeaseExpiredError, match=wanted) as info:  # the full read of the queue
+        await mine.position()
+    assert info.value.lease_id == leases[1]
+    await store.delete(entries[2].key)  # the one key left is another's: the short read says so
+    with pytest.raises(LeaseExpiredError, match=wanted):
+        await mine.position()
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_put_and_a_position_read_the_head_alone_first_however_long_the_queue() -> (
+    None
+):
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    for _ in range(20):  # twenty entries ahead
+        await QueueEntry(store, "Q/", (await store.lease_grant(60)).id).create(b"")
+    entry = QueueEntry(store, "Q/", (await store.lease_grant(60)).id)
+    scanned = engine.work().keys_scanned
+    await entry.create(b"")
+    assert engine.work().keys_scanned - scanned == 1  # the head, read with the put
+    await entry.position()  # the read made with the put, then the whole queue
+    scanned = engine.work().keys_scanned
+    await entry.position()  # read afresh: the head (one key), then the whole queue (21)
+    assert engine.work().keys_scanned - scanned == 1 + 21
+    alone = QueueEntry(store, "R/", (await store.lease_grant(60)).id)
+    await alone.create(b"")
+    await alone.position()  # the read made with the put
+    scanned = engine.work().keys_scanned
+    assert await alone.position() == (None, await store.current_revision())
+    assert engine.work().keys_scanned - scanned == 1
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_waiter_keeps_waiting_after_its_watch_fell_behind_a_compaction() -> None:
+    engine = MemoryEngine()
+    admin = MemoryStore(engine)
+    waiter_store = FaultInjectingStore(MemoryStore(engine))
+    holder = Lock(admin, "L", config=CONFIG)
+    await holder.acquire()
+    got: list[int] = []
+
+    async def wait() -> None:
+        got.append(await Lock(waiter_store, "L", config=CONFIG).acquire())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.sleep(1)
+
+        async def nothing() -> None:
+            pass
+
+        await _cut_off_and_compact(waiter_store, admin, nothing)
+        await anyio.sleep(3)  # the waiter read the queue again: the holder is still there
+        assert got == []
+        await holder.release()
+    assert len(got) == 1
+
+
+@virtual_test(timeout=60)
+async def test_a_waiting_candidate_reads_nothing_when_the_leader_proclaims() -> None:
+    store = FaultInjectingStore(MemoryStore())
+    leader = Election(store, "E", config=CONFIG)
+    await leader.campaign("first")
+    terms: list[int] = []
+
+    async def campaign() -> None:
+        second = Election(store, "E", config=CONFIG)
+        terms.append((await second.campaign("second")).term)
+        await second.resign()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(campaign)
+        await anyio.sleep(1)
+        ranges = store.calls["range"]
+        for value in ("a", "b", "c"):
+            await leader.proclaim(value)  # a PUT of the key the candidate waits on
+        await anyio.sleep(1)
+        assert store.calls["range"] == ranges
+        await leader.resign()
+    assert len(terms) == 1
+
+
+# -- ResumingWatch: breaks, ends and replays -------------------------------------------------------
+
+
+@virtual_test(timeout=60)
+async def test_a_resuming_watch_rides_out_a_break_mid_revision_without_loss_or_repeats() -> None:
+    engine = MemoryEngine()
+    watcher = FaultInjectingStore(MemoryStore(engine))
+    admin = MemoryStore(engine)
+    async with ResumingWatch(watcher, "k/", "a test watch") as watch:
+        await watch.open(None)
+        await admin.txn(success=[Put("k/a", b"1"), Put("k/b", b"1")])  # one revision, two events
+        first, second = await watch.next(), await watch.next()
+        assert first is not None
+        assert second is not None
+        assert (first.kv.key, second.kv.key) == ("k/a", "k/b")
+        watcher.drop_watches()  # the stream breaks: it is watched again from that revision
+        watcher.fail_next("watch", StoreConnectionError("injected"))  # and once more
+        await admin.put("k/c", b"1")
+        third = await watch.next()  # k/a and k/b again, skipped: delivered already
+        assert third is not None
+        assert (third.kv.key, third.revision) == ("k/c", second.revision + 1)
+        assert watch._watch is not None
+        await watch._watch.aclose()  # the stream ends underneath (a server going away)
+        await admin.put("k/d", b"1")
+        fourth = await watch.next()
+        assert fourth is not None
+        assert fourth.kv.key == "k/d"
+
+
+class _ScriptedWatch(Watch):
+    """A memory watch whose stream fails on request, and whose closing takes a round trip (as
+    an http watch's unwatch does)."""
+
+    def __init__(self, store: _ScriptedStore, inner: Watch) -> None:
+        super().__init__(inner.prefix, inner.requested_revision)
+        self._store = store
+        self._inner = inner
+
+    @property
+    def start_revision(self) -> int:
+        return self._inner.start_revision
+
+    async def _start(self) -> None:
+        await self._inner.start()
+        self._store.open_watches += 1
+
+    async def _next(self) -> WatchEvent:
+        error, self._store.stream_error = self._store.stream_error, None
+        if error is not None:
+            raise error
+        return await self._inner.__anext__()
+
+    async def _aclose(self) -> None:
+        await anyio.sleep(0.01)
+        await self._inner.aclose()
+        self._store.open_watches -= 1
+
+
+class _ScriptedStore(MemoryStore):
+    stream_error: BaseException | None = None  # what the next read of a stream raises
+    open_watches = 0
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        return _ScriptedWatch(self, super()._watch(prefix, start_revision))
+
+
+@virtual_test(timeout=60)
+async def test_parameter_watch_replaying_its_past_fails_if_a_compaction_overtakes_its_stream() -> (
+    None
+):
+    # as above, but connected: the compaction fails the stream itself (not the watch opened
+    # again after a break)
+    engine = MemoryEngine()
+    writer = Parameters(MemoryStore(engine))
+    reader = _ScriptedStore(engine)
+    first = await writer.set("a", 1)
+    await writer.set("b", 2)
+    await writer.set("c", 3)
+    async with Parameters(reader).watch(start_revision=first) as changes:
+        with anyio.fail_after(10):
+            assert (await changes.__anext__()).name == "a"
+            now = await writer.store.current_revision()
+            await writer.store.compact(now)
+            reader.stream_error = CompactedError(first + 1, now)
+            with pytest.raises(CompactedError):
+                await changes.__anext__()
+
+
+@virtual_test(timeout=60)
+async def test_a_lock_wait_that_times_out_closes_its_watch_on_the_store() -> None:
+    # closing a watch takes a round trip on a remote store: cut short by the timed-out wait's
+    # cancellation, it would leave the watch open on the server
+    store = _ScriptedStore()
+    holder = Lock(store, "L", config=CONFIG)
+    await holder.acquire()
+    with pytest.raises(SyncTimeoutError):
+        await Lock(store, "L", config=CONFIG, timeout=1).acquire()
+    assert store.open_watches == 0
+    await holder.release()
+
+
+@virtual_test(timeout=60)
+async def test_a_campaign_on_a_shared_lease_whose_queue_put_failed_raises_that_failure() -> None:
+    # the failed put left no key: the clean-up has nothing to delete, and the caller sees the
+    # store's error, not one of the clean-up's
+    store = FaultInjectingStore(MemoryStore())
+    async with CONFIG.lease(store) as shared:
+        election = Election(store, "E", lease=shared)
+        store.fail_next("txn", StoreConnectionError("injected"))
+        with pytest.raises(StoreConnectionError, match="injected"):
+            await election.campaign("me")
+        assert store.calls["compare_and_delete"] == 0
+        assert (await election.campaign("me")).term > 0
+        await election.resign()
+
+
+@virtual_test(timeout=60)
+async def test_a_queue_put_never_overwrites_a_key_that_exists() -> None:
+    # keys are unique by lease and a per-process number: two processes queueing on one shared
+    # lease could still meet; the put is refused rather than taking the other's place
+    store = MemoryStore()
+    lease = (await store.lease_grant(60)).id
+    first = QueueEntry(store, "Q/", lease)
+    kv = await first.create(b"first")
+    second = QueueEntry(store, "Q/", lease)
+    second.key = first.key
+    wanted = rf"^queue key {re.escape(repr(first.key))} already exists$"
+    with pytest.raises(RuntimeError, match=wanted):
+        await second.create(b"second")
+    assert await store.get(first.key) == kv

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
+import struct
+import sys
 import tempfile
 import time
 from collections import deque
@@ -26,7 +30,12 @@ import anyio
 import pytest
 from helpers.waiting import eventually
 
-from aioelastic.errors import StoreConnectionError, TimerError, WriteOutcomeUnknownError
+from aioelastic.errors import (
+    StoreConnectionError,
+    TimerError,
+    TimerExpiredError,
+    WriteOutcomeUnknownError,
+)
 from aioelastic.events import Event
 from aioelastic.store import CasResult, KeyValue, MemoryStore, RangeResult, Watch
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
@@ -39,12 +48,15 @@ from aioelastic.timer import (
     StoreTimerServer,
     TimerClient,
     TimerRequest,
+    TimerServer,
     UnixTimerClient,
     UnixTimerServer,
     expires,
     timer_key,
     unix,
 )
+from aioelastic.timer._table import Armed, TimerTable
+from aioelastic.timer._wire import MAX_ID_LENGTH
 
 
 @pytest.fixture
@@ -769,3 +781,354 @@ async def test_closing_the_unix_server_takes_its_pidfds_off_the_loop(socket_path
         assert len(fds) == 1
     # a closed fd left registered would be watched under its number when it is reused
     assert [loop.remove_reader(fd) for fd in fds] == [False]
+
+
+# -- the guard's deadline --------------------------------------------------------------------------
+
+
+@virtual_test
+async def test_a_block_cut_at_its_deadline_raises_even_if_it_released_its_guard_first() -> None:
+    # release() takes the timer off the server, but the block keeps its local deadline: cut
+    # there, it must not leave as if it had run to its end (it did, silently, before)
+    reached_end = False
+    async with LocalTimerServer(lambda timer: None) as server:
+        guard = expires(after=1, scope="s", client=server.client(worker_id="w"))
+
+        async def block() -> None:
+            nonlocal reached_end
+            async with guard:
+                await guard.release()
+                await asyncio.sleep(2)
+                reached_end = True
+
+        with pytest.raises(TimerExpiredError, match=r"^timer of scope 's' expired"):
+            await block()
+        assert not reached_end
+        assert guard.state == "released"
+        assert server.reaps == deque()  # released in time: the server reaps nobody
+
+
+# -- the request record ----------------------------------------------------------------------------
+
+
+def test_timer_request_errors_say_what_was_given() -> None:
+    with pytest.raises(TypeError, match=r"^worker_id must be an int or a str, got float$"):
+        TimerRequest(1.5, "s", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^worker_id must not be empty$"):
+        TimerRequest("", "s", None)
+    assert TimerRequest("w" * MAX_ID_LENGTH, "s", None).worker_id == "w" * MAX_ID_LENGTH
+    too_long = rf"^worker_id is longer than {MAX_ID_LENGTH} characters$"
+    with pytest.raises(ValueError, match=too_long):
+        TimerRequest("w" * (MAX_ID_LENGTH + 1), "s", None)
+    bad_type = r"^expiration_time must be seconds since the epoch or None, got str$"
+    with pytest.raises(TypeError, match=bad_type):
+        TimerRequest("w", "s", "soon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^a timer request must be a JSON object, got list$"):
+        TimerRequest.from_dict([1])
+
+
+def test_an_expiration_at_or_just_after_the_epoch_arms_and_only_a_negative_one_releases() -> None:
+    # 0 and 0.5 are long past: such a timer is reaped at once, never taken for a release
+    assert TimerRequest("w", "s", 0).expiration_time == 0
+    assert TimerRequest("w", "s", 0.5).expiration_time == 0.5
+    wire = {"v": 1, "worker": "w", "scope": "s"}
+    assert TimerRequest.from_dict({**wire, "expiration": 0}).expiration_time == 0
+    assert TimerRequest.from_dict({**wire, "expiration": 0.5}).expiration_time == 0.5
+    assert TimerRequest.from_dict({**wire, "expiration": -1}).is_release
+
+
+# -- the server engine and its lifecycle -----------------------------------------------------------
+
+
+class _Transport(TimerServer):
+    """A transport of the tests' own: ``script`` says what its background task does."""
+
+    def __init__(self, script: str) -> None:
+        super().__init__(lambda timer: None)  # TimerServer's own defaults
+        self.script = script
+
+    async def _run(self, ready: Callable[[], None]) -> None:
+        if self.script == "stops before ready":
+            return
+        ready()
+        if self.script == "ready twice":
+            ready()  # e.g. on every reconnect: the second call changes nothing
+        if self.script != "stops after ready":
+            await asyncio.Event().wait()
+
+
+def test_timer_server_arguments_get_errors_naming_what_was_given() -> None:
+    assert _Transport("runs").reaps.maxlen == 1000
+    with pytest.raises(TypeError, match=r"^reaper must be callable, got str$"):
+        LocalTimerServer("kill")  # type: ignore[arg-type]
+    for history in (1.5, "3", -1, True):
+        with pytest.raises(ValueError, match=rf"^history must be an int >= 0, got {history!r}$"):
+            LocalTimerServer(history=history)  # type: ignore[arg-type]
+
+
+@virtual_test
+async def test_a_server_with_no_history_still_reaps_and_records_none() -> None:
+    async with LocalTimerServer(lambda timer: None, history=0) as server:
+        await server.client(worker_id="w").acquire("s", 1)
+        assert await server.wait_reaped() == []
+        assert server.statistics().reaped == 1
+
+
+_who = contextvars.ContextVar("_who", default="nobody")
+
+
+@virtual_test
+async def test_a_deadline_runs_in_the_servers_context_not_the_acquiring_workers() -> None:
+    seen: list[str] = []
+    async with LocalTimerServer(lambda timer: seen.append(_who.get())) as server:
+
+        async def worker() -> None:
+            _who.set("worker")
+            await server.client(worker_id="w").acquire("s", 1)
+
+        await asyncio.create_task(worker())
+        await server.wait_reaped()
+    assert seen == ["nobody"]
+
+
+@virtual_test
+async def test_the_lifecycle_errors_name_the_server() -> None:
+    server = LocalTimerServer(lambda timer: None)
+    client = server.client(worker_id="w")
+    not_running = r"^LocalTimerServer is not running \(use `async with server:`\)$"
+    with pytest.raises(TimerError, match=not_running):
+        await client.acquire("s", 1)
+    async with server:
+        names = {task.get_name() for task in asyncio.all_tasks()}
+        assert "aioelastic-LocalTimerServer" in names  # findable in a dump of the tasks
+        with pytest.raises(RuntimeError, match=r"^LocalTimerServer has already been started$"):
+            await server.start()
+    with pytest.raises(TimerError, match=r"^LocalTimerServer is closed$"):
+        await client.acquire("s", 1)
+    with pytest.raises(RuntimeError, match=r"^LocalTimerServer is closed$"):
+        await server.start()
+
+
+@virtual_test
+async def test_a_server_that_stops_while_starting_says_so_and_stays_closed() -> None:
+    server = _Transport("stops before ready")
+    with pytest.raises(TimerError, match=r"^_Transport stopped while starting$"):
+        await server.start()
+    with pytest.raises(RuntimeError, match=r"^_Transport is closed$"):
+        await server.start()
+
+
+@virtual_test
+async def test_a_server_whose_task_ended_arms_no_more_timers() -> None:
+    server = _Transport("stops after ready")
+    await server.start()
+    await asyncio.sleep(0)  # its task returns
+    assert not server.running
+    with pytest.raises(TimerError, match=r"^_Transport is not running"):
+        server._arm("w", "s", 1.0)
+    await server.aclose()
+
+
+@virtual_test
+async def test_a_transport_may_say_ready_more_than_once() -> None:
+    async with _Transport("ready twice") as server:
+        await asyncio.sleep(0)
+        assert server.running
+        server._arm("w", "s", 30.0)
+        assert server.armed == 1
+
+
+def test_closing_the_server_cancels_an_async_reaper_still_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def reaper(timer: ExpiredTimer) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    async def body() -> None:
+        async with LocalTimerServer(reaper) as server:
+            await server.client(worker_id="w").acquire("s", 1)
+            await started.wait()
+
+    run_virtual(body)
+    assert outcome == ["cancelled"]
+    # and the server's task ended cancelled, waiting for the reaper, not by an error
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@virtual_test
+async def test_re_arming_or_clearing_the_table_cancels_the_deadlines_it_drops() -> None:
+    # a deadline left scheduled holds its timer (and the worker: a task, for in-process timers)
+    # in the loop until it would have fired: an hour, for each re-arming of an hour's timer
+    loop = asyncio.get_running_loop()
+
+    def armed(scope: str, deadline: float | None) -> tuple[Armed, asyncio.TimerHandle | None]:
+        timer = Armed("w", scope, deadline or 0.0, None, None, None, None)
+        if deadline is not None:
+            timer.handle = loop.call_at(deadline, lambda: None)
+        return timer, timer.handle
+
+    table = TimerTable()
+    first, first_handle = armed("s", 3600)
+    table.put(first)
+    second, second_handle = armed("s", 3600)
+    table.put(second)
+    assert first_handle is not None
+    assert first_handle.cancelled()
+    assert second_handle is not None
+    assert not second_handle.cancelled()
+    other, other_handle = armed("t", 3600)
+    table.put(other)
+    fired, _ = armed("u", None)  # its deadline already ran: no handle
+    table.put(fired)
+    table.clear()
+    assert second_handle.cancelled()
+    assert other_handle is not None
+    assert other_handle.cancelled()
+    assert len(table) == 0
+
+
+# -- the Unix server: peers and closing ----------------------------------------------------------
+
+
+class _PeerSocket:
+    """What ``SO_PEERCRED`` reports for a peer whose pid is ``pid`` here."""
+
+    def __init__(self, pid: int) -> None:
+        self.creds = struct.pack("3i", pid, 1000, 1000)
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        assert (level, option, size) == (socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        return self.creds
+
+
+class _PeerWriter:
+    def __init__(self, pid: int) -> None:
+        self.sock = _PeerSocket(pid)
+
+    def get_extra_info(self, name: str) -> object:
+        return self.sock if name == "socket" else None
+
+
+@pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="no SO_PEERCRED here")
+def test_a_peer_in_another_pid_namespace_has_no_pid_and_pid_1_is_a_pid() -> None:
+    # the kernel reports pid 0 for a peer not visible in this pid namespace: no pid to check
+    # requests against (or to signal: kill(0) would signal this process's own group)
+    assert unix._peer_pid(_PeerWriter(0)) is None  # type: ignore[arg-type]
+    assert unix._peer_pid(_PeerWriter(1)) == 1  # type: ignore[arg-type]  # a container's init
+    assert unix._peer_pid(_PeerWriter(4242)) == 4242  # type: ignore[arg-type]
+
+
+def test_closing_the_unix_server_cancels_a_handler_stuck_on_a_client_that_does_not_read(
+    socket_path: str,
+) -> None:
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        server = UnixTimerServer(socket_path, lambda timer: None)
+        await server.start()
+        _reader, writer = await asyncio.open_unix_connection(socket_path)
+        # error replies the client never reads: once they fill the socket, the handler waits
+        # for the client forever, and closing its connection cannot end it
+        writer.write(b"{}\n" * 100_000)
+
+        def stuck() -> bool:
+            return any(w.transport.get_write_buffer_size() > 0 for w in server._writers)
+
+        await eventually(stuck, 60, "the server's replies back up")
+        started = loop.time()
+        async with asyncio.timeout(60):
+            await server.aclose()
+        assert loop.time() - started == pytest.approx(1.0)  # the stragglers' grace, then cancel
+        assert server._handlers == set()
+        directory, name = os.path.split(socket_path)
+        assert name not in os.listdir(directory)  # the socket file removed
+        writer.close()
+
+    run_virtual(body)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_unix_server_whose_socket_file_was_removed_closes_cleanly(
+    socket_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with UnixTimerServer(socket_path, lambda timer: None):
+        os.unlink(socket_path)  # e.g. a clean-up of /tmp
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+_SEND_CONNECTION = """
+import socket, sys
+parent = socket.socket(fileno=int(sys.argv[2]))
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect(sys.argv[1])
+socket.send_fds(parent, [b"c"], [conn.fileno()])
+conn.close()  # the test's copy is the connection now
+if sys.argv[3] == "stay":
+    sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+async def _handed_over(
+    path: str, stay: bool
+) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A worker process connects to the server at ``path`` and hands its connection over to
+    this process (the server knows it by the worker's pid); it exits then, or, if ``stay``,
+    once its stdin is closed."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _SEND_CONNECTION,
+            path,
+            str(theirs.fileno()),
+            "stay" if stay else "go",
+            pass_fds=[theirs.fileno()],
+            stdin=asyncio.subprocess.PIPE,
+        )
+        _data, fds, _flags, _address = await asyncio.to_thread(socket.recv_fds, ours, 1, 1)
+    reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fds[0]))
+    request = TimerRequest(proc.pid, "s", time.time() + 600).to_dict()
+    writer.write(json.dumps({**request, "id": 1}).encode() + b"\n")
+    assert json.loads(await reader.readline()) == {"id": 1, "ok": True}
+    return proc, reader, writer
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_without_pidfds_a_live_worker_whose_connection_closes_is_left_alone(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(unix, "_HAVE_PIDFD", False)  # an old kernel, or not Linux
+    async with UnixTimerServer(socket_path, lambda timer: None) as server:
+        proc, _reader, writer = await _handed_over(socket_path, stay=True)
+        writer.close()
+        await eventually(lambda: not server._handlers, 30, "the connection's handler ended")
+        assert server.armed == 1  # alive: its timer stays armed
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert await proc.wait() == 0  # and the check did not signal it
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_without_pidfds_a_worker_gone_when_its_connection_closes_loses_its_timers(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(unix, "_HAVE_PIDFD", False)  # an old kernel, or not Linux
+    async with UnixTimerServer(socket_path, lambda timer: None) as server:
+        proc, _reader, writer = await _handed_over(socket_path, stay=False)
+        assert await proc.wait() == 0  # the worker is gone; its connection lives on here
+        assert server.armed == 1
+        writer.close()
+        # without a pidfd the server checks the worker when its connection closes
+        await eventually(lambda: server.armed == 0, 30, "the gone worker's timer dropped")
+        assert server.statistics().dropped == 1

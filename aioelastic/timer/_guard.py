@@ -73,8 +73,9 @@ class TimerGuard:
     loop runs is interrupted with :class:`~aioelastic.errors.TimerExpiredError`. Leaving in time
     — normally, by an exception, or cancelled from outside — releases the timer (in ``finally``,
     shielded). A block interrupted at its deadline does *not* release: the timer expired and the
-    server reaps the worker, exactly once. Without a client (none passed, none configured) the
-    guard is a local deadline only.
+    server reaps the worker, exactly once; and a block cut at its deadline raises even if it
+    released its guard itself (it did not run to its end). Without a client (none passed, none
+    configured) the guard is a local deadline only.
 
     Re-entering the same scope (recursion with the default ``file#line`` scope) replaces its
     timer on the server, as torch does. :meth:`cancel` stops the timer without reaping and lets
@@ -199,7 +200,9 @@ class TimerGuard:
                 self._state = "expired"
             else:
                 await self.release()
-        if self._state == "expired" and cancel_scope.cancelled_caught:
+        # cut at its deadline, the block raises, even if it released (or, racing the deadline,
+        # cancelled) its guard first: it did not run to its end, and must not seem to have
+        if cancel_scope.cancelled_caught:
             raise TimerExpiredError(
                 f"timer of scope {self.scope_id!r} expired: the block ran past {self.after}s"
             ) from None
