@@ -97,3 +97,34 @@ async def test_a_server_that_answers_the_upgrade_only_after_the_hello_is_reached
             assert isinstance(store, HttpStore)
             assert await store.current_revision() == 7
     assert heard == ["hello"]
+
+
+def _ops(write: bytes) -> list[str]:
+    """The operations of the requests in one write (its messages, their frames)."""
+    ops: list[str] = []
+    while write:
+        length = int.from_bytes(write[:4], "big")
+        ops += [frame[2] for frame in unpack_all(write[4 : 4 + length], max_len=1 << 20)]
+        write = write[4 + length :]
+    return ops
+
+
+@pytest.mark.asyncio
+async def test_the_requests_that_waited_for_a_fresh_session_go_in_one_write(
+    writes: list[bytes],
+) -> None:
+    """A first join asks for its watch and its lease at once, before the session exists: both
+    go in one write once it does (the first used to go alone, the rest a write later)."""
+    async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
+        assert isinstance(store, HttpStore)
+        revision, _, kv = await asyncio.gather(
+            store.current_revision(), store.put("a", b"1"), store.get("a")
+        )
+        assert revision >= 0
+        assert kv is not None
+        assert kv.value == b"1"
+        assert store.session.connects == 1
+        sent = len(writes)
+        assert await store.get("a") is not None  # a later lone request: written at once
+        assert len(writes) == sent + 1
+    assert [_ops(w) for w in writes[1:]] == [["revision", "put", "get"], ["get"]]
