@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers.fake_session import WELCOME, loopback_server
 
+from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
@@ -128,3 +129,22 @@ async def test_the_requests_that_waited_for_a_fresh_session_go_in_one_write(
         assert await store.get("a") is not None  # a later lone request: written at once
         assert len(writes) == sent + 1
     assert [_ops(w) for w in writes[1:]] == [["revision", "put", "get"], ["get"]]
+
+
+@pytest.mark.asyncio
+async def test_a_prepared_first_join_opens_its_view_and_lease_in_one_write(
+    writes: list[bytes],
+) -> None:
+    """What a registry creator does for a first join (the view of c/, the lease), over http:
+    the session's upgrade with its hello, then the watch and the lease grant in one message."""
+    async with HttpStoreServer(port=0) as server:
+        store = await open_store(server.url)
+        handler = DynamicRendezvousHandler(store, "job", 1, 1, local_addr="127.0.0.1")
+        try:
+            await handler._prepare()
+            assert handler.lease is not None
+            assert [_ops(w) for w in writes[1:]] == [["watch", "lease_grant"]]
+            assert (await handler.next_rendezvous()).world_size == 1
+        finally:
+            await handler.aclose()
+            await store.aclose()
