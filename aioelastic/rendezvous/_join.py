@@ -93,19 +93,33 @@ class JoinCoordinator:
         # Only a head start: a store that does not answer yet (its client retries connecting,
         # and says so) is left to the join, whose wait the caller can stop (SIGTERM, a timeout).
         with anyio.move_on_after(PREPARE_BUDGET) as scope:
+            # the lease is granted while the view opens: their requests go in one message
+            granting = None
+            if h._keeper is None:
+                granting = asyncio.get_running_loop().create_task(
+                    self._prepare_lease(), name="aioelastic-rdzv-lease"
+                )
             try:
-                if self._kept is None:
-                    self._kept = await ControlView.open(h._store, h._keys)
-                if h._keeper is None:
-                    # Nothing is bound to it until the join registers: its loss before then is
-                    # not the handler's (the join grants another), so it is not armed yet.
-                    h._keeper = await self._new_lease()
+                try:
+                    if self._kept is None:
+                        self._kept = await ControlView.open(h._store, h._keys)
+                    if granting is not None:
+                        await granting
+                finally:
+                    await _settle(granting)
             except (StoreError, RendezvousError) as exc:  # the join does it again, and says so
                 log.debug("run %r: the first join's work was not done early: %s", h.run_id, exc)
         if scope.cancelled_caught:
             log.debug(
                 "run %r: the store did not answer within %gs of creation", h.run_id, PREPARE_BUDGET
             )
+
+    async def _prepare_lease(self) -> LeaseKeeper:
+        # Nothing is bound to it until the join registers: its loss before then is not the
+        # handler's (the join grants another), so it is not armed yet. Kept by the handler as
+        # soon as granted (closed with it), even if the view failed to open meanwhile.
+        keeper = self._h._keeper = await self._new_lease()
+        return keeper
 
     async def aclose(self) -> None:
         kept, self._kept = self._kept, None

@@ -287,6 +287,12 @@ class Connection(asyncio.Protocol):
             self._queue(data)
         return future
 
+    def batch_this_turn(self) -> None:
+        """What is requested until the end of this loop turn goes as one message, the first
+        request too (it is written at once otherwise)."""
+        if not self._flush_due:
+            self._flush_soon()
+
     def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
         if not self._flush_due:

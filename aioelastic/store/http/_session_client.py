@@ -103,7 +103,11 @@ class SessionClient:
             self._connecting = asyncio.ensure_future(self._connect(budget))
         connecting = self._connecting
         try:
-            return await asyncio.shield(connecting)
+            conn = await asyncio.shield(connecting)
+            # every caller that waited wakes in this loop turn: their first requests go in one
+            # write (a first join's watch and lease grant, say), not the first alone
+            conn.batch_this_turn()
+            return conn
         finally:
             if connecting.done() and self._connecting is connecting:
                 self._connecting = None
