@@ -8,14 +8,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers.fake_session import WELCOME, loopback_server
 
 from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
-from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
-from aioelastic.store.http._session_stream import UPGRADE, message_header
+from aioelastic.store.http._frames import REQUEST, unpack_all
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -49,55 +47,21 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
 
 @pytest.mark.asyncio
-async def test_a_fresh_sessions_first_request_is_two_writes(writes: list[bytes]) -> None:
+async def test_a_fresh_session_says_hello_only_after_the_101(writes: list[bytes]) -> None:
+    """The hello waits for the upgrade's answer: a head the server's direct path does not take
+    (cut over reads, or with a proxy's extra headers) goes to aiohttp, whose parser would lose
+    bytes sent behind it, and such a hello would be refused only at ``hello_timeout``."""
     async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
         assert isinstance(store, HttpStore)
         assert await store.current_revision() >= 0
         assert store.session.connects == 1
-    # the upgrade request with the hello behind it; then the request
-    assert len(writes) == 2, writes
+    # the upgrade request alone, the hello, then the request
+    assert len(writes) == 3, writes
     assert writes[0].startswith(b"GET /v1/session HTTP/1.1\r\n")
-    tail = writes[0].split(b"\r\n\r\n", 1)[1]
-    [hello] = list(unpack_all(tail[4:], max_len=1 << 20))
+    assert writes[0].endswith(b"\r\n\r\n")
+    [hello] = list(unpack_all(writes[1][4:], max_len=1 << 20))
     assert hello[:3] == [REQUEST, 0, "hello"]
-    assert int.from_bytes(tail[:4], "big") == len(tail) - 4
-
-
-@pytest.mark.asyncio
-async def test_a_server_that_answers_the_upgrade_only_after_the_hello_is_reached() -> None:
-    """The server reads the upgrade request and the hello before writing a byte: a client that
-    waited for the 101 before saying hello would wait for ever (this one connects)."""
-    heard: list[str] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            length = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), SLACK), "big")
-            [hello] = list(unpack_all(await reader.readexactly(length), max_len=1 << 20))
-            heard.append(hello[2])
-            welcome = pack([RESULT, 0, WELCOME])
-            writer.write(
-                f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {UPGRADE}\r\n"
-                "Connection: Upgrade\r\n\r\n".encode()
-                + message_header(len(welcome))
-                + welcome
-            )
-            length = int.from_bytes(await reader.readexactly(4), "big")
-            [request] = list(unpack_all(await reader.readexactly(length), max_len=1 << 20))
-            answer = pack([RESULT, request[1], 7])
-            writer.write(message_header(len(answer)) + answer)
-            await reader.read()  # until the client closes
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-    async with loopback_server(handle) as port:
-        url = f"http://127.0.0.1:{port}"
-        async with open_store(url, timeout=SLACK + 5, read_retries=0) as store:
-            assert isinstance(store, HttpStore)
-            assert await store.current_revision() == 7
-    assert heard == ["hello"]
+    assert int.from_bytes(writes[1][:4], "big") == len(writes[1]) - 4
 
 
 def _ops(write: bytes) -> list[str]:
@@ -128,7 +92,7 @@ async def test_the_requests_that_waited_for_a_fresh_session_go_in_one_write(
         sent = len(writes)
         assert await store.get("a") is not None  # a later lone request: written at once
         assert len(writes) == sent + 1
-    assert [_ops(w) for w in writes[1:]] == [["revision", "put", "get"], ["get"]]
+    assert [_ops(w) for w in writes[2:]] == [["revision", "put", "get"], ["get"]]
 
 
 @pytest.mark.asyncio
@@ -136,14 +100,14 @@ async def test_a_prepared_first_join_opens_its_view_and_lease_in_one_write(
     writes: list[bytes],
 ) -> None:
     """What a registry creator does for a first join (the view of c/, the lease), over http:
-    the session's upgrade with its hello, then the watch and the lease grant in one message."""
+    the session's upgrade, its hello, then the watch and the lease grant in one message."""
     async with HttpStoreServer(port=0) as server:
         store = await open_store(server.url)
         handler = DynamicRendezvousHandler(store, "job", 1, 1, local_addr="127.0.0.1")
         try:
             await handler._prepare()
             assert handler.lease is not None
-            assert [_ops(w) for w in writes[1:]] == [["watch", "lease_grant"]]
+            assert [_ops(w) for w in writes[2:]] == [["watch", "lease_grant"]]
             assert (await handler.next_rendezvous()).world_size == 1
         finally:
             await handler.aclose()

@@ -109,7 +109,6 @@ class Dialer:
     async def dial(self, hello: dict[str, Any], budget: float) -> tuple[Connection, dict[str, Any]]:
         """A new connection and the server's welcome to ``hello`` (plus our versions), or
         ``StoreConnectionError`` (``StoreAuthError`` for a refused token): nothing else sent.
-        The upgrade request and the hello go in one write (one round trip).
 
         Within ``budget`` seconds: waiting for one of the event loop's :data:`DIALS_AT_ONCE`
         slots, then the TCP connection (at most ``connect_timeout`` of it), the upgrade and the
@@ -148,14 +147,11 @@ class Dialer:
                     server_hostname=self._host if self._ssl is not None else None,
                 )
             async with asyncio.timeout_at(deadline):
-                # the hello right behind the upgrade request, in one write: the server reads
-                # what follows the request's head as the session's first bytes (a refusal
-                # leaves them unread), so a new session costs one round trip, not two
-                conn.send_now(self._request + self._hello_message(hello))
+                conn.send_now(self._request)
                 answer = await conn.answer()
                 if not answer.upgraded:
                     raise refusal_error(self.url, answer)
-                welcome = await self._welcome(conn)
+                welcome = await self._hello(conn, hello)
         except BaseException as exc:
             if conn is not None:
                 conn.abort("not opened")
@@ -170,7 +166,7 @@ class Dialer:
             raise
         return conn, welcome
 
-    def _hello_message(self, fields: dict[str, Any]) -> bytes:
+    async def _hello(self, conn: Connection, fields: dict[str, Any]) -> dict[str, Any]:
         hello = pack(
             [
                 REQUEST,
@@ -179,10 +175,7 @@ class Dialer:
                 {"versions": self.hello_versions, "client": "aioelastic", **fields},
             ]
         )
-        return message_header(len(hello)) + hello
-
-    async def _welcome(self, conn: Connection) -> dict[str, Any]:
-        """The server's answer to the hello (sent with the upgrade request)."""
+        conn.send_now(message_header(len(hello)) + hello)
         try:
             message = await conn.next_message()
         except ConnectionResetError as exc:  # closed under load, say: try again
