@@ -16,6 +16,9 @@ import gc
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
+
+from aioelastic.rendezvous._state import RoundRecord
 from aioelastic.store import MemoryEngine
 from aioelastic.testing import run_virtual
 from benchmarks.scale import make_handlers
@@ -100,6 +103,32 @@ def test_a_warm_join_wakes_the_joiner_directly() -> None:
     # most joins are members': about 8.05 at N = 64 (the old code: 9.08)
     members = _callbacks_per_warm_join(64)
     assert members <= 8.5, members
+
+
+def test_a_rejoin_round_encodes_its_round_record_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver of a rejoin round writes the round record and, with it, the same bytes as the
+    last round's next-round marker: one JSON encode (the old code encoded it twice)."""
+    encodes = 0
+    encode = RoundRecord.encode
+
+    def counting(record: RoundRecord) -> bytes:
+        nonlocal encodes
+        encodes += 1
+        return encode(record)
+
+    monkeypatch.setattr(RoundRecord, "encode", counting)
+
+    async def main() -> list[int]:
+        handlers = make_handlers(MemoryEngine(), 4, last_call_timeout=0)
+        per_round = []
+        for _ in range(3):  # a first round, then two rejoin rounds (each with a marker)
+            before = encodes
+            await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+            per_round.append(encodes - before)
+        await asyncio.gather(*(h.aclose() for h in handlers))
+        return per_round
+
+    assert run_virtual(main()) == [1, 1, 1]
 
 
 def test_every_member_shares_the_decoded_round_and_driver_records() -> None:
