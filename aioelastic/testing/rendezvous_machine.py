@@ -261,7 +261,9 @@ class RendezvousHarness:
                 # (a join writing when its revoked lease is found out fails with that, as in
                 # harvest(), rather than with the close that followed)
                 lost = isinstance(error, RendezvousConnectionError) and node.revoked
-                assert lost or isinstance(error, RendezvousClosedError), repr(error)
+                # (a standby of a closed run exits gracefully, as in harvest())
+                exits = isinstance(error, RendezvousGracefulExitError) and self.closed
+                assert lost or exits or isinstance(error, RendezvousClosedError), repr(error)
             node.task = None
         self.pause()
 
