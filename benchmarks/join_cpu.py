@@ -6,8 +6,10 @@
 Each round is a fresh process (this checkout's code, or ``--against``'s) that makes N dynamic
 handlers over one memory store (``benchmarks.scale.make_handlers``: ``participants`` off, no
 last call), warms them up with a few rounds, then times ``time.thread_time()`` over ``--joins``
-joins (``--joins / N`` rounds of N) and prints the CPU per join and the event loop's callbacks
-per join (``call_soon``: task steps, wake-ups, done-callbacks). N = 1 is a round of one (the
+joins (``--joins / N`` rounds of N) and prints the CPU per join, the event loop's callbacks per
+join (``call_soon``: task steps, wake-ups, done-callbacks) and, over as many more rounds, the
+function calls per join (Python and C, ``sys.setprofile``: a count the host's load does not
+move). N = 1 is a round of one (the
 driver); at larger N most joins are members'. Rounds alternate between the checkouts, so the
 before/after figures come from one run on a loaded host: the table shows the median and range of
 the rounds' figures, and the ratio of the medians.
@@ -53,8 +55,20 @@ async def main() -> dict[str, float]:
         await asyncio.gather(*(h.next_rendezvous() for h in handlers))
     cpu = time.thread_time() - cpu
     del loop.call_soon
+    counted = 0
+
+    def profile(frame, event, arg):
+        nonlocal counted
+        if event == "call" or event == "c_call":
+            counted += 1
+
+    sys.setprofile(profile)  # (after the timing: it slows every call)
+    for _ in range(rounds):
+        await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    sys.setprofile(None)
     await asyncio.gather(*(h.aclose() for h in handlers))
-    return {"cpu_us": cpu / (rounds * n) * 1e6, "callbacks": calls / (rounds * n)}
+    per = rounds * n
+    return {"cpu_us": cpu / per * 1e6, "callbacks": calls / per, "calls": counted / per}
 
 print(json.dumps(asyncio.run(main())), flush=True)
 """
@@ -90,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, help="another checkout, alternated (before)")
     args = parser.parse_args(argv)
     codes = [ROOT] + ([args.against.resolve()] if args.against else [])
-    print("| N | checkout | client CPU per warm join, us | callbacks per join |")
-    print("|---|---|---|---|")
+    print("| N | checkout | client CPU per warm join, us | callbacks per join | calls per join |")
+    print("|---|---|---|---|---|")
     for n in (int(x) for x in args.sizes.split(",")):
         got: dict[Path, list[dict[str, float]]] = {code: [] for code in codes}
         for rep in range(args.repeat):
@@ -99,13 +113,17 @@ def main(argv: list[str] | None = None) -> int:
                 got[code].append(one_round(code, n, args.joins))
         for code in codes:
             cpu = [g["cpu_us"] for g in got[code]]
-            calls = [g["callbacks"] for g in got[code]]
-            print(f"| {n} | {code} | {_fmt(cpu)} | {_fmt(calls, 2)} |", flush=True)
+            callbacks = [g["callbacks"] for g in got[code]]
+            calls = [g["calls"] for g in got[code]]
+            print(
+                f"| {n} | {code} | {_fmt(cpu)} | {_fmt(callbacks, 2)} | {_fmt(calls, 1)} |",
+                flush=True,
+            )
         if len(codes) > 1:
             ratio = statistics.median(g["cpu_us"] for g in got[codes[0]]) / statistics.median(
                 g["cpu_us"] for g in got[codes[1]]
             )
-            print(f"| {n} | ratio this / against (CPU medians) | {ratio:.3f} | |", flush=True)
+            print(f"| {n} | ratio this / against (CPU medians) | {ratio:.3f} | | |", flush=True)
     return 0
 
 
