@@ -308,25 +308,8 @@ class RendezvousHarness:
         if node is None or not node.alive:
             return
         self.run(node.handler.set_closed())
-        self.harvest_before_close()
+        _harvest_before_close(self)
         self.pause()
-
-    def harvest_before_close(self) -> None:
-        """The run is closed: collect the joins that returned while the close was written (each
-        must return a round whose record was written before the close record: it formed first)."""
-        closed = self.run(self.observer.get(self.keys.closed))
-        latest = self.run(self.observer.get(self.keys.round))
-        for node in self.live():
-            task = node.task
-            if task is None or not task.done() or task.cancelled() or task.exception():
-                continue
-            assert closed is not None, "the close was not recorded"
-            assert latest is not None, "a join returned, but no round was recorded"
-            formed = RoundRecord.decode(latest.key, latest.value).round
-            assert latest.mod_revision < closed.mod_revision, "a round formed after the close"
-            assert task.result().round <= formed, "a join returned a round never formed"
-        self.closed = True
-        self.harvest()
 
     def wait(self, seconds: float) -> None:
         """Let ``seconds`` pass (on a virtual-time loop: at once)."""
@@ -423,6 +406,24 @@ def _memory_opener() -> Callable[[], Awaitable[Store]]:
         return MemoryStore(engine[0])
 
     return open_memory_store
+
+
+def _harvest_before_close(h: RendezvousHarness) -> None:
+    """The run is closed: collect the joins that returned while the close was written (each
+    must return a round whose record was written before the close record: it formed first)."""
+    closed = h.run(h.observer.get(h.keys.closed))
+    latest = h.run(h.observer.get(h.keys.round))
+    for node in h.live():
+        task = node.task
+        if task is None or not task.done() or task.cancelled() or task.exception():
+            continue
+        assert closed is not None, "the close was not recorded"
+        assert latest is not None, "a join returned, but no round was recorded"
+        formed = RoundRecord.decode(latest.key, latest.value).round
+        assert latest.mod_revision < closed.mod_revision, "a round formed after the close"
+        assert task.result().round <= formed, "a join returned a round never formed"
+    h.closed = True
+    h.harvest()
 
 
 def run_rendezvous_scenario(
