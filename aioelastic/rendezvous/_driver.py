@@ -313,9 +313,10 @@ class RoundDriver:
                     for batch in early:  # a roster too large for one transaction: written first
                         if not (await store.txn(compare=compare, success=batch)).succeeded:
                             return False
+                    encoded = record.encode()  # (once: the next-round marker is the same bytes)
                     result = await store.txn(
                         compare=compare,
-                        success=[*last, Put(keys.round, record.encode()), *self._garbage(record)],
+                        success=[*last, Put(keys.round, encoded), *self._garbage(encoded)],
                     )
                 except LeaseNotFoundError as exc:
                     log.debug("run %r: %s; counting again", handler.run_id, exc)
@@ -355,15 +356,16 @@ class RoundDriver:
         )
         return record, [*chunks, *member_records]
 
-    def _garbage(self, record: RoundRecord) -> list[TxnOp]:
+    def _garbage(self, record: bytes) -> list[TxnOp]:
         """What goes with the round record's write: the previous round has drained, so its data
         store and roster are garbage; its members are told it is over (they have all moved on,
-        unless one lost its lease); the members' records of the round before go."""
+        unless one lost its lease); the members' records of the round before go. ``record``: the
+        round record's bytes (the marker of the next round is the same)."""
         prev, keys = self._prev, self._handler._keys
         if prev is None:
             return []
         garbage: list[TxnOp] = [
-            Put(keys.next_marker(prev.round), record.encode()),
+            Put(keys.next_marker(prev.round), record),
             DeletePrefix(keys.data(prev.round)),
             DeletePrefix(keys.roster_of(prev.round)),
         ]

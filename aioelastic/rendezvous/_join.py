@@ -25,13 +25,14 @@ from ..errors import (
     StoreError,
     WriteOutcomeUnknownError,
 )
+from ..events import NullSink
 from ..store import Compare, Delete, Get, GetResult, KeyValue, Put, PutResult
 from ._addr import default_addr, free_port
 from ._claim import Claim, Claimed, claim_driver, claim_ops, claimed, own_claim
 from ._control import ControlView
 from ._driver import RoundDriver
 from ._state import ClosedRecord, NodeRecord, RoundRecord, read_rank, read_roster
-from ._tasks import WAKE_CONTEXT, JoinTasks, first_done, resolve
+from ._tasks import WAKE_CONTEXT, JoinTasks, resolve
 from .api import RendezvousResult, RendezvousStoreInfo
 
 #: Seconds a handler's creation spends on the first join's work at most (``prepare``).
@@ -56,6 +57,7 @@ class JoinCoordinator:
         self.standby = False
         self._kept: ControlView | None = None  # the view of c/, kept from a completed join
         self._closing: asyncio.Future[None] | None = None  # resolved by interrupt()
+        self._tasks: JoinTasks | None = None  # the pending join's (interrupt() wakes it)
         self._driver: RoundDriver | None = None  # this join's driver, if it drives
         self._driven: int | None = None  # the round this join's driver ran for
         self._standby_of: int | None = None  # a round this node registered for, not chosen
@@ -85,6 +87,8 @@ class JoinCoordinator:
         """The handler is closing: a pending join withdraws and raises."""
         if self._closing is not None:
             resolve(self._closing)
+        if self._tasks is not None:
+            self._tasks.wake()
 
     async def prepare(self) -> None:
         """Open the view of ``c/`` now (the store's first connection) and grant the lease, for
@@ -200,14 +204,16 @@ class JoinCoordinator:
         self._driver = self._driven = None
         result: RendezvousResult | None = None
         tasks = JoinTasks(ctl.watch)  # control events are read from now on, also while we write
+        self._tasks = tasks
         timed_out: asyncio.Future[None] = loop.create_future()  # one timer, not one per wait
-        timer = loop.call_at(deadline, resolve, timed_out, context=WAKE_CONTEXT)
+        timer = loop.call_at(deadline, _time_up, self, tasks, timed_out, context=WAKE_CONTEXT)
         try:
             while (result := await self._step(keeper, ctl, tasks)) is None:
                 await self._wait(tasks, closing, timed_out)
             return result
         finally:
             timer.cancel()
+            self._tasks = None
             await self._end(tasks, ctl, keeper, completed=result is not None)
 
     async def _step(
@@ -216,7 +222,7 @@ class JoinCoordinator:
         """Act on the view: the completed round with this node in it, or register and claim."""
         while True:
             await self._apply_read(ctl, tasks)
-            blocked = await self._check_closed(ctl)
+            blocked = await _check_closed(self, ctl)
             latest = ctl.round
             if self._is_mine(latest) and ctl.round_kv is not None:
                 assert latest is not None
@@ -273,22 +279,6 @@ class JoinCoordinator:
         assert event is not None
         ctl.apply_event(event)
 
-    async def _check_closed(self, ctl: ControlView) -> bool:
-        """Whether the view shows a close of the run: raise, or reopen it (``reopen_closed``)."""
-        h = self._h
-        blocked = ctl.closed is not None and self.closed_by(ctl.closed)
-        if blocked and ctl.closed_kv is not None:
-            if h._reopen_closed and self.is_new() and not h._closed_seen:
-                await _reopen(self._h, ctl.closed_kv)  # its write arrives as an event
-            else:
-                h._closed_seen = True
-                if self.standby:
-                    raise RendezvousGracefulExitError(
-                        f"the rendezvous {h.run_id!r} closed while this node was a standby"
-                    )
-                raise RendezvousClosedError(f"the rendezvous {h.run_id!r} is closed")
-        return blocked
-
     def _is_mine(self, latest: RoundRecord | None) -> bool:
         """Whether ``latest`` is the round this node registered for (it may be chosen in it)."""
         return (
@@ -328,7 +318,7 @@ class JoinCoordinator:
         """Wait for a control event, the driver's end, the handler's close or the deadline."""
         h = self._h
         timing = not self.standby  # a standby waits without a join timeout
-        await first_done([*tasks.futures(), closing, *([timed_out] if timing else [])])
+        await (tasks.wait(closing, timed_out) if timing else tasks.wait(closing))
         if closing.done():
             raise RendezvousClosedError(
                 f"the rendezvous handler for {h.run_id!r} was closed while joining"
@@ -504,12 +494,19 @@ def completed(
         rank=rank,
         world_size=record.world_size,
         # N members each listing N participants is O(N^2): only for a sink that takes them
-        participants=list(participants) if h._sink_takes_all() else [],
+        participants=[] if isinstance(h.event_sink, NullSink) else list(participants),
         master_addr=record.master_addr,
         master_port=record.master_port,
         duration=None if started is None else round(now - started, 6),
     )
     return result
+
+
+def _time_up(j: JoinCoordinator, tasks: JoinTasks, timed_out: asyncio.Future[None]) -> None:
+    """The join's deadline: a join that is not a standby's stops waiting (a standby waits on)."""
+    resolve(timed_out)
+    if not j.standby:
+        tasks.wake()
 
 
 async def _settle(task: asyncio.Task[LeaseKeeper] | None) -> None:
@@ -530,6 +527,23 @@ async def _arrives_as_standby(h: DynamicRendezvousHandler, latest: RoundRecord |
         return False
     live = await h._store.range(h._keys.nodes_of(latest.round), limit=1)
     return live.count >= h._max
+
+
+async def _check_closed(j: JoinCoordinator, ctl: ControlView) -> bool:
+    """Whether the view shows a close of the run: raise, or reopen it (``reopen_closed``)."""
+    h = j._h
+    blocked = ctl.closed is not None and j.closed_by(ctl.closed)
+    if blocked and ctl.closed_kv is not None:
+        if h._reopen_closed and j.is_new() and not h._closed_seen:
+            await _reopen(h, ctl.closed_kv)  # its write arrives as an event
+        else:
+            h._closed_seen = True
+            if j.standby:
+                raise RendezvousGracefulExitError(
+                    f"the rendezvous {h.run_id!r} closed while this node was a standby"
+                )
+            raise RendezvousClosedError(f"the rendezvous {h.run_id!r} is closed")
+    return blocked
 
 
 async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
@@ -554,5 +568,5 @@ async def _buffered(tasks: JoinTasks) -> bool:
     holds)."""
     tasks.read()
     if not tasks.event_ready():
-        await anyio.lowlevel.checkpoint()
+        await asyncio.sleep(0)  # (anyio's checkpoint on asyncio, without its backend look-up)
     return tasks.event_ready()

@@ -4,14 +4,17 @@ A join waits on several things at once (the next control event, its driver, the 
 the join deadline). :class:`JoinTasks` owns the two tasks among them and ends them the way a join
 needs: a driver writing a round that completed is let finish, an event read but not applied is
 handed back so the kept view misses nothing, and no task is left behind or unretrieved.
+
+What the join waits on wakes it directly (:meth:`JoinTasks.wake`): a task ending resolves the
+join's waiter in its own last step, not through a done-callback (which asyncio runs one loop
+iteration later, and which then wakes the join one iteration later still).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,35 +31,13 @@ def resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def first_done(futures: Iterable[asyncio.Future[Any]]) -> None:
-    """Wait until one of ``futures`` is done: ``asyncio.wait(FIRST_COMPLETED)`` without its
-    sets, coroutines and context copies, since every joining node waits on this at once."""
-    futures = tuple(futures)
-    if any(f.done() for f in futures):
-        return
-    waiter = asyncio.get_running_loop().create_future()
-    # one object the collector tracks while the node waits (a closure: a function and a cell)
-    wake = functools.partial(_wake, waiter)
-    for future in futures:
-        future.add_done_callback(wake, context=WAKE_CONTEXT)
-    try:
-        await waiter
-    finally:
-        for future in futures:
-            future.remove_done_callback(wake)
-
-
 class JoinTasks:
     """The control watch's reader (one pending ``__anext__`` at a time) and the driver task.
 
     ``event()`` takes the event read, if one is; ``read()`` starts reading the next; ``drive()``
-    starts a driver; ``driver_failed()`` raises a driver's failure; ``futures()`` are what the
-    join waits on; ``aclose()`` ends both tasks and returns an event read but not applied.
+    starts a driver; ``driver_failed()`` raises a driver's failure; ``wait()`` waits for either
+    task's end or the join's close or deadline (which call ``wake()``); ``aclose()`` ends both
+    tasks and returns an event read but not applied.
     """
 
     def __init__(self, watch: Watch) -> None:
@@ -64,12 +45,32 @@ class JoinTasks:
         self._watch = watch
         self._next: asyncio.Task[WatchEvent] | None = None
         self.driver: asyncio.Task[None] | None = None
+        self._driving: Coroutine[Any, Any, None] | None = None  # the driver task's coroutine
+        self._waiter: asyncio.Future[None] | None = None  # the join parked in wait()
         self.read()
+
+    def wake(self) -> None:
+        """Wake the join parked in :meth:`wait`, if one is (it then looks at what is done)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _read(self, watch: Watch) -> WatchEvent:
+        try:
+            return await watch.__anext__()
+        finally:
+            self.wake()  # (also for an error or a cancellation: the join sees it at once)
+
+    async def _drive(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        finally:
+            self.wake()
 
     def read(self) -> None:
         """Read the watch's next event from now on (also while the joiner writes)."""
         if self._next is None:
-            self._next = self._loop.create_task(self._watch.__anext__())
+            self._next = self._loop.create_task(self._read(self._watch))
 
     def event_ready(self) -> bool:
         return self._next is not None and self._next.done()
@@ -89,7 +90,8 @@ class JoinTasks:
         self.read()
 
     def drive(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        self.driver = self._loop.create_task(coro, name=name)
+        self._driving = coro
+        self.driver = self._loop.create_task(self._drive(coro), name=name)
 
     def driver_failed(self) -> None:
         """Raise the failure of a driver that ended (a failed driver fails the join)."""
@@ -98,10 +100,21 @@ class JoinTasks:
             self.driver = None
             driver.result()
 
-    def futures(self) -> list[asyncio.Future[Any]]:
+    async def wait(self, *others: asyncio.Future[None]) -> None:
+        """Wait until the next event is read, the driver ended, or one of ``others`` (futures
+        whose resolver calls :meth:`wake` too) is done."""
         self.read()
         assert self._next is not None
-        return [self._next] if self.driver is None else [self._next, self.driver]
+        driver = self.driver
+        if self._next.done() or (driver is not None and driver.done()):
+            return
+        if any(f.done() for f in others):
+            return
+        self._waiter = waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
 
     async def aclose(self, *, let_driver_finish: float | None) -> WatchEvent | BaseException | None:
         """End both tasks; ``let_driver_finish``: seconds a still-running driver may take first.
@@ -113,16 +126,18 @@ class JoinTasks:
             with anyio.move_on_after(let_driver_finish, shield=True):
                 await asyncio.wait([driver])
         tasks = [t for t in (pending, driver) if t is not None]
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        if tasks:
+        running = [t for t in tasks if not t.done()]  # (a wait for done ones costs a loop turn)
+        for task in running:
+            task.cancel()
+        if running:
             with anyio.CancelScope(shield=True):
-                await asyncio.wait(tasks)
+                await asyncio.wait(running)
             for task in tasks:  # retrieve, so asyncio does not log them
                 if not task.cancelled():
                     task.exception()
-        self.driver = self._next = None
+        if self._driving is not None:  # (a driver cancelled before its first step never ran it)
+            self._driving.close()
+        self.driver = self._next = self._driving = None
         if pending is None or pending.cancelled():
             return None
         error = pending.exception()

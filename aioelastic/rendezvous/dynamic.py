@@ -299,9 +299,6 @@ class DynamicRendezvousHandler(_BuiltinHandler):
                 error=None if error is None else f"{type(error).__name__}: {error}",
             )
 
-    def _sink_takes_all(self) -> bool:
-        return not isinstance(self.event_sink, _events.NullSink)
-
     async def _prepare(self) -> None:
         """The one-time work of a first join, done when a creator makes the handler: the host
         name's lookup (off the loop), the view of ``c/`` (the store's first connection), and a
