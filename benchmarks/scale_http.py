@@ -142,10 +142,10 @@ class _Received:
         def counting(conn: Connection, frame: list[Any]) -> None:
             dispatch(conn, frame)
             if frame[0] == EVENTS:
-                self.events += len(conn._last_events)
+                self.events += len(conn.decoded.events)
                 self.bytes += len(frame[2])
             elif frame[0] == EVENTS_MANY:  # (protocol version 2: the events of several watches)
-                self.events += len(conn._last_events) * len(frame[1])
+                self.events += len(conn.decoded.events) * len(frame[1])
                 self.bytes += len(frame[2])
 
         setattr(Connection, "_dispatch", counting)  # noqa: B010 - the instrument, on purpose

@@ -114,14 +114,11 @@ class JoinCoordinator:
             except (StoreError, RendezvousError) as exc:  # the join does it again, and says so
                 log.debug("run %r: the first join's work was not done early: %s", h.run_id, exc)
         if scope.cancelled_caught:
-            log.debug(
-                "run %r: the store did not answer within %gs of creation", h.run_id, PREPARE_BUDGET
-            )
+            log.debug("run %r: no answer within %gs of creation", h.run_id, PREPARE_BUDGET)
 
     async def _prepare_lease(self) -> LeaseKeeper:
-        # Nothing is bound to it until the join registers: its loss before then is not the
-        # handler's (the join grants another), so it is not armed yet. Kept by the handler as
-        # soon as granted (closed with it), even if the view failed to open meanwhile.
+        # not armed: its loss before the join registers is not the handler's (the join grants
+        # another); kept (and closed) by the handler once granted, even if the view failed
         keeper = self._h._keeper = await self._new_lease()
         return keeper
 

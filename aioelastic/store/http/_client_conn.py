@@ -33,7 +33,7 @@ from ._upgrade_answer import Answer, AnswerReader, HeadError
 if TYPE_CHECKING:
     from ._client_watchdog import Watchdog
 
-__all__ = ["Connection", "ConnectionLost"]
+__all__ = ["Connection", "ConnectionLost", "DecodedOnce", "to_watches"]
 
 #: the largest message accepted from the server (its frames are bounded by their own limits)
 MAX_MESSAGE = 1 << 31
@@ -75,8 +75,7 @@ class Connection(asyncio.Protocol):
         self._outbox: list[bytes] = []
         self._flush_due = False
         self.paused = False
-        self._last_blob = b""  # the last events' blob, and them decoded
-        self._last_events: list[WatchEvent] = []
+        self.decoded = DecodedOnce()
 
     # -- the dialer's side
 
@@ -200,42 +199,15 @@ class Connection(asyncio.Protocol):
         return not self.ending
 
     def _dispatch(self, frame: list[Any]) -> None:
-        kind, rid = frame[0], frame[1]
-        if kind == ERROR:  # (a RESULT is handled in _message)
-            entry = self.pending.pop(rid, None)
-            if entry is None:
-                if rid == 0:  # the connection's end, and why
-                    self.reason = f"the server said: {frame[3]} ({frame[2]})"
-            elif not entry[0].done():
-                entry[0].set_exception(Refused(frame[2], frame[3], frame[4]))
+        if frame[0] != ERROR:  # (a RESULT is handled in _message)
+            to_watches(self, frame)
             return
-        if kind == EVENTS_MANY:  # the same events for each of these watches
-            events = self._decoded(frame[2])
-            now = self.last_received
-            watches = self.watches
-            for wid in rid:
-                watch = watches.get(wid)
-                if watch is not None:
-                    watch.on_events(events, now)
-            return
-        watch = self.watches.get(rid)
-        if watch is None:
-            return
-        if kind == EVENTS:
-            watch.on_events(self._decoded(frame[2]), self.last_received)
-        elif kind == PROGRESS:
-            watch.on_progress(frame[2])
-        elif kind == WATCH_END:
-            del self.watches[rid]
-            watch.on_end(self, frame[2], frame[3], frame[4])
-
-    def _decoded(self, blob: bytes) -> list[WatchEvent]:
-        """``blob``'s events, decoded once for the frames in a row that carry it (watches at one
-        position share them: events are immutable)."""
-        if blob != self._last_blob:
-            self._last_events = decode_events(blob)
-            self._last_blob = blob
-        return self._last_events
+        entry = self.pending.pop(frame[1], None)
+        if entry is None:
+            if frame[1] == 0:  # the connection's end, and why
+                self.reason = f"the server said: {frame[3]} ({frame[2]})"
+        elif not entry[0].done():
+            entry[0].set_exception(Refused(frame[2], frame[3], frame[4]))
 
     def eof_received(self) -> bool | None:
         return None  # the server is done: close our end too
@@ -361,3 +333,45 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.lost:
             self._flush()
             self.transport.close()
+
+
+class DecodedOnce:
+    """A blob's events, decoded once for the frames in a row that carry it (watches at one
+    position share them: events are immutable)."""
+
+    __slots__ = ("blob", "events")
+
+    def __init__(self) -> None:
+        self.blob = b""
+        self.events: list[WatchEvent] = []
+
+    def __call__(self, blob: bytes) -> list[WatchEvent]:
+        if blob != self.blob:
+            self.events = decode_events(blob)
+            self.blob = blob
+        return self.events
+
+
+def to_watches(conn: Connection, frame: list[Any]) -> None:
+    """A watch's frame (events, progress, its end) to its watch; events many watches share to
+    each of them (decoded once). A frame for a watch no longer open is dropped."""
+    kind, wid = frame[0], frame[1]
+    if kind == EVENTS_MANY:  # the same events for each of these watches
+        events = conn.decoded(frame[2])
+        now = conn.last_received
+        watches = conn.watches
+        for one in wid:
+            watch = watches.get(one)
+            if watch is not None:
+                watch.on_events(events, now)
+        return
+    watch = conn.watches.get(wid)
+    if watch is None:
+        return
+    if kind == EVENTS:
+        watch.on_events(conn.decoded(frame[2]), conn.last_received)
+    elif kind == PROGRESS:
+        watch.on_progress(frame[2])
+    elif kind == WATCH_END:
+        del conn.watches[wid]
+        watch.on_end(conn, frame[2], frame[3], frame[4])
