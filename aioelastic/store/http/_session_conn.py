@@ -16,8 +16,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgpack
+
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
-from ._frames import ERROR, REQUEST, RESULT, WATCH_END, FrameError, kv_to_wire, pack, unpack_all
+from ._frames import (
+    ERROR,
+    REQUEST,
+    RESULT,
+    WATCH_END,
+    FrameError,
+    kv_to_wire,
+    pack,
+    unpack_all,
+)
 from ._persist import LogWriteError
 from ._session_ops import OPS, OpError, bad
 from ._session_watch import ServedWatch
@@ -55,7 +66,8 @@ class Sender(Protocol):
         """Write one message whose body is ``parts`` (encoded frames) back to back."""
 
     def buffered(self) -> int:
-        """Bytes written but not yet taken by the peer (the transport's write buffer)."""
+        """Bytes written but not yet taken by the peer (the transport's write buffer); asked
+        only while the transport has paused writing (:meth:`Connection.pause_writing`)."""
 
     def close(self, code: str, error: bytes, *, abort: bool = False) -> None:
         """Write ``error`` (the encoded connection-level error frame, ``code`` its code) as the
@@ -122,7 +134,9 @@ class Connection:
             return
         batch, self._outbox = self._outbox, []
         self.sender.write(batch)
-        if self.sender.buffered() > self.hub.max_outbox_bytes:
+        # The buffer can only be over the limit once it has passed the transport's high-water
+        # mark (far below it), which pauses writing: until then there is nothing to ask.
+        if self._paused and self.sender.buffered() > self.hub.max_outbox_bytes:
             self._finish("too_slow", "the client does not read its answers", abort=True)
 
     def _pump(self) -> None:
@@ -176,6 +190,31 @@ class Connection:
             self.bad_frame(error)  # after the answers of the frames before it
         else:
             self._write_outbox()
+
+    def received_one(self, body: bytes | memoryview) -> None:
+        """One message that is the whole of a read (a caller with one request in flight, the
+        usual case): a message of one frame is decoded with one call and answered with one
+        write; one of several frames takes :meth:`received`, as does every error."""
+        if self._closing:
+            return
+        try:
+            frame = _unpack_one(body, self.hub.max_message_bytes)
+        except _NOT_ONE:
+            frame = None
+        if type(frame) is not list or len(frame) != 4:
+            self.received([bytes(body)])  # several frames, or not valid: the general path
+            return
+        self._dispatching = True
+        try:
+            self._dispatch(frame)
+            if self._ready and not self._paused:
+                self._pump()
+        except FrameError as exc:
+            self._dispatching = False
+            self.bad_frame(str(exc))
+            return
+        self._dispatching = False
+        self._write_outbox()
 
     def _dispatch(self, frame: list[Any]) -> None:
         if len(frame) != 4 or frame[0] != REQUEST or not isinstance(frame[1], int):
@@ -306,6 +345,25 @@ class Connection:
         self._ready.clear()
         for task in list(self._tasks):
             task.cancel()
+
+
+#: What msgpack raises for a message that is not exactly one object (several frames included).
+_NOT_ONE = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError)
+
+
+def _unpack_one(body: bytes | memoryview, max_len: int) -> Any:
+    """The one msgpack object that is the whole of ``body``, with the limits of
+    :func:`~._frames.unpack_all` (which judges everything this does not take)."""
+    return msgpack.unpackb(
+        body,
+        raw=False,
+        strict_map_key=True,
+        max_bin_len=max_len,
+        max_str_len=max_len,
+        max_array_len=1_000_000,
+        max_map_len=10_000,
+        max_ext_len=0,
+    )
 
 
 def error_frame(rid: int, exc: Exception) -> list[Any]:
