@@ -76,6 +76,13 @@ def _syscalls(pid: int) -> tuple[int, int]:
     return int(fields["syscw"]), int(fields["syscr"])
 
 
+def _user_system(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of ``pid`` so far (clock ticks: sum many rounds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def _ops(url: str) -> dict[str, int]:
     """Session and REST operations answered so far, by op (the server's /metrics)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
@@ -127,7 +134,7 @@ def _round(pid: int, url: str, procs: list[subprocess.Popen[str]]) -> dict[str, 
     ops_before = _ops(url)
     time.sleep(0.3)  # the scrape's own work is done before the window opens
     t0 = time.time() + 0.5
-    cpu, (writes, reads) = _cpu_seconds(pid), _syscalls(pid)
+    cpu, (writes, reads), (user, system) = _cpu_seconds(pid), _syscalls(pid), _user_system(pid)
     for proc in procs:
         assert proc.stdin is not None
         proc.stdin.write(f"{t0}\n")
@@ -136,7 +143,7 @@ def _round(pid: int, url: str, procs: list[subprocess.Popen[str]]) -> dict[str, 
     for proc in procs:
         assert proc.stdout is not None
         ranks.append(json.loads(proc.stdout.readline())["rank"])
-    cpu, (w2, r2) = _cpu_seconds(pid) - cpu, _syscalls(pid)
+    cpu, (w2, r2), (u2, s2) = _cpu_seconds(pid) - cpu, _syscalls(pid), _user_system(pid)
     if sorted(ranks) != list(range(n)):
         raise RuntimeError(f"ranks {sorted(ranks)}")
     ops = _ops(url)
@@ -144,6 +151,8 @@ def _round(pid: int, url: str, procs: list[subprocess.Popen[str]]) -> dict[str, 
         "cpu": cpu / n,
         "writes": (w2 - writes) / n,
         "reads": (r2 - reads) / n,
+        "user": u2 - user,
+        "system": s2 - system,
         "ops": {
             op: (ops[op] - ops_before.get(op, 0)) / n
             for op in ops
@@ -201,6 +210,12 @@ def _report(label: str, rounds: list[list[dict[str, Any]]]) -> None:
             f"| {name} ({len(group)}) | {_fmt([r['cpu'] for r in group], 1e6)} | "
             f"{_fmt([r['writes'] for r in group], 1, 2)} | "
             f"{_fmt([r['reads'] for r in group], 1, 2)} | {per_op} |"
+        )
+    user, system = sum(r["user"] for r in warm), sum(r["system"] for r in warm)
+    if user + system:
+        print(
+            f"warm rounds' server CPU in the kernel (system time, clock ticks summed over "
+            f"{len(warm)} rounds): {system / (user + system):.0%}"
         )
 
 
