@@ -16,20 +16,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgpack
-
 from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
-from ._frames import (
-    ERROR,
-    REQUEST,
-    RESULT,
-    WATCH_END,
-    FrameError,
-    kv_to_wire,
-    pack,
-    unpack_all,
-)
+from ._frames import ERROR, REQUEST, RESULT, WATCH_END, FrameError, kv_to_wire, pack, unpack_all
 from ._persist import LogWriteError
+from ._session_decode import NOT_ONE, unpack_one
 from ._session_ops import OPS, OpError, bad
 from ._session_watch import ServedWatch
 
@@ -198,8 +188,8 @@ class Connection:
         if self._closing:
             return
         try:
-            frame = _unpack_one(body, self.hub.max_message_bytes)
-        except _NOT_ONE:
+            frame = unpack_one(body, self.hub.max_message_bytes)
+        except NOT_ONE:
             frame = None
         if type(frame) is not list or len(frame) != 4:
             self.received([bytes(body)])  # several frames, or not valid: the general path
@@ -345,25 +335,6 @@ class Connection:
         self._ready.clear()
         for task in list(self._tasks):
             task.cancel()
-
-
-#: What msgpack raises for a message that is not exactly one object (several frames included).
-_NOT_ONE = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError)
-
-
-def _unpack_one(body: bytes | memoryview, max_len: int) -> Any:
-    """The one msgpack object that is the whole of ``body``, with the limits of
-    :func:`~._frames.unpack_all` (which judges everything this does not take)."""
-    return msgpack.unpackb(
-        body,
-        raw=False,
-        strict_map_key=True,
-        max_bin_len=max_len,
-        max_str_len=max_len,
-        max_array_len=1_000_000,
-        max_map_len=10_000,
-        max_ext_len=0,
-    )
 
 
 def error_frame(rid: int, exc: Exception) -> list[Any]:
