@@ -12,7 +12,9 @@ shares, not the times).
     PYTHONPATH=. nice -n 5 python -m benchmarks.server_join_cpu --n 64 --rounds 5 [--profile]
 
 It is the quick, in-process companion of ``benchmarks/rdzv_processes.py`` (whose "server CPU
-per join" is the ``aioelastic serve`` process over a round of N separate processes).
+per join" is the ``aioelastic serve`` process over a round of N separate processes) and of
+``benchmarks/server_join_procs.py`` (the same figure over light processes, with the server's
+system calls and operations per join, and ``--against`` another checkout).
 """
 
 from __future__ import annotations

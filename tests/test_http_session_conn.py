@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgpack
 import pytest
 
 from aioelastic.store.http._frames import ERROR, EVENTS, REQUEST, RESULT, pack, unpack_all
 from aioelastic.store.http._session_conn import Connection
+from aioelastic.store.http._session_raw import RawSession
 from aioelastic.store.http._session_server import SessionHub
+from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
 
 
@@ -23,11 +26,13 @@ class Recorder:
         self.writes: list[list[bytes]] = []
         self.closed: tuple[str, bytes, bool] | None = None
         self.buffer = 0
+        self.asked = 0  # calls of buffered()
 
     def write(self, parts: list[bytes]) -> None:
         self.writes.append(parts)
 
     def buffered(self) -> int:
+        self.asked += 1
         return self.buffer
 
     def close(self, code: str, error: bytes, *, abort: bool = False) -> None:
@@ -127,6 +132,7 @@ async def test_a_transport_buffer_over_the_limit_is_too_slow_and_aborts() -> Non
     hub.max_outbox_bytes = 1000
     connection, recorder = _connect(hub)
     recorder.buffer = 1001  # the peer has not read what was written
+    connection.pause_writing()  # (what the transport says once past its high-water mark)
     connection.received([_body([REQUEST, 1, "get", ["a"]], [REQUEST, 2, "get", ["b"]])])
     assert recorder.closed is not None
     code, error, abort = recorder.closed
@@ -157,3 +163,125 @@ async def test_watches_wait_while_the_transport_is_paused_and_go_out_on_resume()
     [events] = recorder.frames(1)
     assert events[:2] == [EVENTS, 5]
     connection.end()
+
+
+@pytest.mark.asyncio
+async def test_the_write_buffer_is_asked_about_only_while_the_transport_is_paused() -> None:
+    engine = MemoryEngine()
+    hub = _hub(engine)
+    hub.max_outbox_bytes = 1000
+    connection, recorder = _connect(hub)
+    for rid in range(1, 21):
+        connection.received([_body([REQUEST, rid, "get", ["a"]])])
+    assert len(recorder.writes) == 20
+    assert recorder.asked == 0  # a transport under its high-water mark: nothing to ask
+    recorder.buffer = 1001
+    connection.pause_writing()
+    connection.received_one(_body([REQUEST, 21, "get", ["a"]]))
+    assert recorder.asked == 1
+    assert recorder.closed is not None
+    assert recorder.closed[0] == "too_slow"
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_lone_frame_is_answered_in_one_write_of_one_part() -> None:
+    engine = MemoryEngine()
+    engine.put("a", b"1")
+    connection, recorder = _connect(_hub(engine))
+    connection.received_one(memoryview(_body([REQUEST, 7, "get", ["a"]])))
+    [parts] = recorder.writes
+    assert len(parts) == 1
+    [frame] = recorder.frames(0)
+    assert frame[:2] == [RESULT, 7]
+    assert frame[2][:2] == ["a", b"1"]
+    # a message of several frames, or a frame that is not a request: as received() has it
+    connection.received_one(_body([REQUEST, 8, "get", ["a"]], [REQUEST, 9, "nope", []]))
+    assert [f[:2] for f in recorder.frames(1)] == [[RESULT, 8], [ERROR, 9]]
+    connection.received_one(_body([REQUEST, 10, "watch", ["w/", None, False]]))
+    engine.put("w/x", b"2")  # the watch's events: after its answer, by the flush
+    await _next_iteration()
+    assert [f[:2] for f in recorder.frames(2)] == [[RESULT, 10]]
+    assert [f[:2] for f in recorder.frames(3)] == [[EVENTS, 10]]
+    connection.received_one(pack([RESULT, 11, None]))  # a server's frame from a client
+    assert recorder.closed is not None
+    assert recorder.closed[0] == "bad_frame"
+    connection.end()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xc1",
+        pack([REQUEST, 1, "get"]),
+        msgpack.packb("x"),
+        pack([]),
+        pack([REQUEST, 1, "get", ["a"]])[:-1],
+    ],
+)
+async def test_a_lone_message_that_is_not_a_request_is_a_bad_frame_as_before(body: bytes) -> None:
+    engine = MemoryEngine()
+    fast, fast_out = _connect(_hub(engine))
+    slow, slow_out = _connect(_hub(engine))
+    fast.received_one(body)
+    slow.received([body])
+    assert fast_out.closed is not None
+    assert slow_out.closed is not None
+    assert fast_out.closed == slow_out.closed  # the same code and the same message
+    assert fast_out.writes == slow_out.writes == []
+    fast.end()
+    slow.end()
+
+
+class WireTransport:
+    """The transport calls a :class:`RawSession` makes, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", bytes(data)))
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.calls.append(("writelines", b"".join(parts)))
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.calls.append(("close", b""))
+
+    def abort(self) -> None:
+        self.calls.append(("abort", b""))
+
+
+def _message(*frames: list[Any]) -> bytes:
+    body = _body(*frames)
+    return message_header(len(body)) + body
+
+
+@pytest.mark.asyncio
+async def test_a_read_of_one_request_is_answered_with_one_transport_write() -> None:
+    engine = MemoryEngine()
+    engine.put("a", b"1")
+    transport = WireTransport()
+    session = RawSession(_hub(engine), lambda exc: None, transport)
+    session.start()
+    session.data_received(_message([REQUEST, 0, "hello", {"versions": [1]}]))
+    transport.calls.clear()  # the welcome
+    session.data_received(_message([REQUEST, 1, "get", ["a"]]))
+    [(call, data)] = transport.calls  # one call, the header and the answer in one buffer
+    assert call == "write"
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    [frame] = unpack_all(data[4:], max_len=1 << 20)
+    assert frame[:2] == [RESULT, 1]
+    transport.calls.clear()
+    both = _message([REQUEST, 2, "get", ["a"]]) + _message([REQUEST, 3, "get", ["b"]])
+    session.data_received(both)  # two messages in one read: still one write
+    [(call, data)] = transport.calls
+    assert [f[:2] for f in unpack_all(data[4:], max_len=1 << 20)] == [[RESULT, 2], [RESULT, 3]]
+    session.connection_lost(None)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioelastic.store._txn import Txn
+from aioelastic.store._txn import Compare, Delete, Get, Put, Range, Txn
 from aioelastic.store.http._session_ops import OpError, _checked_txn
 from aioelastic.store.http._session_txn import plain_txn
 
@@ -111,6 +111,28 @@ def test_a_joins_transaction_takes_the_one_pass_way() -> None:
     fast = plain_txn(JOIN, 1024, 1 << 20)
     assert fast is not None
     assert fast == _full(JOIN)
+
+
+def test_the_one_pass_way_makes_its_operations_without_checking_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checked: list[str] = []
+    for cls in (Compare, Put, Get, Range, Delete):
+        monkeypatch.setattr(cls, "__post_init__", lambda self: checked.append(type(self).__name__))
+    args = [
+        [["a", "version", ">", 0], ["b", "value", "==", b"x"]],
+        [["put", "k", b"v", 7], ["get", "a"], ["range", "p/", 3], ["delete", "d"]],
+        [["range", "", None]],
+    ]
+    fast = plain_txn(args, 1024, 1 << 20)
+    assert checked == []  # plain_txn checked them: no second pass per operation
+    monkeypatch.undo()
+    assert fast is not None
+    full = _full(args)
+    assert fast == full
+    assert [hash(op) for op in (*fast.compare, *fast.success, *fast.failure)] == [
+        hash(op) for op in (*full.compare, *full.success, *full.failure)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from ._frames import (
     unpack_all,
 )
 from ._persist import LogWriteError
+from ._session_decode import NOT_ONE, unpack_one
 from ._session_ops import OPS, OpError, bad
 from ._session_watch import GROUP_WATCHES, EventGroups, ServedWatch
 
@@ -65,7 +66,8 @@ class Sender(Protocol):
         """Write one message whose body is ``parts`` (encoded frames) back to back."""
 
     def buffered(self) -> int:
-        """Bytes written but not yet taken by the peer (the transport's write buffer)."""
+        """Bytes written but not yet taken by the peer (the transport's write buffer); asked
+        only while the transport has paused writing (:meth:`Connection.pause_writing`)."""
 
     def close(self, code: str, error: bytes, *, abort: bool = False) -> None:
         """Write ``error`` (the encoded connection-level error frame, ``code`` its code) as the
@@ -134,7 +136,9 @@ class Connection:
             return
         batch, self._outbox = self._outbox, []
         self.sender.write(batch)
-        if self.sender.buffered() > self.hub.max_outbox_bytes:
+        # The buffer can only be over the limit once it has passed the transport's high-water
+        # mark (far below it), which pauses writing: until then there is nothing to ask.
+        if self._paused and self.sender.buffered() > self.hub.max_outbox_bytes:
             self._finish("too_slow", "the client does not read its answers", abort=True)
 
     def _pump(self) -> None:
@@ -205,6 +209,31 @@ class Connection:
             self.bad_frame(error)  # after the answers of the frames before it
         else:
             self._write_outbox()
+
+    def received_one(self, body: bytes | memoryview) -> None:
+        """One message that is the whole of a read (a caller with one request in flight, the
+        usual case): a message of one frame is decoded with one call and answered with one
+        write; one of several frames takes :meth:`received`, as does every error."""
+        if self._closing:
+            return
+        try:
+            frame = unpack_one(body, self.hub.max_message_bytes)
+        except NOT_ONE:
+            frame = None
+        if type(frame) is not list or len(frame) != 4:
+            self.received([bytes(body)])  # several frames, or not valid: the general path
+            return
+        self._dispatching = True
+        try:
+            self._dispatch(frame)
+            if self._ready and not self._paused:
+                self._pump()
+        except FrameError as exc:
+            self._dispatching = False
+            self.bad_frame(str(exc))
+            return
+        self._dispatching = False
+        self._write_outbox()
 
     def _dispatch(self, frame: list[Any]) -> None:
         if len(frame) != 4 or frame[0] != REQUEST or not isinstance(frame[1], int):

@@ -169,6 +169,7 @@ class RawSession(asyncio.Protocol):
         self._early: list[bytes] | None = []  # bytes before the 101 went out (a rude client)
         self._hello_timer: asyncio.TimerHandle | None = None
         self._ended = False  # closed (by either side): nothing more is read or written
+        self._paused = False  # the transport paused writing (told again to the connection)
 
     def start(self) -> None:
         """The 101 is written: wait for the hello (and read what came early)."""
@@ -189,6 +190,12 @@ class RawSession(asyncio.Protocol):
             return
         if self._ended:
             return
+        connection = self.connection
+        if connection is not None:
+            body = self.reader.whole(data)  # one whole message, nothing buffered: no copy
+            if body is not None:
+                connection.received_one(body)
+                return
         error = None
         try:
             bodies = self.reader.feed(data)
@@ -210,15 +217,19 @@ class RawSession(asyncio.Protocol):
             connection = self.connection = self.hub.greet(self, bodies[0])
             if connection is None:
                 return
+            if self._paused:  # (paused before the hello: the welcome waits in the buffer)
+                connection.pause_writing()
             del bodies[0]
         if bodies:
             connection.received(bodies)
 
     def pause_writing(self) -> None:
+        self._paused = True
         if self.connection is not None:
             self.connection.pause_writing()
 
     def resume_writing(self) -> None:
+        self._paused = False
         if self.connection is not None:
             self.connection.resume_writing()
 
@@ -239,6 +250,10 @@ class RawSession(asyncio.Protocol):
 
     def write(self, parts: list[bytes]) -> None:
         if self._ended:
+            return
+        if len(parts) == 1:  # one answer: one buffer (its header joined to it), one write
+            part = parts[0]
+            self.transport.write(message_header(len(part)) + part)
             return
         size = 0
         for part in parts:

@@ -28,8 +28,53 @@ from .._txn import (
     Txn,
     TxnOp,
 )
+from ._frames import slot_setters
 
 __all__ = ["plain_txn"]
+
+# The operations are made from their slots, as ``_frames.new_kv`` makes key-values: a frozen
+# dataclass's ``__init__`` sets each field through ``object.__setattr__`` and then its
+# ``__post_init__`` checks again what :func:`plain_txn` has just checked (a key that is a
+# non-empty str, bytes, an int >= 0 that is not a bool, a known target and op). That was about
+# half of the decode of a transaction. Same fields, so the same (equal) operations.
+_new = object.__new__
+_PUT_KEY, _PUT_VALUE, _PUT_LEASE = slot_setters(Put, ("key", "value", "lease"))
+(_GET_KEY,) = slot_setters(Get, ("key",))
+(_DELETE_KEY,) = slot_setters(Delete, ("key",))
+_RANGE_PREFIX, _RANGE_LIMIT = slot_setters(Range, ("prefix", "limit"))
+_CMP_KEY, _CMP_TARGET, _CMP_OP, _CMP_OPERAND = slot_setters(
+    Compare, ("key", "target", "op", "operand")
+)
+
+
+def _put(key: str, value: bytes, lease: int) -> Put:
+    op: Put = _new(Put)
+    _PUT_KEY(op, key)
+    _PUT_VALUE(op, value)
+    _PUT_LEASE(op, lease)
+    return op
+
+
+def _compare(key: str, target: str, op: str, operand: int | bytes) -> Compare:
+    compare: Compare = _new(Compare)
+    _CMP_KEY(compare, key)
+    _CMP_TARGET(compare, target)
+    _CMP_OP(compare, op)
+    _CMP_OPERAND(compare, operand)
+    return compare
+
+
+def _one_key(cls: type[Get] | type[Delete], setter: Any, key: str) -> Any:
+    op = _new(cls)
+    setter(op, key)
+    return op
+
+
+def _range(prefix: str, limit: int | None) -> Range:
+    op: Range = _new(Range)
+    _RANGE_PREFIX(op, prefix)
+    _RANGE_LIMIT(op, limit)
+    return op
 
 
 def plain_txn(args: list[Any], max_key_bytes: int, max_value_bytes: int) -> Txn | None:
@@ -59,7 +104,7 @@ def plain_txn(args: list[Any], max_key_bytes: int, max_value_bytes: int) -> Txn 
         elif type(operand) is not int or operand < 0:
             return None
         size += len(key)
-        compares.append(Compare(key, target, op, operand))
+        compares.append(_compare(key, target, op, operand))
     success = _branch(success_in, key_room, max_value_bytes)
     failure = _branch(failure_in, key_room, max_value_bytes)
     if success is None or failure is None:
@@ -94,16 +139,16 @@ def _branch(
             if type(lease) is not int or lease < 0:
                 return None
             size += len(value)
-            op: TxnOp = Put(key, value, lease)
+            op: TxnOp = _put(key, value, lease)
         elif kind == "delete" and len(item) == 2 and key:
-            op = Delete(key)
+            op = _one_key(Delete, _DELETE_KEY, key)
         elif kind == "get" and len(item) == 2 and key:
-            op = Get(key)
+            op = _one_key(Get, _GET_KEY, key)
         elif kind == "range" and len(item) == 3:
             limit = item[2]
             if limit is not None and (type(limit) is not int or limit < 1):
                 return None
-            op = Range(key, limit)
+            op = _range(key, limit)
         else:
             return None  # delete_prefix (its rule against puts is the full path's), or invalid
         size += len(key)

@@ -1,0 +1,152 @@
+"""The server's CPU per session request, socket-free: ``RawSession.data_received`` of one whole
+message of one request (a get, a put, a small transaction) on a transport that drops what it is
+given, so only the server's own Python work is in the figure (decode, dispatch, the engine,
+encode, the metering, the call of the transport's write), not the system calls.
+
+    PYTHONPATH=. nice -n 5 python -m benchmarks.server_call_cpu [--calls 20000] [--repeat 7] \
+        [--against /path/to/other/checkout]
+
+Prints the median and range of ``time.thread_time()`` per call over ``--repeat`` runs;
+``--against`` runs the same in a subprocess on another checkout's code, alternated with this
+one's (twice each), and prints the ratios of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Drop:
+    """A transport that takes every write and is never full."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def writelines(self, parts: list[bytes]) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _message(*frames: list[Any]) -> bytes:
+    from aioelastic.store.http._frames import pack
+    from aioelastic.store.http._session_stream import message_header
+
+    body = b"".join(pack(frame) for frame in frames)
+    return message_header(len(body)) + body
+
+
+async def _measure(calls: int, repeat: int) -> dict[str, list[float]]:
+    from aioelastic.store.http._frames import REQUEST
+    from aioelastic.store.http._metrics import RequestMeter
+    from aioelastic.store.http._session_raw import RawSession
+    from aioelastic.store.http._session_server import SessionHub
+    from aioelastic.store.memory import MemoryEngine
+
+    engine = MemoryEngine()
+    hub = SessionHub(engine, max_key_bytes=1024, max_value_bytes=1 << 20, max_watches=1000)
+    hub.observe = RequestMeter().observe  # metered, as a server with prometheus-client is
+    session = RawSession(hub, lambda exc: None, _Drop())
+    session.start()
+    session.data_received(_message([REQUEST, 0, "hello", {"versions": [1]}]))
+    engine.put("k", b"v" * 64)
+    requests = {
+        "get": _message([REQUEST, 1, "get", ["k"]]),
+        "put": _message([REQUEST, 2, "put", ["k", b"v" * 64, 0]]),
+        "txn": _message(
+            [
+                REQUEST,
+                3,
+                "txn",
+                [[["k", "version", ">", 0]], [["put", "n/1", b"x" * 100, 0], ["get", "k"]], []],
+            ]
+        ),
+    }
+    out: dict[str, list[float]] = {}
+    for name, message in requests.items():
+        runs = []
+        for _ in range(repeat):
+            start = time.thread_time()
+            for _ in range(calls):
+                session.data_received(message)
+            runs.append((time.thread_time() - start) / calls)
+        out[name] = runs
+    session.connection_lost(None)
+    return out
+
+
+def _other(checkout: Path, calls: int, repeat: int) -> dict[str, list[float]]:
+    """The figures of ``checkout``'s code, in a process of its own (this file run by path, with
+    the checkout's ``aioelastic`` first on the path)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", "--calls", str(calls), "--repeat", str(repeat)],
+        env=env,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(done.stderr[-500:])
+    result: dict[str, list[float]] = json.loads(done.stdout)
+    return result
+
+
+def _line(label: str, runs: dict[str, list[float]]) -> str:
+    return f"{label}: " + ", ".join(
+        f"{name} {statistics.median(v) * 1e6:.2f} us ({min(v) * 1e6:.2f}-{max(v) * 1e6:.2f})"
+        for name, v in runs.items()
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--against", type=Path, help="another checkout, alternated with this")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:  # (for --against: the figures as JSON)
+        print(json.dumps(asyncio.run(_measure(args.calls, args.repeat))))
+        return
+    if args.against is None:
+        print(_line(str(ROOT), asyncio.run(_measure(args.calls, args.repeat))))
+        return
+    ours: list[dict[str, list[float]]] = []
+    theirs: list[dict[str, list[float]]] = []
+    for _ in range(2):
+        theirs.append(_other(args.against.resolve(), args.calls, args.repeat))
+        print(_line(str(args.against), theirs[-1]), flush=True)
+        ours.append(_other(ROOT, args.calls, args.repeat))
+        print(_line(str(ROOT), ours[-1]), flush=True)
+    for name in ours[0]:
+        ratios = [
+            statistics.median(a[name]) / statistics.median(b[name])
+            for a, b in zip(ours, theirs, strict=True)
+        ]
+        print(f"{name}: this / other {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+if __name__ == "__main__":
+    main()
