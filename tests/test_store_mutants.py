@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from aioelastic.errors import (
     CompactedError,
     LeaseExpiredError,
+    LeaseNotFoundError,
     StoreClosedError,
     StoreConnectionError,
     TxnConflictError,
@@ -54,7 +55,7 @@ from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
 from aioelastic.store.memory import Commit, EngineState, LeaseChange
-from aioelastic.testing import FaultInjectingStore, virtual_test
+from aioelastic.testing import FaultInjectingStore, VirtualTimeLoop, virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
 EDGE_CHARS = st.sampled_from(["a", "b", "\x00", "\x7f", "\ud7ff", "\ue000", "\U0010ffff", "\uffff"])
@@ -1061,6 +1062,171 @@ async def test_a_keeper_closed_without_revoking_leaves_the_lease_to_its_ttl() ->
         assert (await store.lease_time_to_live(other.id)).id == other.id
 
 
+def test_a_keeper_names_the_interval_it_refuses_and_not_yet_started_reads_as_nothing() -> None:
+    store = MemoryStore()
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match=r"^keep_alive_interval must be a finite number"):
+            LeaseKeeper(store, 5, keep_alive_interval=bad)
+    with pytest.raises(ValueError, match=r"^renew_deadline \(5\.0s\) must be shorter than"):
+        LeaseKeeper(store, 5, renew_deadline=5)  # as long as the TTL: no margin at all
+    keeper = LeaseKeeper(store, 5)
+    assert keeper.statistics() == LeaseKeeperStatistics(0, 5.0, 0, 0, 0.0, False)
+
+
+@virtual_test
+async def test_a_keeper_closed_before_it_started_does_nothing() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 3)
+        await keeper.aclose()
+        assert store.calls == {}
+        assert not keeper.lost
+
+
+@virtual_test
+async def test_a_keeper_retries_until_the_ttl_is_all_but_gone() -> None:
+    """Renewals fail from 1 s on, with a TTL of 3: retries at 1.5, 1.875, 2.15625 (0.84 s
+    left) and 2.3671875 (0.63 s left), which the healed store answers: the lease is kept."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        times = _record_keep_alives(store)
+        start = asyncio.get_running_loop().time()
+        async with LeaseKeeper(store, 3, keep_alive_interval=1) as keeper:
+            store.partition()
+            await asyncio.sleep(2.2)
+            store.heal()
+            await asyncio.sleep(0.5)
+            assert not keeper.lost
+            assert [t - start for t in times] == [1.0, 1.5, 1.875, 2.15625, 2.3671875]
+            stats = keeper.statistics()
+            assert (stats.renewals, stats.failed_renewals) == (1, 4)
+
+
+@virtual_test
+async def test_a_renewal_failing_at_the_very_end_of_the_ttl_is_the_loss() -> None:
+    """A keep-alive that takes the whole TTL left and then fails to connect: the lease is lost
+    then, with that error, not retried once more after its TTL."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop)
+    async with MemoryStore() as store:
+
+        async def slow_refusal(lease_id: int) -> float:
+            loop.advance(max(0.0, start + 12.0 - loop.time()))  # the TTL's end, exactly
+            raise StoreConnectionError("refused")
+
+        start = loop.time()
+        async with LeaseKeeper(store, 12) as keeper:
+            store.lease_keep_alive = slow_refusal  # type: ignore[method-assign]
+            error = await _lost(keeper, 13)
+            assert loop.time() == start + 12.0
+            assert error == (
+                f"lease {keeper.id:#x} lost: store unreachable for the whole TTL (refused)"
+            )
+            assert keeper.statistics().failed_renewals == 1
+
+
+@virtual_test
+async def test_a_failed_renewal_counts_with_the_outages_before_it() -> None:
+    # renews every 4 s
+    async with FaultInjectingStore(MemoryStore()) as store, LeaseKeeper(store, 12) as keeper:
+        store.partition()
+        await asyncio.sleep(4.5)  # failed at 4: retry at 6
+        store.heal()
+        store.fail_next("lease_keep_alive", RuntimeError("bug"))
+        await _lost(keeper, 2)
+        assert keeper.statistics().failed_renewals == 2
+
+
+@virtual_test
+async def test_a_loss_is_reported_once_even_if_a_callback_cancels_the_renewal() -> None:
+    """The lost callbacks run in the renewal task; one that cancels the task it runs in (its
+    ``current_task``) does not make a second loss out of the first."""
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        reasons: list[str] = []
+
+        def cancel_current(error: LeaseExpiredError) -> None:
+            reasons.append(str(error))
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+
+        keeper.on_lost(cancel_current)
+        await store.lease_revoke(keeper.id)
+        error = await _lost(keeper, 2)
+        await asyncio.sleep(2)
+        assert reasons == [error]
+        assert str(keeper.error) == error == f"lease {keeper.id:#x} lost: expired or revoked"
+        assert keeper.statistics().failed_renewals == 0
+
+
+@virtual_test
+async def test_a_keeper_lets_go_of_the_renewal_that_failed() -> None:
+    """The failed renewal (its exception, traceback and frames) is not kept by the keeper,
+    which lives as long as its lease."""
+    async with FaultInjectingStore(MemoryStore()) as store, LeaseKeeper(store, 3) as keeper:
+        store.hang("lease_keep_alive")
+        await asyncio.sleep(1.5)  # the renewal is in flight, hung
+        task = keeper._task
+        assert task is not None
+        store.fail_next("lease_keep_alive", RuntimeError("bug"))
+        store.release()
+        await _lost(keeper, 1)
+        assert keeper._task is None
+
+
+@virtual_test
+async def test_closing_a_keeper_ends_its_renewal_in_flight_and_reports_no_loss() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 3)
+        await keeper.start()
+        lost: list[LeaseExpiredError] = []
+        keeper.on_lost(lost.append)
+        store.hang("lease_keep_alive")
+        await asyncio.sleep(1.5)  # the renewal is in flight, hung
+        renewal = keeper._task
+        assert renewal is not None
+        store.hang("lease_revoke")  # (the revoke must not overtake the renewal either)
+        closing = asyncio.create_task(keeper.aclose())
+        await asyncio.sleep(0.1)
+        assert renewal.done()
+        store.release()
+        await closing
+        await asyncio.sleep(5)  # a renewal left running would now find the lease revoked
+        assert (lost, keeper.lost) == ([], False)
+        with pytest.raises(LeaseNotFoundError):
+            await store.lease_time_to_live(keeper.id)
+
+
+@virtual_test
+async def test_closing_a_keeper_gives_a_hung_revoke_five_seconds() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 30)
+        await keeper.start()
+        store.hang("lease_revoke")
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        with anyio.fail_after(60):
+            await keeper.aclose()
+        assert loop.time() - before == 5.0
+        store.release()
+        assert (await store.lease_time_to_live(keeper.id)).id == keeper.id  # left to expire
+
+
+@virtual_test
+async def test_a_keeper_left_by_a_cancellation_still_revokes_its_lease() -> None:
+    """``async with store.lease(...)`` in work that is cancelled: the revoke (here a slow one)
+    runs to its end, shielded from the cancellation that closes the keeper."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        leases: list[int] = []
+        with anyio.move_on_after(1.0):
+            async with LeaseKeeper(store, 30) as keeper:
+                leases.append(keeper.id)
+                await store.put("k", b"v", lease=keeper.id)
+                store.latency = 0.5  # every call from now on takes half a second
+                await asyncio.sleep(3600)
+        assert await store.get("k") is None
+        with pytest.raises(LeaseNotFoundError):
+            await store.inner.lease_time_to_live(leases[0])
+
+
 @virtual_test
 async def test_compaction_fails_only_watchers_that_had_not_read_what_it_drops() -> None:
     """A compaction up to a watcher's first unread event (kept), or past events it has read,
@@ -1198,3 +1364,49 @@ async def test_an_empty_namespace_is_the_parent_and_says_what_it_watches() -> No
         _, following = await nested.range_and_watch("q/")
         async with following:
             assert following.prefix == "q/"
+
+
+@virtual_test
+async def test_a_guard_left_while_the_first_is_held_leaves_the_first_guarded() -> None:
+    """The first guard held and a second entered and left: the loss cancels the first, and
+    not the one already left (which the keeper no longer holds)."""
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        raised: list[BaseException] = []
+
+        async def first() -> None:
+            try:
+                with keeper.guard():
+                    await asyncio.sleep(3600)
+            except LeaseExpiredError as exc:
+                raised.append(exc)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await asyncio.sleep(0.1)
+                with keeper.guard() as second:
+                    await asyncio.sleep(0.1)
+                await store.lease_revoke(keeper.id)
+        assert raised == [keeper.error]
+        assert not second.cancel_called
+
+
+@virtual_test
+async def test_a_guard_is_an_ordinary_cancel_scope_and_masks_no_error() -> None:
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        with keeper.guard() as scope:
+            scope.deadline = before + 1.0  # its own deadline: it moves on, as move_on_after does
+            await asyncio.sleep(3600)
+        assert scope.cancelled_caught
+        assert loop.time() - before == 1.0
+        guard = keeper.guard()
+        with guard:
+            pass
+        with pytest.raises(RuntimeError, match=r"^a lease guard can be entered only once$"):
+            guard.__enter__()
+        await store.lease_revoke(keeper.id)
+        await _lost(keeper, 2)
+        with pytest.raises(ValueError, match=r"^its own error$"), keeper.guard():
+            raise ValueError("its own error")  # before any checkpoint: not the loss's error
