@@ -9,6 +9,8 @@ import contextvars
 import gc
 import re
 from collections.abc import Callable
+from typing import Any
+from urllib.parse import SplitResult
 
 import anyio
 import pytest
@@ -21,6 +23,7 @@ from aioelastic.errors import (
     LeaseNotFoundError,
     StoreClosedError,
     StoreConnectionError,
+    StoreTimeoutError,
     TxnConflictError,
     TxnTooLargeError,
 )
@@ -36,6 +39,7 @@ from aioelastic.store import (
     Get,
     GetResult,
     KeyValue,
+    LeaseGrant,
     LeaseStatus,
     MemoryEngine,
     MemoryStore,
@@ -47,13 +51,18 @@ from aioelastic.store import (
     Txn,
     TxnOp,
     TxnResult,
+    Watch,
     WatchEvent,
+    open_store,
+    register_backend,
+    supported_schemes,
 )
 from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
+from aioelastic.store._url import parse_store_url
 from aioelastic.store.memory import Commit, EngineState, LeaseChange
 from aioelastic.testing import FaultInjectingStore, VirtualTimeLoop, virtual_test
 
@@ -1410,3 +1419,237 @@ async def test_a_guard_is_an_ordinary_cancel_scope_and_masks_no_error() -> None:
         await _lost(keeper, 2)
         with pytest.raises(ValueError, match=r"^its own error$"), keeper.guard():
             raise ValueError("its own error")  # before any checkpoint: not the loss's error
+
+
+# -- open_store's URLs and backends
+
+
+def _schemes() -> str:
+    return ", ".join(supported_schemes())
+
+
+def test_a_bad_store_url_is_named_redacted_with_the_schemes_supported() -> None:
+    cases: list[tuple[str, str]] = [
+        ("", f"url must look like scheme://..., got '' (supported schemes: {_schemes()})"),
+        (
+            "memory:x",
+            f"url must look like scheme://..., got 'memory:x' (supported schemes: {_schemes()})",
+        ),
+        (
+            "://host",
+            f"url must look like scheme://..., got '://host' (supported schemes: {_schemes()})",
+        ),
+        (
+            "gopher://u:secret@x",
+            f"url 'gopher://u:***@x' has an unsupported scheme 'gopher' (supported: {_schemes()})",
+        ),
+        ("http://u:secret@[::1", "url is malformed: 'http://u:***@[::1' (Invalid IPv6 URL)"),
+    ]
+    for url, message in cases:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            parse_store_url(url)
+    with pytest.raises(TypeError, match=r"^url must be a str, got bytes$"):
+        parse_store_url(b"memory://")  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_backend_registered_at_run_time_gets_the_url_and_a_copy_of_the_options() -> None:
+    calls: list[tuple[SplitResult, dict[str, Any]]] = []
+
+    async def opener(parts: SplitResult, options: dict[str, Any]) -> Store:
+        calls.append((parts, dict(options)))
+        options.clear()  # the opener's own copy
+        return MemoryStore()
+
+    register_backend("Mutants6Test", opener)  # schemes are case-insensitive, as in URLs
+    assert "mutants6test" in supported_schemes()
+    opening = open_store("MUTANTS6TEST://host:1/p", depth=2)
+    store = await opening
+    assert isinstance(store, MemoryStore)
+    assert not store.closed
+    await store.aclose()
+    async with opening as again:
+        assert not again.closed
+    assert again.closed  # leaving the block closes what it opened
+    assert [(p.scheme, p.netloc, p.path, o) for p, o in calls] == [
+        ("mutants6test", "host:1", "/p", {"depth": 2}),
+        ("mutants6test", "host:1", "/p", {"depth": 2}),
+    ]
+    bad: object
+    for bad in (42, "", "two words", "a-b"):
+        with pytest.raises(
+            ValueError,
+            match=f"^scheme must be a plain word such as 'redis', got {re.escape(repr(bad))}$",
+        ):
+            register_backend(bad, opener)
+
+
+@pytest.mark.asyncio
+async def test_an_opener_left_before_it_opened_closes_nothing() -> None:
+    opening = open_store("memory://")
+    await opening.__aexit__(None, None, None)
+
+
+# -- the protocol's records
+
+
+def test_the_records_defaults_and_views() -> None:
+    kv = KeyValue("k", "é".encode(), 1, 2, 1)
+    assert kv.lease == 0
+    assert kv.text() == "é"
+    assert WatchEvent(EventType.DELETE, kv).revision == 2
+    assert [EventType("PUT"), EventType("DELETE")] == [EventType.PUT, EventType.DELETE]
+    other = KeyValue("l", b"w", 3, 3, 1, lease=7)
+    result = RangeResult((kv, other), 3, 5)
+    assert result.more is False
+    assert (len(result), list(result), result[1], result[-1]) == (2, [kv, other], other, other)
+    assert result.to_dict() == {"k": "é".encode(), "l": b"w"}
+    assert LeaseStatus(1, 2.0, 1.5).keys == ()
+    assert bool(CasResult(True, 1, kv))
+    assert not CasResult(False, 1, None)
+    assert LeaseGrant(5, 2.0) == LeaseGrant(id=5, ttl=2.0)
+
+
+# -- the conveniences: stm, add, range_and_watch, wait_for
+
+
+@virtual_test
+async def test_stm_and_add_refuse_bad_arguments_by_name_and_try_32_times_by_default() -> None:
+    async with MemoryStore() as store:
+
+        async def noop(tx: StmTxn) -> None:
+            await tx.get("x")
+
+        with pytest.raises(ValueError, match=r"^max_attempts must be >= 1, got 0$"):
+            await store.stm(noop, max_attempts=0)
+        with pytest.raises(TypeError, match=r"^keys must be a list of keys, not a str$"):
+            await store.stm(noop, keys="xy")
+        with pytest.raises(TypeError, match=r"^delta must be an int, got float$"):
+            await store.add("n", 1.5)  # type: ignore[arg-type]
+        runs = 0
+
+        async def once(tx: StmTxn) -> int:
+            nonlocal runs
+            runs += 1
+            tx.put("y", b"1")
+            return runs
+
+        assert await store.stm(once, max_attempts=1) == 1  # one attempt is allowed
+
+        async def interfered(tx: StmTxn) -> None:
+            nonlocal runs
+            runs += 1
+            await tx.get("x")
+            await store.put("x", b"%d" % runs)
+            tx.put("y", b"2")
+
+        runs = 0
+        with pytest.raises(TxnConflictError):
+            await store.stm(interfered)
+        assert runs == 32
+
+
+class _RoundTripStore(MemoryStore):
+    """A memory store whose watches take a round trip (``delay`` s) to start and to close, as
+    they do over a network, and whose next range may be followed by ``after_range``."""
+
+    delay = 0.0
+    after_range: Callable[[], object] | None = None
+
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        result = await super()._range(prefix, limit)
+        hook, self.after_range = self.after_range, None
+        if hook is not None:
+            await hook()  # type: ignore[misc]
+        return result
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        watch = super()._watch(prefix, start_revision)
+        start, close = watch._start, watch._aclose
+        delay = self.delay
+
+        async def slow_start() -> None:
+            await start()
+            await asyncio.sleep(delay)  # (the store's answer)
+
+        async def slow_close() -> None:
+            await asyncio.sleep(delay)
+            await close()
+
+        watch._start = slow_start  # type: ignore[method-assign]
+        watch._aclose = slow_close  # type: ignore[method-assign]
+        return watch
+
+
+@virtual_test
+async def test_range_and_watch_sees_writes_after_its_range_and_rereads_after_a_compaction() -> None:
+    async with _RoundTripStore() as store:
+        await store.put("p/a", b"1")
+
+        async def write() -> None:
+            await store.put("p/b", b"2")
+
+        store.after_range = write  # a write between the range and the watch
+        result, watch = await store.range_and_watch("p/")
+        async with watch:
+            assert [kv.key for kv in result] == ["p/a"]
+            event = await watch.__anext__()
+            assert (event.kv.key, event.revision) == ("p/b", result.revision + 1)
+
+        async def write_and_compact() -> None:
+            await store.put("p/c", b"3")
+            await store.put("p/c", b"4")
+            await store.compact(await store.current_revision())
+
+        store.after_range = write_and_compact  # the range's history is gone before the watch
+        result, watch = await store.range_and_watch("p/")
+        async with watch:
+            assert [kv.key for kv in result] == ["p/a", "p/b", "p/c"]  # read again
+            assert watch.start_revision == result.revision + 1
+
+
+@virtual_test
+async def test_range_and_watch_cancelled_while_its_watch_starts_still_closes_it() -> None:
+    async with _RoundTripStore() as store:
+        store.delay = 1.0
+        with anyio.move_on_after(0.5):
+            await store.range_and_watch("p/")
+        await asyncio.sleep(0.1)
+        assert store.engine.watcher_count == 0
+
+
+@virtual_test
+async def test_wait_for_names_bad_keys_takes_only_puts_of_its_keys_and_times_out_exactly() -> None:
+    async with _RoundTripStore() as store:
+        with pytest.raises(ValueError, match=r"^keys\[\] must not be empty$"):
+            await store.wait_for(["a", ""])
+        with pytest.raises(TypeError, match=r"^keys\[\] must be a str, got int$"):
+            await store.wait_for([1])  # type: ignore[list-item]
+        await store.put("a/x", b"0")
+
+        async def writes() -> None:
+            await asyncio.sleep(0.1)
+            await store.put("a/z", b"other")  # under the keys' common prefix, not waited for
+            await store.delete("a/x")
+            await store.put("a/y", b"1")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writes)
+            found = await store.wait_for(["a/x", "a/y"], timeout=5)
+        assert {k: kv.value for k, kv in found.items()} == {"a/x": b"0", "a/y": b"1"}
+        with pytest.raises(
+            StoreTimeoutError, match=r"^timed out after 0\.5s waiting for keys \['b/1', 'b/2'\]$"
+        ):
+            await store.wait_for(["b/2", "b/1"], timeout=0.5)
+
+        store.delay = 0.5  # the watch's close takes half a second
+
+        async def late_write() -> None:
+            await asyncio.sleep(0.7)
+            await store.put("c", b"1")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(late_write)
+            # the key comes at 0.7 s; the timeout passes while the watch closes: found all the same
+            found = await store.wait_for(["c"], timeout=1.0)
+        assert list(found) == ["c"]
