@@ -8,7 +8,7 @@ import asyncio
 import contextvars
 import gc
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import SplitResult
 
@@ -1653,3 +1653,108 @@ async def test_wait_for_names_bad_keys_takes_only_puts_of_its_keys_and_times_out
             # the key comes at 0.7 s; the timeout passes while the watch closes: found all the same
             found = await store.wait_for(["c"], timeout=1.0)
         assert list(found) == ["c"]
+
+
+# -- Store's argument checks and closed state
+
+
+@virtual_test
+async def test_every_store_call_names_its_bad_argument_exactly() -> None:
+    async with MemoryStore() as store:
+        lease = await store.lease_grant(10)
+        cases: list[tuple[Callable[[], Awaitable[object]], type[Exception], str]] = [
+            (lambda: store.range("", limit=0), ValueError, "limit must be >= 1, got 0"),
+            (lambda: store.range("", limit=1.0), TypeError, "limit must be an int, got float"),  # type: ignore[arg-type]
+            (
+                lambda: store.compare_and_delete("k", 0),
+                ValueError,
+                "expected_mod_revision must be >= 1, got 0",
+            ),
+            (
+                lambda: store.compare_and_delete("k", "1"),  # type: ignore[arg-type]
+                TypeError,
+                "expected_mod_revision must be an int, got str",
+            ),
+            (
+                lambda: store.compare_and_swap("k", -1, b"v"),
+                ValueError,
+                "expected_mod_revision must be >= 0, got -1",
+            ),
+            (lambda: store.put("k", b"v", lease=-1), ValueError, "lease must be >= 0, got -1"),
+            (
+                lambda: store.put("k", b"v", lease="1"),  # type: ignore[arg-type]
+                TypeError,
+                "lease must be an int, got str",
+            ),
+            (
+                lambda: store.put("k", "v"),  # type: ignore[arg-type]
+                TypeError,
+                "value must be bytes, got str; encode it first (e.g. value.encode())",
+            ),
+            (lambda: store.get(1), TypeError, "key must be a str, got int"),  # type: ignore[arg-type]
+            (lambda: store.compact(0), ValueError, "revision must be >= 1, got 0"),
+            (lambda: store.lease_keep_alive(0), ValueError, "lease_id must be >= 1, got 0"),
+            (lambda: store.lease_keep_alive("1"), TypeError, "lease_id must be an int, got str"),  # type: ignore[arg-type]
+            (lambda: store.lease_keep_alive(True), TypeError, "lease_id must be an int, got bool"),
+            (lambda: store.lease_revoke(0), ValueError, "lease_id must be >= 1, got 0"),
+            (lambda: store.lease_time_to_live(0), ValueError, "lease_id must be >= 1, got 0"),
+            (
+                lambda: store.lease_grant(0),
+                ValueError,
+                "ttl must be a finite number of seconds > 0, got 0",
+            ),
+        ]
+        for call, error, message in cases:
+            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+                await call()
+        with pytest.raises(ValueError, match=r"^start_revision must be >= 1, got 0$"):
+            store.watch("", start_revision=0)
+        assert await store.lease_keep_alive(lease.id) == 10.0
+        assert (await store.lease_time_to_live(lease.id)).id == lease.id
+        watch = store.watch("")
+        await watch.aclose()
+        with pytest.raises(StoreClosedError, match=r"^watch is closed$"):
+            await watch.start()
+    closed: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.get("k"),
+        lambda: store.range(""),
+        lambda: store.put("k", b"v"),
+        lambda: store.delete("k"),
+        lambda: store.compare_and_swap("k", 0, b"v"),
+        lambda: store.compare_and_delete("k", 1),
+        lambda: store.txn(),
+        lambda: store.lease_keep_alive(1),
+        lambda: store.lease_revoke(1),
+        lambda: store.lease_time_to_live(1),
+        lambda: store.compact(1),
+        lambda: store.current_revision(),
+    ]
+    for call in closed:
+        with pytest.raises(StoreClosedError, match=r"^MemoryStore is closed$"):
+            await call()
+
+
+class _CasAddStore(MemoryStore):
+    """A memory store whose ``add`` is the protocol's default, on transactions (as etcd's)."""
+
+    _add = Store._add
+
+
+@virtual_test
+async def test_the_default_add_counts_exactly_on_one_adder_per_store() -> None:
+    async with _CasAddStore() as store:
+        assert [await store.add("n"), await store.add("n", 4), await store.add("m", -2)] == [
+            1,
+            5,
+            -2,
+        ]
+        adder = store._adder
+        assert adder is not None
+        await store.put("x", b"1")  # a store keeps one adder (and its memo) for all its adds
+        results = await asyncio.gather(*(store.add("n") for _ in range(10)))
+        assert sorted(results) == list(range(6, 16))
+        assert store._adder is adder
+        assert (await store.get("n")).value == b"15"  # type: ignore[union-attr]
+    async with _CasAddStore() as bare:
+        del bare._adder  # as in a backend whose __init__ does not call Store's
+        assert await bare.add("n", 2) == 2
