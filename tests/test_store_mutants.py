@@ -8,7 +8,9 @@ import asyncio
 import contextvars
 import gc
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import SplitResult
 
 import anyio
 import pytest
@@ -18,8 +20,10 @@ from hypothesis import strategies as st
 from aioelastic.errors import (
     CompactedError,
     LeaseExpiredError,
+    LeaseNotFoundError,
     StoreClosedError,
     StoreConnectionError,
+    StoreTimeoutError,
     TxnConflictError,
     TxnTooLargeError,
 )
@@ -35,6 +39,7 @@ from aioelastic.store import (
     Get,
     GetResult,
     KeyValue,
+    LeaseGrant,
     LeaseStatus,
     MemoryEngine,
     MemoryStore,
@@ -46,15 +51,20 @@ from aioelastic.store import (
     Txn,
     TxnOp,
     TxnResult,
+    Watch,
     WatchEvent,
+    open_store,
+    register_backend,
+    supported_schemes,
 )
 from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
 from aioelastic.store._stm import StmTxn
 from aioelastic.store._txn import check_txn
+from aioelastic.store._url import parse_store_url
 from aioelastic.store.memory import Commit, EngineState, LeaseChange
-from aioelastic.testing import FaultInjectingStore, virtual_test
+from aioelastic.testing import FaultInjectingStore, VirtualTimeLoop, virtual_test
 
 # Keys from a few interesting code points: around the surrogate block and the top of Unicode.
 EDGE_CHARS = st.sampled_from(["a", "b", "\x00", "\x7f", "\ud7ff", "\ue000", "\U0010ffff", "\uffff"])
@@ -1061,6 +1071,171 @@ async def test_a_keeper_closed_without_revoking_leaves_the_lease_to_its_ttl() ->
         assert (await store.lease_time_to_live(other.id)).id == other.id
 
 
+def test_a_keeper_names_the_interval_it_refuses_and_not_yet_started_reads_as_nothing() -> None:
+    store = MemoryStore()
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match=r"^keep_alive_interval must be a finite number"):
+            LeaseKeeper(store, 5, keep_alive_interval=bad)
+    with pytest.raises(ValueError, match=r"^renew_deadline \(5\.0s\) must be shorter than"):
+        LeaseKeeper(store, 5, renew_deadline=5)  # as long as the TTL: no margin at all
+    keeper = LeaseKeeper(store, 5)
+    assert keeper.statistics() == LeaseKeeperStatistics(0, 5.0, 0, 0, 0.0, False)
+
+
+@virtual_test
+async def test_a_keeper_closed_before_it_started_does_nothing() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 3)
+        await keeper.aclose()
+        assert store.calls == {}
+        assert not keeper.lost
+
+
+@virtual_test
+async def test_a_keeper_retries_until_the_ttl_is_all_but_gone() -> None:
+    """Renewals fail from 1 s on, with a TTL of 3: retries at 1.5, 1.875, 2.15625 (0.84 s
+    left) and 2.3671875 (0.63 s left), which the healed store answers: the lease is kept."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        times = _record_keep_alives(store)
+        start = asyncio.get_running_loop().time()
+        async with LeaseKeeper(store, 3, keep_alive_interval=1) as keeper:
+            store.partition()
+            await asyncio.sleep(2.2)
+            store.heal()
+            await asyncio.sleep(0.5)
+            assert not keeper.lost
+            assert [t - start for t in times] == [1.0, 1.5, 1.875, 2.15625, 2.3671875]
+            stats = keeper.statistics()
+            assert (stats.renewals, stats.failed_renewals) == (1, 4)
+
+
+@virtual_test
+async def test_a_renewal_failing_at_the_very_end_of_the_ttl_is_the_loss() -> None:
+    """A keep-alive that takes the whole TTL left and then fails to connect: the lease is lost
+    then, with that error, not retried once more after its TTL."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop)
+    async with MemoryStore() as store:
+
+        async def slow_refusal(lease_id: int) -> float:
+            loop.advance(max(0.0, start + 12.0 - loop.time()))  # the TTL's end, exactly
+            raise StoreConnectionError("refused")
+
+        start = loop.time()
+        async with LeaseKeeper(store, 12) as keeper:
+            store.lease_keep_alive = slow_refusal  # type: ignore[method-assign]
+            error = await _lost(keeper, 13)
+            assert loop.time() == start + 12.0
+            assert error == (
+                f"lease {keeper.id:#x} lost: store unreachable for the whole TTL (refused)"
+            )
+            assert keeper.statistics().failed_renewals == 1
+
+
+@virtual_test
+async def test_a_failed_renewal_counts_with_the_outages_before_it() -> None:
+    # renews every 4 s
+    async with FaultInjectingStore(MemoryStore()) as store, LeaseKeeper(store, 12) as keeper:
+        store.partition()
+        await asyncio.sleep(4.5)  # failed at 4: retry at 6
+        store.heal()
+        store.fail_next("lease_keep_alive", RuntimeError("bug"))
+        await _lost(keeper, 2)
+        assert keeper.statistics().failed_renewals == 2
+
+
+@virtual_test
+async def test_a_loss_is_reported_once_even_if_a_callback_cancels_the_renewal() -> None:
+    """The lost callbacks run in the renewal task; one that cancels the task it runs in (its
+    ``current_task``) does not make a second loss out of the first."""
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        reasons: list[str] = []
+
+        def cancel_current(error: LeaseExpiredError) -> None:
+            reasons.append(str(error))
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+
+        keeper.on_lost(cancel_current)
+        await store.lease_revoke(keeper.id)
+        error = await _lost(keeper, 2)
+        await asyncio.sleep(2)
+        assert reasons == [error]
+        assert str(keeper.error) == error == f"lease {keeper.id:#x} lost: expired or revoked"
+        assert keeper.statistics().failed_renewals == 0
+
+
+@virtual_test
+async def test_a_keeper_lets_go_of_the_renewal_that_failed() -> None:
+    """The failed renewal (its exception, traceback and frames) is not kept by the keeper,
+    which lives as long as its lease."""
+    async with FaultInjectingStore(MemoryStore()) as store, LeaseKeeper(store, 3) as keeper:
+        store.hang("lease_keep_alive")
+        await asyncio.sleep(1.5)  # the renewal is in flight, hung
+        task = keeper._task
+        assert task is not None
+        store.fail_next("lease_keep_alive", RuntimeError("bug"))
+        store.release()
+        await _lost(keeper, 1)
+        assert keeper._task is None
+
+
+@virtual_test
+async def test_closing_a_keeper_ends_its_renewal_in_flight_and_reports_no_loss() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 3)
+        await keeper.start()
+        lost: list[LeaseExpiredError] = []
+        keeper.on_lost(lost.append)
+        store.hang("lease_keep_alive")
+        await asyncio.sleep(1.5)  # the renewal is in flight, hung
+        renewal = keeper._task
+        assert renewal is not None
+        store.hang("lease_revoke")  # (the revoke must not overtake the renewal either)
+        closing = asyncio.create_task(keeper.aclose())
+        await asyncio.sleep(0.1)
+        assert renewal.done()
+        store.release()
+        await closing
+        await asyncio.sleep(5)  # a renewal left running would now find the lease revoked
+        assert (lost, keeper.lost) == ([], False)
+        with pytest.raises(LeaseNotFoundError):
+            await store.lease_time_to_live(keeper.id)
+
+
+@virtual_test
+async def test_closing_a_keeper_gives_a_hung_revoke_five_seconds() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store:
+        keeper = LeaseKeeper(store, 30)
+        await keeper.start()
+        store.hang("lease_revoke")
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        with anyio.fail_after(60):
+            await keeper.aclose()
+        assert loop.time() - before == 5.0
+        store.release()
+        assert (await store.lease_time_to_live(keeper.id)).id == keeper.id  # left to expire
+
+
+@virtual_test
+async def test_a_keeper_left_by_a_cancellation_still_revokes_its_lease() -> None:
+    """``async with store.lease(...)`` in work that is cancelled: the revoke (here a slow one)
+    runs to its end, shielded from the cancellation that closes the keeper."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        leases: list[int] = []
+        with anyio.move_on_after(1.0):
+            async with LeaseKeeper(store, 30) as keeper:
+                leases.append(keeper.id)
+                await store.put("k", b"v", lease=keeper.id)
+                store.latency = 0.5  # every call from now on takes half a second
+                await asyncio.sleep(3600)
+        assert await store.get("k") is None
+        with pytest.raises(LeaseNotFoundError):
+            await store.inner.lease_time_to_live(leases[0])
+
+
 @virtual_test
 async def test_compaction_fails_only_watchers_that_had_not_read_what_it_drops() -> None:
     """A compaction up to a watcher's first unread event (kept), or past events it has read,
@@ -1198,3 +1373,388 @@ async def test_an_empty_namespace_is_the_parent_and_says_what_it_watches() -> No
         _, following = await nested.range_and_watch("q/")
         async with following:
             assert following.prefix == "q/"
+
+
+@virtual_test
+async def test_a_guard_left_while_the_first_is_held_leaves_the_first_guarded() -> None:
+    """The first guard held and a second entered and left: the loss cancels the first, and
+    not the one already left (which the keeper no longer holds)."""
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        raised: list[BaseException] = []
+
+        async def first() -> None:
+            try:
+                with keeper.guard():
+                    await asyncio.sleep(3600)
+            except LeaseExpiredError as exc:
+                raised.append(exc)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await asyncio.sleep(0.1)
+                with keeper.guard() as second:
+                    await asyncio.sleep(0.1)
+                await store.lease_revoke(keeper.id)
+        assert raised == [keeper.error]
+        assert not second.cancel_called
+
+
+@virtual_test
+async def test_a_guard_is_an_ordinary_cancel_scope_and_masks_no_error() -> None:
+    async with MemoryStore() as store, LeaseKeeper(store, 3) as keeper:
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        with keeper.guard() as scope:
+            scope.deadline = before + 1.0  # its own deadline: it moves on, as move_on_after does
+            await asyncio.sleep(3600)
+        assert scope.cancelled_caught
+        assert loop.time() - before == 1.0
+        guard = keeper.guard()
+        with guard:
+            pass
+        with pytest.raises(RuntimeError, match=r"^a lease guard can be entered only once$"):
+            guard.__enter__()
+        await store.lease_revoke(keeper.id)
+        await _lost(keeper, 2)
+        with pytest.raises(ValueError, match=r"^its own error$"), keeper.guard():
+            raise ValueError("its own error")  # before any checkpoint: not the loss's error
+
+
+# -- open_store's URLs and backends
+
+
+def _schemes() -> str:
+    return ", ".join(supported_schemes())
+
+
+def test_a_bad_store_url_is_named_redacted_with_the_schemes_supported() -> None:
+    cases: list[tuple[str, str]] = [
+        ("", f"url must look like scheme://..., got '' (supported schemes: {_schemes()})"),
+        (
+            "memory:x",
+            f"url must look like scheme://..., got 'memory:x' (supported schemes: {_schemes()})",
+        ),
+        (
+            "://host",
+            f"url must look like scheme://..., got '://host' (supported schemes: {_schemes()})",
+        ),
+        (
+            "gopher://u:secret@x",
+            f"url 'gopher://u:***@x' has an unsupported scheme 'gopher' (supported: {_schemes()})",
+        ),
+        ("http://u:secret@[::1", "url is malformed: 'http://u:***@[::1' (Invalid IPv6 URL)"),
+    ]
+    for url, message in cases:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            parse_store_url(url)
+    with pytest.raises(TypeError, match=r"^url must be a str, got bytes$"):
+        parse_store_url(b"memory://")  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_backend_registered_at_run_time_gets_the_url_and_a_copy_of_the_options() -> None:
+    calls: list[tuple[SplitResult, dict[str, Any]]] = []
+
+    async def opener(parts: SplitResult, options: dict[str, Any]) -> Store:
+        calls.append((parts, dict(options)))
+        options.clear()  # the opener's own copy
+        return MemoryStore()
+
+    register_backend("Mutants6Test", opener)  # schemes are case-insensitive, as in URLs
+    assert "mutants6test" in supported_schemes()
+    opening = open_store("MUTANTS6TEST://host:1/p", depth=2)
+    store = await opening
+    assert isinstance(store, MemoryStore)
+    assert not store.closed
+    await store.aclose()
+    async with opening as again:
+        assert not again.closed
+    assert again.closed  # leaving the block closes what it opened
+    assert [(p.scheme, p.netloc, p.path, o) for p, o in calls] == [
+        ("mutants6test", "host:1", "/p", {"depth": 2}),
+        ("mutants6test", "host:1", "/p", {"depth": 2}),
+    ]
+    bad: object
+    for bad in (42, "", "two words", "a-b"):
+        with pytest.raises(
+            ValueError,
+            match=f"^scheme must be a plain word such as 'redis', got {re.escape(repr(bad))}$",
+        ):
+            register_backend(bad, opener)
+
+
+@pytest.mark.asyncio
+async def test_an_opener_left_before_it_opened_closes_nothing() -> None:
+    opening = open_store("memory://")
+    await opening.__aexit__(None, None, None)
+
+
+# -- the protocol's records
+
+
+def test_the_records_defaults_and_views() -> None:
+    kv = KeyValue("k", "é".encode(), 1, 2, 1)
+    assert kv.lease == 0
+    assert kv.text() == "é"
+    assert WatchEvent(EventType.DELETE, kv).revision == 2
+    assert [EventType("PUT"), EventType("DELETE")] == [EventType.PUT, EventType.DELETE]
+    other = KeyValue("l", b"w", 3, 3, 1, lease=7)
+    result = RangeResult((kv, other), 3, 5)
+    assert result.more is False
+    assert (len(result), list(result), result[1], result[-1]) == (2, [kv, other], other, other)
+    assert result.to_dict() == {"k": "é".encode(), "l": b"w"}
+    assert LeaseStatus(1, 2.0, 1.5).keys == ()
+    assert bool(CasResult(True, 1, kv))
+    assert not CasResult(False, 1, None)
+    assert LeaseGrant(5, 2.0) == LeaseGrant(id=5, ttl=2.0)
+
+
+# -- the conveniences: stm, add, range_and_watch, wait_for
+
+
+@virtual_test
+async def test_stm_and_add_refuse_bad_arguments_by_name_and_try_32_times_by_default() -> None:
+    async with MemoryStore() as store:
+
+        async def noop(tx: StmTxn) -> None:
+            await tx.get("x")
+
+        with pytest.raises(ValueError, match=r"^max_attempts must be >= 1, got 0$"):
+            await store.stm(noop, max_attempts=0)
+        with pytest.raises(TypeError, match=r"^keys must be a list of keys, not a str$"):
+            await store.stm(noop, keys="xy")
+        with pytest.raises(TypeError, match=r"^delta must be an int, got float$"):
+            await store.add("n", 1.5)  # type: ignore[arg-type]
+        runs = 0
+
+        async def once(tx: StmTxn) -> int:
+            nonlocal runs
+            runs += 1
+            tx.put("y", b"1")
+            return runs
+
+        assert await store.stm(once, max_attempts=1) == 1  # one attempt is allowed
+
+        async def interfered(tx: StmTxn) -> None:
+            nonlocal runs
+            runs += 1
+            await tx.get("x")
+            await store.put("x", b"%d" % runs)
+            tx.put("y", b"2")
+
+        runs = 0
+        with pytest.raises(TxnConflictError):
+            await store.stm(interfered)
+        assert runs == 32
+
+
+class _RoundTripStore(MemoryStore):
+    """A memory store whose watches take a round trip (``delay`` s) to start and to close, as
+    they do over a network, and whose next range may be followed by ``after_range``."""
+
+    delay = 0.0
+    after_range: Callable[[], object] | None = None
+
+    async def _range(self, prefix: str, limit: int | None) -> RangeResult:
+        result = await super()._range(prefix, limit)
+        hook, self.after_range = self.after_range, None
+        if hook is not None:
+            await hook()  # type: ignore[misc]
+        return result
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        watch = super()._watch(prefix, start_revision)
+        start, close = watch._start, watch._aclose
+        delay = self.delay
+
+        async def slow_start() -> None:
+            await start()
+            await asyncio.sleep(delay)  # (the store's answer)
+
+        async def slow_close() -> None:
+            await asyncio.sleep(delay)
+            await close()
+
+        watch._start = slow_start  # type: ignore[method-assign]
+        watch._aclose = slow_close  # type: ignore[method-assign]
+        return watch
+
+
+@virtual_test
+async def test_range_and_watch_sees_writes_after_its_range_and_rereads_after_a_compaction() -> None:
+    async with _RoundTripStore() as store:
+        await store.put("p/a", b"1")
+
+        async def write() -> None:
+            await store.put("p/b", b"2")
+
+        store.after_range = write  # a write between the range and the watch
+        result, watch = await store.range_and_watch("p/")
+        async with watch:
+            assert [kv.key for kv in result] == ["p/a"]
+            event = await watch.__anext__()
+            assert (event.kv.key, event.revision) == ("p/b", result.revision + 1)
+
+        async def write_and_compact() -> None:
+            await store.put("p/c", b"3")
+            await store.put("p/c", b"4")
+            await store.compact(await store.current_revision())
+
+        store.after_range = write_and_compact  # the range's history is gone before the watch
+        result, watch = await store.range_and_watch("p/")
+        async with watch:
+            assert [kv.key for kv in result] == ["p/a", "p/b", "p/c"]  # read again
+            assert watch.start_revision == result.revision + 1
+
+
+@virtual_test
+async def test_range_and_watch_cancelled_while_its_watch_starts_still_closes_it() -> None:
+    async with _RoundTripStore() as store:
+        store.delay = 1.0
+        with anyio.move_on_after(0.5):
+            await store.range_and_watch("p/")
+        await asyncio.sleep(0.1)
+        assert store.engine.watcher_count == 0
+
+
+@virtual_test
+async def test_wait_for_names_bad_keys_takes_only_puts_of_its_keys_and_times_out_exactly() -> None:
+    async with _RoundTripStore() as store:
+        with pytest.raises(ValueError, match=r"^keys\[\] must not be empty$"):
+            await store.wait_for(["a", ""])
+        with pytest.raises(TypeError, match=r"^keys\[\] must be a str, got int$"):
+            await store.wait_for([1])  # type: ignore[list-item]
+        await store.put("a/x", b"0")
+
+        async def writes() -> None:
+            await asyncio.sleep(0.1)
+            await store.put("a/z", b"other")  # under the keys' common prefix, not waited for
+            await store.delete("a/x")
+            await store.put("a/y", b"1")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writes)
+            found = await store.wait_for(["a/x", "a/y"], timeout=5)
+        assert {k: kv.value for k, kv in found.items()} == {"a/x": b"0", "a/y": b"1"}
+        with pytest.raises(
+            StoreTimeoutError, match=r"^timed out after 0\.5s waiting for keys \['b/1', 'b/2'\]$"
+        ):
+            await store.wait_for(["b/2", "b/1"], timeout=0.5)
+
+        store.delay = 0.5  # the watch's close takes half a second
+
+        async def late_write() -> None:
+            await asyncio.sleep(0.7)
+            await store.put("c", b"1")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(late_write)
+            # the key comes at 0.7 s; the timeout passes while the watch closes: found all the same
+            found = await store.wait_for(["c"], timeout=1.0)
+        assert list(found) == ["c"]
+
+
+# -- Store's argument checks and closed state
+
+
+@virtual_test
+async def test_every_store_call_names_its_bad_argument_exactly() -> None:
+    async with MemoryStore() as store:
+        lease = await store.lease_grant(10)
+        cases: list[tuple[Callable[[], Awaitable[object]], type[Exception], str]] = [
+            (lambda: store.range("", limit=0), ValueError, "limit must be >= 1, got 0"),
+            (lambda: store.range("", limit=1.0), TypeError, "limit must be an int, got float"),  # type: ignore[arg-type]
+            (
+                lambda: store.compare_and_delete("k", 0),
+                ValueError,
+                "expected_mod_revision must be >= 1, got 0",
+            ),
+            (
+                lambda: store.compare_and_delete("k", "1"),  # type: ignore[arg-type]
+                TypeError,
+                "expected_mod_revision must be an int, got str",
+            ),
+            (
+                lambda: store.compare_and_swap("k", -1, b"v"),
+                ValueError,
+                "expected_mod_revision must be >= 0, got -1",
+            ),
+            (lambda: store.put("k", b"v", lease=-1), ValueError, "lease must be >= 0, got -1"),
+            (
+                lambda: store.put("k", b"v", lease="1"),  # type: ignore[arg-type]
+                TypeError,
+                "lease must be an int, got str",
+            ),
+            (
+                lambda: store.put("k", "v"),  # type: ignore[arg-type]
+                TypeError,
+                "value must be bytes, got str; encode it first (e.g. value.encode())",
+            ),
+            (lambda: store.get(1), TypeError, "key must be a str, got int"),  # type: ignore[arg-type]
+            (lambda: store.compact(0), ValueError, "revision must be >= 1, got 0"),
+            (lambda: store.lease_keep_alive(0), ValueError, "lease_id must be >= 1, got 0"),
+            (lambda: store.lease_keep_alive("1"), TypeError, "lease_id must be an int, got str"),  # type: ignore[arg-type]
+            (lambda: store.lease_keep_alive(True), TypeError, "lease_id must be an int, got bool"),
+            (lambda: store.lease_revoke(0), ValueError, "lease_id must be >= 1, got 0"),
+            (lambda: store.lease_time_to_live(0), ValueError, "lease_id must be >= 1, got 0"),
+            (
+                lambda: store.lease_grant(0),
+                ValueError,
+                "ttl must be a finite number of seconds > 0, got 0",
+            ),
+        ]
+        for call, error, message in cases:
+            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+                await call()
+        with pytest.raises(ValueError, match=r"^start_revision must be >= 1, got 0$"):
+            store.watch("", start_revision=0)
+        assert await store.lease_keep_alive(lease.id) == 10.0
+        assert (await store.lease_time_to_live(lease.id)).id == lease.id
+        watch = store.watch("")
+        await watch.aclose()
+        with pytest.raises(StoreClosedError, match=r"^watch is closed$"):
+            await watch.start()
+    closed: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.get("k"),
+        lambda: store.range(""),
+        lambda: store.put("k", b"v"),
+        lambda: store.delete("k"),
+        lambda: store.compare_and_swap("k", 0, b"v"),
+        lambda: store.compare_and_delete("k", 1),
+        lambda: store.txn(),
+        lambda: store.lease_keep_alive(1),
+        lambda: store.lease_revoke(1),
+        lambda: store.lease_time_to_live(1),
+        lambda: store.compact(1),
+        lambda: store.current_revision(),
+    ]
+    for call in closed:
+        with pytest.raises(StoreClosedError, match=r"^MemoryStore is closed$"):
+            await call()
+
+
+class _CasAddStore(MemoryStore):
+    """A memory store whose ``add`` is the protocol's default, on transactions (as etcd's)."""
+
+    _add = Store._add
+
+
+@virtual_test
+async def test_the_default_add_counts_exactly_on_one_adder_per_store() -> None:
+    async with _CasAddStore() as store:
+        assert [await store.add("n"), await store.add("n", 4), await store.add("m", -2)] == [
+            1,
+            5,
+            -2,
+        ]
+        adder = store._adder
+        assert adder is not None
+        await store.put("x", b"1")  # a store keeps one adder (and its memo) for all its adds
+        results = await asyncio.gather(*(store.add("n") for _ in range(10)))
+        assert sorted(results) == list(range(6, 16))
+        assert store._adder is adder
+        assert (await store.get("n")).value == b"15"  # type: ignore[union-attr]
+    async with _CasAddStore() as bare:
+        del bare._adder  # as in a backend whose __init__ does not call Store's
+        assert await bare.add("n", 2) == 2
