@@ -25,7 +25,10 @@ SCRIPT = """\
 import json, os, signal, sys
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES")
-print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+# one write per line: the workers share the agent's stdout, and print()'s text and newline are
+# two writes when the stream is unbuffered (two workers' lines then interleave)
+sys.stdout.write(json.dumps({k: os.environ.get(k) for k in keys}) + "\\n")
+sys.stdout.flush()
 print("stderr of", os.environ["LOCAL_RANK"], file=sys.stderr, flush=True)
 if len(sys.argv) > 1:  # wait for a signal, record it
     def got(signum, frame):
