@@ -576,7 +576,16 @@ def test_get_and_the_typed_getters_defaults() -> None:
 @pytest.mark.parametrize("value", [True, 2.0, "1.5", [1]])
 def test_get_as_int_refuses(value: Any) -> None:
     params = RendezvousParameters("m", "", "job", 1, 1, k=value)
-    assert _bad("k", params.get_as_int, "k").expected == "an integer"
+    error = _bad("k", params.get_as_int, "k")
+    assert (error.value, error.expected) == (value, "an integer")  # the error names the value
+
+
+@pytest.mark.parametrize("value", [2, "maybe", 1.0, [1]])
+def test_get_as_bool_names_the_refused_value(value: Any) -> None:
+    params = RendezvousParameters("m", "", "job", 1, 1, k=value)
+    error = _bad("k", params.get_as_bool, "k")
+    assert error.value == value
+    assert repr(value) in str(error)
 
 
 @pytest.mark.parametrize(
@@ -750,12 +759,16 @@ def test_static_rank_refuses_a_round_record_not_of_its_world(
 async def test_static_ranks_see_a_closed_run() -> None:
     engine = MemoryEngine()
     closer = _static(engine, 0)
+    assert (closer.error, closer.get_error_message()) == (None, None)  # no error: no message
     await closer.set_closed()
     for rank in (0, 1):
         h = _static(engine, rank)
         with pytest.raises(RendezvousClosedError, match=r"^the rendezvous 'job' is closed$"):
             await h.next_rendezvous()
         assert h.status is RendezvousStatus.CLOSED
+        # once seen closed, the next call is refused before it reads anything, as clearly
+        with pytest.raises(RendezvousClosedError, match=r"^the rendezvous 'job' is closed$"):
+            await h.next_rendezvous()
         assert await h.is_closed()
         await h.aclose()
     # closed while a rank waits
