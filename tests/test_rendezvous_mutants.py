@@ -277,6 +277,71 @@ def test_status_gives_up_on_a_store_that_does_not_answer(
     assert err == f"aioelastic status: no answer from the store at {url} within 0.5s\n"
 
 
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (StoreClosedError("lost http://u:pw2@h:1 now\nmore"), "lost http://u:***@h:1 now"),
+        (OSError(), "OSError"),  # no text: the error's type
+        (ValueError(""), "ValueError"),
+    ],
+)  # fmt: skip
+def test_status_failure_is_one_redacted_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    said: str,
+) -> None:
+    """What ``main`` says of an error ``_main`` raised: its first line, with any URL's password
+    redacted (a store error may name the URL it was given), or its type when it has no text."""
+
+    async def failing(args: argparse.Namespace) -> int:
+        raise error
+
+    monkeypatch.setattr(_status_cli, "_main", failing)
+    code, out, err = _status(capsys, "--endpoint", "h", "--run-id", "job")
+    assert (code, out, err) == (2, "", f"aioelastic status: {said}\n")
+
+
+def test_status_watch_flushes_each_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--watch`` into a pipe (``| tee``, a log collector): each frame is flushed as it is
+    printed, not left in stdout's buffer until the command ends."""
+    url = "memory://mutants-flush"
+    flushed: list[str] = []
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.pending = ""
+
+        def write(self, text: str) -> int:
+            self.pending += text
+            return len(text)
+
+        def flush(self) -> None:
+            flushed.append(self.pending)
+            self.pending = ""
+
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(sys, "stdout", Pipe())
+
+    async def body() -> None:
+        handler = await _seeded(url)
+        args = _args("--endpoint", url, "--run-id", "job", "--watch", "--json")
+        watching = asyncio.ensure_future(_status_cli._main(args))
+        await asyncio.sleep(1)
+        assert len(flushed) == 1  # the first frame is out while the command still watches
+        await handler.set_closed()
+        await asyncio.sleep(1)
+        assert [json.loads(frame)["closed"] for frame in flushed] == [False, True]
+        watching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watching
+        await handler.aclose()
+
+    run_virtual(body())
+
+
 # -- the built-in backends' configuration ---------------------------------------------------------
 
 
