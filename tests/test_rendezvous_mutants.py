@@ -34,6 +34,7 @@ from aioelastic.errors import (
     StoreClosedError,
 )
 from aioelastic.rendezvous import (
+    RendezvousEvent,
     RendezvousEventKind,
     RendezvousHandler,
     RendezvousHandlerRegistry,
@@ -66,7 +67,7 @@ from aioelastic.rendezvous._status import (
     watch_run_status,
 )
 from aioelastic.store import MemoryEngine, MemoryStore, open_store
-from aioelastic.testing import run_virtual, virtual_test
+from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 from aioelastic.timer import TimerRequest, timer_key
 
 
@@ -952,6 +953,122 @@ async def test_static_store_errors_become_connection_errors() -> None:
     assert await h.shutdown() is False
 
 
+@virtual_test
+async def test_static_defaults_and_edges_of_its_arguments() -> None:
+    engine = MemoryEngine()
+    alone = StaticRendezvousHandler(MemoryStore(engine), "job", 0, 2, local_addr="h")
+    with pytest.raises(RendezvousTimeoutError, match=r"within join_timeout=600\.0s$"):
+        await alone.next_rendezvous()
+    assert asyncio.get_running_loop().time() == pytest.approx(600)  # the default join_timeout
+    await alone.aclose()
+    StaticRendezvousHandler(MemoryStore(), "job", 0, 1, join_timeout=0.5)  # any time > 0
+    for ttl, error in ((0, ValueError), ("1", TypeError)):
+        with pytest.raises(error, match=r"^lease_ttl must be a"):
+            StaticRendezvousHandler(MemoryStore(), "job", 0, 1, lease_ttl=ttl)  # type: ignore[arg-type]
+
+
+@virtual_test
+async def test_static_lease_is_renewed_at_the_given_interval() -> None:
+    engine = MemoryEngine()
+    stores = [FaultInjectingStore(MemoryStore(engine)) for _ in range(2)]
+    hs = [
+        StaticRendezvousHandler(store, "job", rank, 2, local_addr="h", lease_ttl=30.0,
+                                keep_alive_interval=1.0 if rank == 0 else None)
+        for rank, store in enumerate(stores)
+    ]  # fmt: skip
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    before = [store.calls["lease_keep_alive"] for store in stores]
+    await asyncio.sleep(30)
+    renewals = [
+        store.calls["lease_keep_alive"] - b for store, b in zip(stores, before, strict=True)
+    ]
+    assert 28 <= renewals[0] <= 31  # every second
+    assert 2 <= renewals[1] <= 4  # the keeper's default: a third of the TTL
+    for h in hs:
+        await h.aclose()
+
+
+@virtual_test
+async def test_static_rejoin_after_the_round_returns_at_once() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    start = asyncio.get_running_loop().time()
+    again = await hs[1].next_rendezvous()  # the round record is in the snapshot
+    assert asyncio.get_running_loop().time() == start
+    assert (again.round, again.rank, again.bootstrap_store_info) == (
+        0, 1, first[1].bootstrap_store_info,
+    )  # fmt: skip
+    for h in hs:
+        await h.aclose()
+
+
+@pytest.mark.parametrize("which", ["round", "closed"])
+def test_static_names_the_key_of_a_corrupt_record(which: str) -> None:
+    async def body() -> None:
+        engine = MemoryEngine()
+        keys = RunKeys("job")
+        key = keys.round if which == "round" else keys.closed
+        await MemoryStore(engine).put(key, b"not json")
+        h = _static(engine, 1)
+        with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not JSON"):
+            await h.next_rendezvous()
+        await h.aclose()
+        if which == "closed":
+            reader = _static(engine, 1)
+            with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not"):
+                await reader.is_closed()
+            await reader.aclose()
+
+    run_virtual(body())
+
+
+@virtual_test
+async def test_static_close_and_its_events_in_full() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    assert await hs[0].is_closed() is False
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    store = MemoryStore(engine)
+    waiting = asyncio.ensure_future(hs[0].wait_for_change())
+    await asyncio.sleep(1)
+    await hs[1].set_closed()
+    assert hs[1].status is RendezvousStatus.CLOSED  # without reading it back
+    kv = await store.get(RunKeys("job").closed)
+    assert kv is not None
+    assert await waiting == RendezvousEvent(RendezvousEventKind.CLOSED, 0, kv.mod_revision)
+    assert await hs[0].wait_for_change() == RendezvousEvent(RendezvousEventKind.CLOSED, 0, 0)
+    for h in hs:
+        await h.aclose()
+    # a lost lease: the error event, in full, then again at once
+    hs = [_static(engine, rank, run_id="job2") for rank in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    keeper = hs[0]._keeper
+    assert keeper is not None
+    await store.lease_revoke(keeper.id)
+    event = await hs[0].wait_for_change()
+    assert event == RendezvousEvent(RendezvousEventKind.ERROR, 0, 0, error=event.error)
+    assert event.error is not None
+    again = await hs[0].wait_for_change()
+    assert again == RendezvousEvent(RendezvousEventKind.ERROR, 0, 0, error=event.error)
+    for h in hs:
+        await h.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_static_wait_for_change_names_itself_in_a_store_error() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    hs = [StaticRendezvousHandler(store, "job", 0, 2, local_addr="h"), _static(engine, 1)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await store.aclose()
+    with pytest.raises(RendezvousConnectionError, match=r"^wait_for_change failed for run 'job'"):
+        await hs[0].wait_for_change()
+    for h in hs:
+        await h.aclose()
+
+
 # -- this host's address --------------------------------------------------------------------------
 
 
@@ -1264,6 +1381,63 @@ async def test_status_watch_yields_once_per_burst_and_waits_for_a_vanished_run()
     assert again.revision == back
     await snapshots.aclose()
     await store.aclose()
+
+
+@virtual_test
+async def test_status_watch_reads_afresh_after_a_compaction() -> None:
+    """The history the watch would resume from was compacted while nobody read: the next
+    snapshot is read afresh and yielded, and the watch goes on from there."""
+    store = MemoryStore()
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.put(keys.node(0, "b"), NodeRecord("b", "h", 1).encode())
+    revision = await store.put(keys.node(0, "c"), NodeRecord("c", "h", 1).encode())
+    await store.compact(revision)
+    fresh = await asyncio.wait_for(anext(snapshots), 5)
+    assert ([n.node_id for n in fresh.waiting], fresh.revision) == (["a", "b", "c"], revision)
+    assert [n.addr for n in fresh.waiting] == ["ha", "h", "h"]
+    timer = TimerRequest(1, "s", time.time() + 60)
+    await store.put(timer_key("tp/", "1", "s"), timer.to_json())
+    later = await asyncio.wait_for(anext(snapshots), 5)
+    assert [t.scope_id for t in later.timers] == ["s"]
+    await store.put(keys.node(0, "d"), NodeRecord("d", "h", 1).encode())
+    await store.put(keys.node(0, "e"), NodeRecord("e", "h", 1).encode())
+    last = await asyncio.wait_for(anext(snapshots), 5)
+    assert [n.node_id for n in last.waiting] == ["a", "b", "c", "d", "e"]
+    nothing = asyncio.ensure_future(anext(snapshots))  # d and e were one burst: one snapshot
+    await asyncio.sleep(10)
+    assert not nothing.done()
+    nothing.cancel()
+    await asyncio.wait([nothing])
+    await snapshots.aclose()
+    await store.aclose()
+
+
+@pytest.mark.parametrize("which", ["driver", "closed"])
+def test_status_names_the_key_of_a_corrupt_record(which: str) -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        key = getattr(RunKeys("job"), which)
+        await store.put(key, b"not json")
+        with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not JSON"):
+            await read_run_status(store, "job")
+        await store.aclose()
+
+    run_virtual(body())
+
+
+def test_status_text_of_a_timer_at_its_deadline_and_tenths() -> None:
+    timers = (
+        TimerStatus(1, "now", None, 0.95, 0.0, "t/1/now"),
+        TimerStatus(2, "soon", None, 1.0, 0.5, "t/2/soon"),
+    )
+    lines = format_run_status(_run_status(timers=timers)).splitlines()
+    assert lines[-2:] == [
+        "  1       now    -    1970-01-01 00:00:00.9  0.0s",  # due now, not overdue; tenths cut
+        "  2       soon   -    1970-01-01 00:00:01.0  0.5s",
+    ]
 
 
 # -- the built-in backends' creators --------------------------------------------------------------
