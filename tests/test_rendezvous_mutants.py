@@ -34,6 +34,7 @@ from aioelastic.errors import (
     StoreClosedError,
 )
 from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
     RendezvousEvent,
     RendezvousEventKind,
     RendezvousHandler,
@@ -1577,3 +1578,40 @@ def test_status_passes_a_secret_file_to_its_store(
     assert (code, out) == (2, "")
     assert "applies to" not in err
     assert str(missing) in err  # the store read the file it was given
+
+
+# -- the join path (dynamic): its driver claim --------------------------------------------------
+
+
+def _dynamic(engine: MemoryEngine, n: int, nodes: int) -> list[DynamicRendezvousHandler]:
+    return [
+        DynamicRendezvousHandler(
+            MemoryStore(engine), "job", nodes, nodes, lease_ttl=6.0, join_timeout=100.0
+        )
+        for _ in range(n)
+    ]
+
+
+@virtual_test
+async def test_a_join_interrupted_after_its_claim_drives_again() -> None:
+    """A join cancelled while it drives (it claimed ``c/driver`` with its registration) and
+    started again with the same lease still gets the round formed: the others' joins complete
+    at once, not at ``join_timeout``."""
+    engine = MemoryEngine()
+    first, other = _dynamic(engine, 2, 2)
+    joining = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1)
+    driver = await MemoryStore(engine).get(RunKeys("job").driver)
+    assert driver is not None
+    assert DriverRecord.decode(driver.key, driver.value).node_id == first.node_id
+    joining.cancel()
+    await asyncio.wait([joining])
+    again = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1)
+    start = asyncio.get_running_loop().time()
+    results = await asyncio.gather(again, other.next_rendezvous())
+    assert asyncio.get_running_loop().time() == start
+    assert sorted(r.node_id for r in results) == sorted((first.node_id, other.node_id))
+    assert {r.round for r in results} == {0}
+    for h in (first, other):
+        await h.aclose()
