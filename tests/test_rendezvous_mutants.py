@@ -969,6 +969,23 @@ async def test_static_defaults_and_edges_of_its_arguments() -> None:
 
 
 @virtual_test
+async def test_static_timeout_message_waits_at_most_5s_for_the_missing_ranks() -> None:
+    """At the join timeout the message lists the ranks not there, read once: a store that does
+    not answer that read delays the timeout by 5 s at most (the list is then empty)."""
+    slow = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    slow.hang("range")  # the registration and the watch do not range; only that read does
+    h = StaticRendezvousHandler(slow, "job", 0, 2, local_addr="h", join_timeout=10)
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await asyncio.wait_for(h.next_rendezvous(), 60)
+    assert str(caught.value) == (
+        "static rendezvous 'job': ranks [] did not arrive within join_timeout=10.0s"
+    )
+    assert asyncio.get_running_loop().time() == pytest.approx(15)
+    slow.release()
+    await h.aclose()
+
+
+@virtual_test
 async def test_static_lease_is_renewed_at_the_given_interval() -> None:
     engine = MemoryEngine()
     stores = [FaultInjectingStore(MemoryStore(engine)) for _ in range(2)]
