@@ -1632,3 +1632,20 @@ async def test_a_join_interrupted_after_its_claim_drives_again() -> None:
     assert {r.round for r in results} == {0}
     for h in (first, other):
         await h.aclose()
+
+
+@virtual_test
+async def test_a_run_closed_before_any_round_says_so() -> None:
+    """The close record of a run closed before any round completed is after round -1 (its
+    members, of no round, are all of the closed generation), as the status shows it."""
+    engine = MemoryEngine()
+    (h,) = _dynamic(engine, 1, 2)
+    await h.set_closed()
+    store = MemoryStore(engine)
+    kv = await store.get(RunKeys("job").closed)
+    assert kv is not None
+    assert ClosedRecord.decode(kv.key, kv.value) == ClosedRecord(-1)
+    status = await read_run_status(store, "job")
+    assert (status.closed, status.closed_after_round) == (True, -1)
+    await h.aclose()
+    await store.aclose()
