@@ -34,6 +34,8 @@ from aioelastic.errors import (
     StoreClosedError,
 )
 from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEvent,
     RendezvousEventKind,
     RendezvousHandler,
     RendezvousHandlerRegistry,
@@ -66,7 +68,7 @@ from aioelastic.rendezvous._status import (
     watch_run_status,
 )
 from aioelastic.store import MemoryEngine, MemoryStore, open_store
-from aioelastic.testing import run_virtual, virtual_test
+from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 from aioelastic.timer import TimerRequest, timer_key
 
 
@@ -275,6 +277,71 @@ def test_status_gives_up_on_a_store_that_does_not_answer(
     assert (code, out) == (2, "")
     url = f"http://127.0.0.1:{port}"
     assert err == f"aioelastic status: no answer from the store at {url} within 0.5s\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (StoreClosedError("lost http://u:pw2@h:1 now\nmore"), "lost http://u:***@h:1 now"),
+        (OSError(), "OSError"),  # no text: the error's type
+        (ValueError(""), "ValueError"),
+    ],
+)  # fmt: skip
+def test_status_failure_is_one_redacted_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    said: str,
+) -> None:
+    """What ``main`` says of an error ``_main`` raised: its first line, with any URL's password
+    redacted (a store error may name the URL it was given), or its type when it has no text."""
+
+    async def failing(args: argparse.Namespace) -> int:
+        raise error
+
+    monkeypatch.setattr(_status_cli, "_main", failing)
+    code, out, err = _status(capsys, "--endpoint", "h", "--run-id", "job")
+    assert (code, out, err) == (2, "", f"aioelastic status: {said}\n")
+
+
+def test_status_watch_flushes_each_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--watch`` into a pipe (``| tee``, a log collector): each frame is flushed as it is
+    printed, not left in stdout's buffer until the command ends."""
+    url = "memory://mutants-flush"
+    flushed: list[str] = []
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.pending = ""
+
+        def write(self, text: str) -> int:
+            self.pending += text
+            return len(text)
+
+        def flush(self) -> None:
+            flushed.append(self.pending)
+            self.pending = ""
+
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(sys, "stdout", Pipe())
+
+    async def body() -> None:
+        handler = await _seeded(url)
+        args = _args("--endpoint", url, "--run-id", "job", "--watch", "--json")
+        watching = asyncio.ensure_future(_status_cli._main(args))
+        await asyncio.sleep(1)
+        assert len(flushed) == 1  # the first frame is out while the command still watches
+        await handler.set_closed()
+        await asyncio.sleep(1)
+        assert [json.loads(frame)["closed"] for frame in flushed] == [False, True]
+        watching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watching
+        await handler.aclose()
+
+    run_virtual(body())
 
 
 # -- the built-in backends' configuration ---------------------------------------------------------
@@ -576,7 +643,16 @@ def test_get_and_the_typed_getters_defaults() -> None:
 @pytest.mark.parametrize("value", [True, 2.0, "1.5", [1]])
 def test_get_as_int_refuses(value: Any) -> None:
     params = RendezvousParameters("m", "", "job", 1, 1, k=value)
-    assert _bad("k", params.get_as_int, "k").expected == "an integer"
+    error = _bad("k", params.get_as_int, "k")
+    assert (error.value, error.expected) == (value, "an integer")  # the error names the value
+
+
+@pytest.mark.parametrize("value", [2, "maybe", 1.0, [1]])
+def test_get_as_bool_names_the_refused_value(value: Any) -> None:
+    params = RendezvousParameters("m", "", "job", 1, 1, k=value)
+    error = _bad("k", params.get_as_bool, "k")
+    assert error.value == value
+    assert repr(value) in str(error)
 
 
 @pytest.mark.parametrize(
@@ -750,12 +826,16 @@ def test_static_rank_refuses_a_round_record_not_of_its_world(
 async def test_static_ranks_see_a_closed_run() -> None:
     engine = MemoryEngine()
     closer = _static(engine, 0)
+    assert (closer.error, closer.get_error_message()) == (None, None)  # no error: no message
     await closer.set_closed()
     for rank in (0, 1):
         h = _static(engine, rank)
         with pytest.raises(RendezvousClosedError, match=r"^the rendezvous 'job' is closed$"):
             await h.next_rendezvous()
         assert h.status is RendezvousStatus.CLOSED
+        # once seen closed, the next call is refused before it reads anything, as clearly
+        with pytest.raises(RendezvousClosedError, match=r"^the rendezvous 'job' is closed$"):
+            await h.next_rendezvous()
         assert await h.is_closed()
         await h.aclose()
     # closed while a rank waits
@@ -872,6 +952,139 @@ async def test_static_store_errors_become_connection_errors() -> None:
     with pytest.raises(RendezvousConnectionError, match=r"^set_closed failed for run 'job': "):
         await h.set_closed()
     assert await h.shutdown() is False
+
+
+@virtual_test
+async def test_static_defaults_and_edges_of_its_arguments() -> None:
+    engine = MemoryEngine()
+    alone = StaticRendezvousHandler(MemoryStore(engine), "job", 0, 2, local_addr="h")
+    with pytest.raises(RendezvousTimeoutError, match=r"within join_timeout=600\.0s$"):
+        await alone.next_rendezvous()
+    assert asyncio.get_running_loop().time() == pytest.approx(600)  # the default join_timeout
+    await alone.aclose()
+    StaticRendezvousHandler(MemoryStore(), "job", 0, 1, join_timeout=0.5)  # any time > 0
+    for ttl, error in ((0, ValueError), ("1", TypeError)):
+        with pytest.raises(error, match=r"^lease_ttl must be a"):
+            StaticRendezvousHandler(MemoryStore(), "job", 0, 1, lease_ttl=ttl)  # type: ignore[arg-type]
+
+
+@virtual_test
+async def test_static_timeout_message_waits_at_most_5s_for_the_missing_ranks() -> None:
+    """At the join timeout the message lists the ranks not there, read once: a store that does
+    not answer that read delays the timeout by 5 s at most (the list is then empty)."""
+    slow = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    slow.hang("range")  # the registration and the watch do not range; only that read does
+    h = StaticRendezvousHandler(slow, "job", 0, 2, local_addr="h", join_timeout=10)
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await asyncio.wait_for(h.next_rendezvous(), 60)
+    assert str(caught.value) == (
+        "static rendezvous 'job': ranks [] did not arrive within join_timeout=10.0s"
+    )
+    assert asyncio.get_running_loop().time() == pytest.approx(15)
+    slow.release()
+    await h.aclose()
+
+
+@virtual_test
+async def test_static_lease_is_renewed_at_the_given_interval() -> None:
+    engine = MemoryEngine()
+    stores = [FaultInjectingStore(MemoryStore(engine)) for _ in range(2)]
+    hs = [
+        StaticRendezvousHandler(store, "job", rank, 2, local_addr="h", lease_ttl=30.0,
+                                keep_alive_interval=1.0 if rank == 0 else None)
+        for rank, store in enumerate(stores)
+    ]  # fmt: skip
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    before = [store.calls["lease_keep_alive"] for store in stores]
+    await asyncio.sleep(30)
+    renewals = [
+        store.calls["lease_keep_alive"] - b for store, b in zip(stores, before, strict=True)
+    ]
+    assert 28 <= renewals[0] <= 31  # every second
+    assert 2 <= renewals[1] <= 4  # the keeper's default: a third of the TTL
+    for h in hs:
+        await h.aclose()
+
+
+@virtual_test
+async def test_static_rejoin_after_the_round_returns_at_once() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    start = asyncio.get_running_loop().time()
+    again = await hs[1].next_rendezvous()  # the round record is in the snapshot
+    assert asyncio.get_running_loop().time() == start
+    assert (again.round, again.rank, again.bootstrap_store_info) == (
+        0, 1, first[1].bootstrap_store_info,
+    )  # fmt: skip
+    for h in hs:
+        await h.aclose()
+
+
+@pytest.mark.parametrize("which", ["round", "closed"])
+def test_static_names_the_key_of_a_corrupt_record(which: str) -> None:
+    async def body() -> None:
+        engine = MemoryEngine()
+        keys = RunKeys("job")
+        key = keys.round if which == "round" else keys.closed
+        await MemoryStore(engine).put(key, b"not json")
+        h = _static(engine, 1)
+        with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not JSON"):
+            await h.next_rendezvous()
+        await h.aclose()
+        if which == "closed":
+            reader = _static(engine, 1)
+            with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not"):
+                await reader.is_closed()
+            await reader.aclose()
+
+    run_virtual(body())
+
+
+@virtual_test
+async def test_static_close_and_its_events_in_full() -> None:
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    assert await hs[0].is_closed() is False
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    store = MemoryStore(engine)
+    waiting = asyncio.ensure_future(hs[0].wait_for_change())
+    await asyncio.sleep(1)
+    await hs[1].set_closed()
+    assert hs[1].status is RendezvousStatus.CLOSED  # without reading it back
+    kv = await store.get(RunKeys("job").closed)
+    assert kv is not None
+    assert await waiting == RendezvousEvent(RendezvousEventKind.CLOSED, 0, kv.mod_revision)
+    assert await hs[0].wait_for_change() == RendezvousEvent(RendezvousEventKind.CLOSED, 0, 0)
+    for h in hs:
+        await h.aclose()
+    # a lost lease: the error event, in full, then again at once
+    hs = [_static(engine, rank, run_id="job2") for rank in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    keeper = hs[0]._keeper
+    assert keeper is not None
+    await store.lease_revoke(keeper.id)
+    event = await hs[0].wait_for_change()
+    assert event == RendezvousEvent(RendezvousEventKind.ERROR, 0, 0, error=event.error)
+    assert event.error is not None
+    again = await hs[0].wait_for_change()
+    assert again == RendezvousEvent(RendezvousEventKind.ERROR, 0, 0, error=event.error)
+    for h in hs:
+        await h.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_static_wait_for_change_names_itself_in_a_store_error() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    hs = [StaticRendezvousHandler(store, "job", 0, 2, local_addr="h"), _static(engine, 1)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    await store.aclose()
+    with pytest.raises(RendezvousConnectionError, match=r"^wait_for_change failed for run 'job'"):
+        await hs[0].wait_for_change()
+    for h in hs:
+        await h.aclose()
 
 
 # -- this host's address --------------------------------------------------------------------------
@@ -1188,6 +1401,63 @@ async def test_status_watch_yields_once_per_burst_and_waits_for_a_vanished_run()
     await store.aclose()
 
 
+@virtual_test
+async def test_status_watch_reads_afresh_after_a_compaction() -> None:
+    """The history the watch would resume from was compacted while nobody read: the next
+    snapshot is read afresh and yielded, and the watch goes on from there."""
+    store = MemoryStore()
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.put(keys.node(0, "b"), NodeRecord("b", "h", 1).encode())
+    revision = await store.put(keys.node(0, "c"), NodeRecord("c", "h", 1).encode())
+    await store.compact(revision)
+    fresh = await asyncio.wait_for(anext(snapshots), 5)
+    assert ([n.node_id for n in fresh.waiting], fresh.revision) == (["a", "b", "c"], revision)
+    assert [n.addr for n in fresh.waiting] == ["ha", "h", "h"]
+    timer = TimerRequest(1, "s", time.time() + 60)
+    await store.put(timer_key("tp/", "1", "s"), timer.to_json())
+    later = await asyncio.wait_for(anext(snapshots), 5)
+    assert [t.scope_id for t in later.timers] == ["s"]
+    await store.put(keys.node(0, "d"), NodeRecord("d", "h", 1).encode())
+    await store.put(keys.node(0, "e"), NodeRecord("e", "h", 1).encode())
+    last = await asyncio.wait_for(anext(snapshots), 5)
+    assert [n.node_id for n in last.waiting] == ["a", "b", "c", "d", "e"]
+    nothing = asyncio.ensure_future(anext(snapshots))  # d and e were one burst: one snapshot
+    await asyncio.sleep(10)
+    assert not nothing.done()
+    nothing.cancel()
+    await asyncio.wait([nothing])
+    await snapshots.aclose()
+    await store.aclose()
+
+
+@pytest.mark.parametrize("which", ["driver", "closed"])
+def test_status_names_the_key_of_a_corrupt_record(which: str) -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        key = getattr(RunKeys("job"), which)
+        await store.put(key, b"not json")
+        with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not JSON"):
+            await read_run_status(store, "job")
+        await store.aclose()
+
+    run_virtual(body())
+
+
+def test_status_text_of_a_timer_at_its_deadline_and_tenths() -> None:
+    timers = (
+        TimerStatus(1, "now", None, 0.95, 0.0, "t/1/now"),
+        TimerStatus(2, "soon", None, 1.0, 0.5, "t/2/soon"),
+    )
+    lines = format_run_status(_run_status(timers=timers)).splitlines()
+    assert lines[-2:] == [
+        "  1       now    -    1970-01-01 00:00:00.9  0.0s",  # due now, not overdue; tenths cut
+        "  2       soon   -    1970-01-01 00:00:01.0  0.5s",
+    ]
+
+
 # -- the built-in backends' creators --------------------------------------------------------------
 
 
@@ -1325,3 +1595,57 @@ def test_status_passes_a_secret_file_to_its_store(
     assert (code, out) == (2, "")
     assert "applies to" not in err
     assert str(missing) in err  # the store read the file it was given
+
+
+# -- the join path (dynamic): its driver claim --------------------------------------------------
+
+
+def _dynamic(engine: MemoryEngine, n: int, nodes: int) -> list[DynamicRendezvousHandler]:
+    return [
+        DynamicRendezvousHandler(
+            MemoryStore(engine), "job", nodes, nodes, lease_ttl=6.0, join_timeout=100.0
+        )
+        for _ in range(n)
+    ]
+
+
+@virtual_test
+async def test_a_join_interrupted_after_its_claim_drives_again() -> None:
+    """A join cancelled while it drives (it claimed ``c/driver`` with its registration) and
+    started again with the same lease still gets the round formed: the others' joins complete
+    at once, not at ``join_timeout``."""
+    engine = MemoryEngine()
+    first, other = _dynamic(engine, 2, 2)
+    joining = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1)
+    driver = await MemoryStore(engine).get(RunKeys("job").driver)
+    assert driver is not None
+    assert DriverRecord.decode(driver.key, driver.value).node_id == first.node_id
+    joining.cancel()
+    await asyncio.wait([joining])
+    again = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1)
+    start = asyncio.get_running_loop().time()
+    results = await asyncio.gather(again, other.next_rendezvous())
+    assert asyncio.get_running_loop().time() == start
+    assert sorted(r.node_id for r in results) == sorted((first.node_id, other.node_id))
+    assert {r.round for r in results} == {0}
+    for h in (first, other):
+        await h.aclose()
+
+
+@virtual_test
+async def test_a_run_closed_before_any_round_says_so() -> None:
+    """The close record of a run closed before any round completed is after round -1 (its
+    members, of no round, are all of the closed generation), as the status shows it."""
+    engine = MemoryEngine()
+    (h,) = _dynamic(engine, 1, 2)
+    await h.set_closed()
+    store = MemoryStore(engine)
+    kv = await store.get(RunKeys("job").closed)
+    assert kv is not None
+    assert ClosedRecord.decode(kv.key, kv.value) == ClosedRecord(-1)
+    status = await read_run_status(store, "job")
+    assert (status.closed, status.closed_after_round) == (True, -1)
+    await h.aclose()
+    await store.aclose()
