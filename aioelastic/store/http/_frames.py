@@ -31,6 +31,7 @@ __all__ = [
     "EVENTS",
     "EVENTS_MANY",
     "EVENTS_MANY_VERSION",
+    "NOT_ONE",
     "PROGRESS",
     "PROTOCOL_VERSIONS",
     "REQUEST",
@@ -49,6 +50,7 @@ __all__ = [
     "pack_bound",
     "slot_setters",
     "unpack_all",
+    "unpack_one",
 ]
 
 #: Versions of the session protocol this package speaks, newest last.
@@ -86,6 +88,26 @@ def pack(frame: list[Any]) -> bytes:
     return data
 
 
+#: What :func:`unpack_one` raises for a message that is not exactly one object (several frames
+#: included).
+NOT_ONE = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError)
+
+
+def unpack_one(body: bytes | memoryview, max_len: int) -> Any:
+    """The one msgpack object that is the whole of ``body``, with the frames' limits (the
+    server's short path for a message of one request; :func:`unpack_all` judges the rest)."""
+    return msgpack.unpackb(
+        body,
+        raw=False,
+        strict_map_key=True,
+        max_bin_len=max_len,
+        max_str_len=max_len,
+        max_array_len=1_000_000,
+        max_map_len=10_000,
+        max_ext_len=0,
+    )
+
+
 def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]:
     """Every frame of one message, in order; raises :class:`FrameError` (after the frames before
     it) on anything but arrays, including a message that ends inside a frame."""
@@ -95,16 +117,7 @@ def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]
     # and its answer); only a message of several pays for an Unpacker over the rest.
     rest = b""
     try:
-        frame = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_len,
-            max_str_len=max_len,
-            max_array_len=1_000_000,
-            max_map_len=10_000,
-            max_ext_len=0,
-        )
+        frame = unpack_one(data, max_len)
     except msgpack.ExtraData as extra:
         frame, rest = extra.unpacked, extra.extra
     except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:

@@ -20,6 +20,7 @@ from ...errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from ._frames import (
     ERROR,
     EVENTS_MANY_VERSION,
+    NOT_ONE,
     REQUEST,
     RESULT,
     WATCH_END,
@@ -27,9 +28,9 @@ from ._frames import (
     kv_to_wire,
     pack,
     unpack_all,
+    unpack_one,
 )
 from ._persist import LogWriteError
-from ._session_decode import NOT_ONE, unpack_one
 from ._session_ops import OPS, OpError, bad
 from ._session_watch import GROUP_WATCHES, EventGroups, ServedWatch
 
