@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -23,6 +24,7 @@ from ..errors import (
     StoreError,
     StoreTimeoutError,
 )
+from ._deadlines import Deadlines
 
 if TYPE_CHECKING:
     from ._base import Store
@@ -65,10 +67,11 @@ class LeaseKeeper(AsyncResource):
     still hanging), the lease counts as lost although the store may keep it until the TTL, so the
     holder stops before anyone else can take over (Kubernetes leader election's rule).
 
-    Between renewals a keeper holds only a timer on the event loop; each renewal is a plain
-    asyncio task owned by this object (so a keeper can be entered and closed in different tasks,
-    e.g. a pytest-asyncio fixture). No task sleeps per lease: a process that keeps thousands of
-    leases (one per rendezvous participant) pays a timer each, not a task each.
+    Between renewals a keeper holds only its deadline, on the one timer that the keepers of an
+    event loop share (:mod:`._deadlines`); each renewal is a plain asyncio task owned by this
+    object (so a keeper can be entered and closed in different tasks, e.g. a pytest-asyncio
+    fixture). No task sleeps per lease, nor a timer handle waits per lease: a process that keeps
+    thousands of leases (one per rendezvous participant) pays a heap entry each.
     """
 
     def __init__(
@@ -105,12 +108,15 @@ class LeaseKeeper(AsyncResource):
         self._id = 0
         self.ttl = self._requested_ttl
         self._task: asyncio.Task[None] | None = None  # the renewal in flight
-        self._timer: asyncio.TimerHandle | None = None  # the next renewal, while none is
+        self._due = 0  # the next renewal's token in the loop's renewals, while none is in flight
         self._context: contextvars.Context | None = None  # renewals run in a copy of start's
         self._started = False
         self._lost: asyncio.Event | None = None  # made by the first wait_lost
         self._error: LeaseExpiredError | None = None
-        self._callbacks: list[Callable[[LeaseExpiredError], object]] = []
+        # on_lost's callbacks: the one a participant registers in ``_callback``, a list only
+        # for more (a list per keeper would be one more object for every full collection)
+        self._callback: Callable[[LeaseExpiredError], object] | None = None
+        self._callbacks: list[Callable[[LeaseExpiredError], object]] | None = None
         # The guards' scopes: the one guard a participant holds in ``_scope``, a set only for
         # more at once. A keeper lives as long as its lease, and every full garbage collection
         # traverses what it holds (thousands of keepers in a large job's process).
@@ -148,9 +154,9 @@ class LeaseKeeper(AsyncResource):
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._due:
+            _renewals(asyncio.get_running_loop()).cancel(self._due)
+            self._due = 0
         task = self._task
         if task is not None:
             task.cancel()
@@ -195,6 +201,10 @@ class LeaseKeeper(AsyncResource):
         """Call ``callback(error)`` when the lease is lost (at once if it already is)."""
         if self._error is not None:
             callback(self._error)
+        elif self._callback is None:
+            self._callback = callback
+        elif self._callbacks is None:
+            self._callbacks = [callback]
         else:
             self._callbacks.append(callback)
 
@@ -215,10 +225,10 @@ class LeaseKeeper(AsyncResource):
 
     def _schedule(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(delay, self._renewal_due, context=self._context)
+        self._due = _renewals(loop).add(loop, loop.time() + delay, self)
 
     def _renewal_due(self) -> None:
-        self._timer = None
+        self._due = 0
         if self._closed:
             return
         loop = asyncio.get_running_loop()
@@ -297,12 +307,31 @@ class LeaseKeeper(AsyncResource):
             self._scope.cancel()
         for scope in self._scopes or ():
             scope.cancel()
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks = [] if self._callback is None else [self._callback]
+        callbacks.extend(self._callbacks or ())
+        self._callback = self._callbacks = None
         for callback in callbacks:
             try:
                 callback(error)
             except Exception:
                 log.exception("lease-lost callback %r failed", callback)
+
+
+def _renewal_due(keeper: LeaseKeeper) -> None:
+    keeper._renewal_due()
+
+
+#: the keepers' renewal deadlines, per event loop (one timer per loop, not one per keeper)
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines[LeaseKeeper]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _renewals(loop: asyncio.AbstractEventLoop) -> Deadlines[LeaseKeeper]:
+    renewals = _by_loop.get(loop)
+    if renewals is None:
+        renewals = _by_loop[loop] = Deadlines(_renewal_due)
+    return renewals
 
 
 class _Guard:

@@ -1,53 +1,49 @@
 """The memory engine's leases: the table of live leases and their expiry timers.
 
-Deadlines are ``loop.call_at`` timers on the running event loop (so virtual time expires them
-without waiting); a keep-alive only moves the deadline, and the timer, when it fires early,
-sleeps again until the new one. Ending a lease (deleting its keys, calling the hooks) is the
-engine's: the table calls ``expire`` with the lease whose deadline has passed.
+Deadlines are event-loop times, all on one ``loop.call_at`` timer (:mod:`._deadlines`: a lease
+is not a timer handle of its own), so virtual time expires them without waiting; a keep-alive
+only moves the deadline, and the expiry, when it comes early, is set again for the new one.
+Ending a lease (deleting its keys, calling the hooks) is the engine's: the table calls
+``expire`` with the lease whose deadline has passed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import LeaseNotFoundError
+from ._deadlines import Deadlines
 from ._types import LeaseStatus
 
 __all__ = ["LeaseTable"]
 
-_TIMER_CONTEXT = contextvars.Context()
-
 
 @dataclass(eq=False, slots=True)
 class _Lease:
-    """A live lease. It is its own timer callback (``loop.call_at(deadline, lease)``): a timer
-    holds the lease only, not a bound method and an arguments tuple besides (two objects fewer
-    per lease for every full garbage collection to traverse)."""
+    """A live lease: its expiry is a token of the table's deadlines (two numbers in a heap and
+    a dict entry), not a timer handle and a callback of its own (objects that every full
+    garbage collection would traverse, one each per lease)."""
 
-    table: LeaseTable = field(repr=False)
     id: int
     ttl: float
     deadline: float
     keys: set[str] = field(default_factory=set)
-    handle: asyncio.TimerHandle | None = field(default=None, repr=False)
-
-    def __call__(self) -> None:
-        self.table._on_timer(self)
+    token: int = field(default=0, repr=False)  # of its expiry in the table's deadlines
 
 
 class LeaseTable:
     """Live leases by id, the last id handed out, and their expiry timers."""
 
-    __slots__ = ("_expire", "_loop", "by_id", "last_id")
+    __slots__ = ("_deadlines", "_expire", "_loop", "by_id", "last_id")
 
     def __init__(self, expire: Callable[[_Lease], None]) -> None:
         self._expire = expire  # ends a lease whose deadline passed; may raise (a vetoing hook)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.by_id: dict[int, _Lease] = {}
         self.last_id = 0
+        self._deadlines: Deadlines[_Lease] = Deadlines(self._on_timer)
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -64,7 +60,7 @@ class LeaseTable:
         elif lease_id in self.by_id:
             raise ValueError(f"lease {lease_id:#x} already exists")
         self.last_id = max(self.last_id, lease_id)
-        lease = _Lease(self, lease_id, ttl, self.time() + ttl)
+        lease = _Lease(lease_id, ttl, self.time() + ttl)
         self.by_id[lease_id] = lease
         self.schedule(lease)
         return lease
@@ -72,8 +68,7 @@ class LeaseTable:
     def discard(self, lease: _Lease) -> None:
         """Forget ``lease`` and stop its timer."""
         self.by_id.pop(lease.id, None)
-        if lease.handle is not None:
-            lease.handle.cancel()
+        self._deadlines.cancel(lease.token)
 
     def get(self, lease_id: int) -> _Lease:
         lease = self.by_id.get(lease_id)
@@ -91,11 +86,12 @@ class LeaseTable:
         remaining = max(0.0, lease.deadline - self.time())
         return LeaseStatus(lease.id, lease.ttl, remaining, tuple(sorted(lease.keys)))
 
-    def schedule(self, lease: _Lease) -> None:
+    def schedule(self, lease: _Lease, at: float | None = None) -> None:
+        """Expire ``lease`` at its deadline (or at loop time ``at``) unless it moves."""
         assert self._loop is not None
-        # in a context of its own: the expiry needs none of the granting caller's (and a copy
-        # of it per lease would be one more object per lease for the garbage collector)
-        lease.handle = self._loop.call_at(lease.deadline, lease, context=_TIMER_CONTEXT)
+        self._deadlines.cancel(lease.token)
+        when = lease.deadline if at is None else at
+        lease.token = self._deadlines.add(self._loop, when, lease)
 
     def _on_timer(self, lease: _Lease) -> None:
         if self.by_id.get(lease.id) is not lease:
@@ -106,10 +102,7 @@ class LeaseTable:
         try:
             self._expire(lease)
         except Exception:  # a hook vetoed it (the log cannot be written): the lease stays
-            assert self._loop is not None
-            lease.handle = self._loop.call_later(1.0, lease, context=_TIMER_CONTEXT)
+            self.schedule(lease, self.time() + 1.0)
 
     def cancel_timers(self) -> None:
-        for lease in self.by_id.values():
-            if lease.handle is not None:
-                lease.handle.cancel()
+        self._deadlines.clear()

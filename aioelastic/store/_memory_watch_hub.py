@@ -59,8 +59,10 @@ class _Watcher:
         if on_wake is not None:
             on_wake()
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self.waiter = None  # a woken watcher keeps nothing of its wake-up
+            if not waiter.done():
+                waiter.set_result(None)
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -212,19 +214,22 @@ class WatchHub:
         self._untrack(watcher)
         watcher.wake()
 
-    async def wait(self, watcher: _Watcher) -> None:
-        """Wait until a write under ``watcher``'s prefix, or until it fails, is removed or its
-        :meth:`_Watcher.wake` is called. Returns at once if it has events left to read."""
+    def wait(self, watcher: _Watcher) -> asyncio.Future[None]:
+        """A future resolved by a write under ``watcher``'s prefix, by its failure or removal, or
+        by :meth:`_Watcher.wake` (which drops it); resolved already if it has events left to read.
+
+        A future, not a coroutine: a reader parked on it holds one frame fewer (and each of a
+        process's 10,000 participants parks one, which every full collection traverses).
+        """
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        waiter = watcher.waiter = self._loop.create_future()
+        waiter = self._loop.create_future()
         idle = watcher.hits is not None and not watcher.hits
         if not idle or watcher.error is not None or watcher not in self.watchers:
             waiter.set_result(None)
-        try:
-            await waiter
-        finally:
-            watcher.waiter = None
+        else:
+            watcher.waiter = waiter
+        return waiter
 
     def _track(self, watcher: _Watcher) -> None:
         """From now on, writes under its prefix record themselves in ``watcher.hits``."""
