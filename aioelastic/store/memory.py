@@ -393,6 +393,56 @@ class _MemoryWatch(Watch):
 
     _next = __anext__
 
+    # A reader that waits on several things at once (the rendezvous join) takes the events
+    # without a task parked in __anext__: the engine calls ``wake`` where it would wake that
+    # task (an event under the prefix after none was unread, the watcher's failure or removal).
+
+    def _set_waker(self, wake: Callable[[], None] | None) -> bool:
+        """Have ``wake`` called whenever an event or the watch's end becomes ready to take with
+        :meth:`_take_event` (``None`` unhooks it); False before the watch has started."""
+        watcher = self._watcher
+        if watcher is None or not self._started:
+            return wake is None
+        watcher.on_wake = wake
+        return True
+
+    def _event_ready(self) -> bool:
+        """Whether :meth:`_take_event` returns an event or raises (events read are kept here,
+        in the order ``__anext__`` returns them)."""
+        if self._pending or self._closed:
+            return True
+        watcher = self._watcher
+        assert watcher is not None
+        if watcher.error is not None:
+            return True
+        if watcher.hits is not None and not watcher.hits:
+            return False  # tracked, nothing unread: no read needed to know
+        pending = self._store.engine.read_events(watcher)
+        if not pending:
+            return False
+        self._pending, self._at = pending, 0
+        return True
+
+    def _take_event(self) -> WatchEvent | None:
+        """The next event without waiting (None: none is ready yet), or the watch's end as
+        ``__anext__`` raises it (``StopAsyncIteration`` once closed, the watcher's error)."""
+        if not self._event_ready():
+            return None
+        pending = self._pending
+        if pending:
+            at = self._at
+            if at + 1 == len(pending):
+                self._pending = ()
+            else:
+                self._at = at + 1
+            return pending[at]
+        if self._closed:
+            raise StopAsyncIteration
+        watcher = self._watcher
+        assert watcher is not None
+        assert watcher.error is not None
+        raise watcher.error
+
     async def _aclose(self) -> None:
         if self._watcher is not None:
             self._store.engine.remove_watcher(self._watcher)
