@@ -18,6 +18,7 @@ Modes (``--mode``):
     python -m benchmarks.scale --mode simulate --sizes 100000
     python -m benchmarks.scale --mode http --sizes 1000,2000
     python -m benchmarks.scale --mode http --sizes 10000 --kill
+    python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --also-frozen
 
 Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
 the per-round work. ``--json PATH`` writes every figure.
@@ -452,6 +453,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="memory/simulate: gc.freeze() after set-up (the participants left out of every "
         "collection; the collector still runs)",
     )
+    parser.add_argument(
+        "--also-frozen",
+        action="store_true",
+        help="memory/simulate: also time each size with gc.freeze() after set-up, printed as "
+        "extra rows below the normal ones (what a user with that many participants in one "
+        "process would do; the targets are the normal rows)",
+    )
     parser.add_argument("--history-limit", type=int, help="memory/simulate: the engine's")
     parser.add_argument(
         "--rounds",
@@ -507,6 +515,26 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
     ]
 
 
+def print_frozen(args: argparse.Namespace, sizes: Sequence[int]) -> None:
+    """``--also-frozen``: the same rounds with ``gc.freeze()`` after set-up, labelled."""
+    frozen: dict[int, list[RoundFigures]] = {}
+    run = run_simulated if args.mode == "simulate" else run_memory
+    for n in sizes:
+        print(f"{args.mode}: N={n} x {args.repeat}, gc.freeze() after set-up", file=sys.stderr)
+        frozen[n] = [
+            f
+            for _ in range(args.repeat)
+            for f in run(n, args.rounds, args.history_limit, freeze_gc=True)
+        ]
+    print(
+        "\nextra rows, NOT the target's figure: gc.freeze() after set-up (the participants "
+        "left out of every collection; the collector still runs over what the round makes)"
+    )
+    print(summary(sizes, frozen))
+    for n in sizes:
+        print(gc_details(n, frozen[n]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     runs: dict[int, list[RoundFigures]] = {}
@@ -522,6 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode in ("memory", "simulate"):
         for n in sizes:
             print(gc_details(n, runs[n]))
+        if args.also_frozen and not args.freeze_gc and sizes:
+            print_frozen(args, sizes)
     for n, why in failures.items():
         print(f"N={n}: FAILED: {why}")
     if args.mode == "http":

@@ -9,6 +9,7 @@ faster than linearly (a per-join scan of every member or watcher makes it grow 1
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 
@@ -259,6 +260,24 @@ def test_the_scale_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None
                 # written after its count started (the claim is in the first registration)
                 assert 2 * f["n"] <= f["events"] < 3 * f["n"]
                 assert f["record_bytes"] > 0
+
+
+def test_the_scale_benchmark_prints_frozen_rows_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--also-frozen``: the normal rows first (the targets' figures), then the same sizes with
+    ``gc.freeze()`` after set-up, labelled as extra; the collector's settings are left as they
+    were (frozen objects unfrozen, collection enabled)."""
+    assert scale_main(["--sizes", "10,20", "--also-frozen"]) == 0
+    out = capsys.readouterr().out
+    normal, _, frozen = out.partition("extra rows, NOT the target's figure: gc.freeze()")
+    assert frozen
+    for part in (normal, frozen):
+        rows = [
+            line.split()[0] for line in part.splitlines() if line.split()[:1] in (["10"], ["20"])
+        ]
+        assert rows == ["10", "20"], part
+        assert "N=20: cpu" in part
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
 
 
 async def _static_round(n: int) -> tuple[int, int]:
