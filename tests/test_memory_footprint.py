@@ -53,6 +53,25 @@ def test_a_woken_watcher_that_read_keeps_nothing_of_the_wake_up() -> None:
     assert per_write <= 2.5, per_write
 
 
+def test_a_woken_watcher_holds_nothing_tracked_until_it_reads() -> None:
+    """One write under the prefix of N watchers: each records its one unread event as a tuple
+    of one number (untracked by the collector), not a list (the old code: one list each, alive
+    until each watcher reads; N readers woken at once hold them across loop turns)."""
+    engine = MemoryEngine()
+    watchers = [engine.add_watcher("a/", None, owner=None) for _ in range(N)]
+    gc.collect()
+    before = len(gc.get_objects())
+    engine.put("a/k", b"x")
+    gc.collect()
+    per_watcher = (len(gc.get_objects()) - before) / N
+    assert per_watcher <= 0.05, per_watcher  # (the write's key-value and event: 2 in all)
+    engine.put("a/k", b"y")  # a second unread event: a list from now on, both in order
+    for watcher in watchers[:3]:
+        assert [e.kv.value for e in engine.read_events(watcher)] == [b"x", b"y"]
+    engine.put("a/k", b"z")
+    assert [e.kv.value for e in engine.read_events(watchers[0])] == [b"z"]
+
+
 def test_a_lease_holding_a_key_is_its_record_its_key_set_and_its_timer() -> None:
     async def main() -> float:
         engine = MemoryEngine()

@@ -10,7 +10,8 @@ in the past *scans* the log from its cursor once, then is tracked.
 
 Every registered watcher is alive for as long as its watch: the objects it holds are tracked by
 the garbage collector and traversed by each full collection, so a watcher with nothing unread
-holds no container of its own (``hits`` is the shared empty tuple), and the compaction's record
+holds no container of its own (``hits`` is the shared empty tuple; with one unread event, a
+tuple of one number, which the collector does not track), and the compaction's record
 of first unread events is two deques of plain values, not a tuple (and a list) per wake-up.
 """
 
@@ -47,8 +48,8 @@ class _Watcher:
         #: told which ones have something, without a task parked on each
         self.on_wake: Callable[[], None] | None = None
         self.error: BaseException | None = None
-        # While tracked: the absolute log indexes of its unread events, exactly (a list once it
-        # has one, _NO_HITS before); None while it must scan the log from its cursor instead.
+        # While tracked: the absolute log indexes of its unread events, exactly (_NO_HITS, a
+        # 1-tuple, then a list); None while it must scan the log from its cursor instead.
         self.hits: Sequence[int] | None = None
 
     def matches(self, key: str) -> bool:
@@ -135,10 +136,14 @@ class WatchHub:
                 work[WATCHER_VISITS] += len(watchers)
                 for watcher in watchers:
                     hits = watcher.hits
-                    if hits:
-                        hits.append(index)  # type: ignore[attr-defined]  # a list once not empty
+                    if type(hits) is list:
+                        hits.append(index)
+                    elif hits:  # its second: a list from now on
+                        watcher.hits = [*hits, index]
                     else:
-                        watcher.hits = [index]
+                        # its first: a tuple of one number, which the collector stops tracking
+                        # (N watchers woken by one write hold one each until they read)
+                        watcher.hits = (index,)
                         first_unread.append(index)
                         first_unread_of.append(watcher)
                         watcher.wake()
