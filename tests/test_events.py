@@ -79,6 +79,8 @@ def test_open_sink_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(sink, JsonLinesSink)
     monkeypatch.delenv(events.EVENTS_ENV, raising=False)
     assert isinstance(default_sink(), NullSink)
+    # stateless: one for every component made without a sink (not one object per handler)
+    assert default_sink() is default_sink()
     monkeypatch.setenv(events.EVENTS_ENV, str(tmp_path / "env.jsonl"))
     first = default_sink()
     assert isinstance(first, JsonLinesSink)
