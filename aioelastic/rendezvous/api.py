@@ -456,19 +456,34 @@ class _Translate:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None or isinstance(
-            exc, RendezvousClosedError | RendezvousGracefulExitError | RendezvousTimeoutError
-        ):
-            return
-        handler = self._handler
-        if isinstance(exc, RendezvousError):
-            handler._error = exc
-        elif isinstance(exc, StoreError | LeaseExpiredError):
-            error = RendezvousConnectionError(
-                f"{self._what} failed for run {handler.run_id!r}: {exc}"
-            )
-            handler._error = error
-            raise error from exc
+        if exc is not None:
+            error = translated(self._handler, self._what, exc)
+            if error is not None:
+                raise error from exc
+
+
+#: a handler's own outcomes, raised as they are (its status stays what it was)
+_NOT_TRANSLATED = (RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError)
+
+
+def translated(handler: _BuiltinHandler, what: str, exc: BaseException) -> BaseException | None:
+    """What ``handler._translate(what)`` makes of ``exc``: the error to raise instead (from
+    ``exc``), or None to let it through; an error that is the handler's puts it in ERROR.
+
+    For the hottest wait (``next_rendezvous``, held by every waiting participant) without the
+    context manager: one object fewer per participant for the collector (two with its bound
+    ``__exit__``)."""
+    if isinstance(
+        exc, RendezvousClosedError | RendezvousGracefulExitError | RendezvousTimeoutError
+    ):
+        return None
+    if isinstance(exc, RendezvousError):
+        handler._error = exc
+    elif isinstance(exc, StoreError | LeaseExpiredError):
+        error = RendezvousConnectionError(f"{what} failed for run {handler.run_id!r}: {exc}")
+        handler._error = error
+        return error
+    return None
 
 
 class RendezvousHandlerRegistry:

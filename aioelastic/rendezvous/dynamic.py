@@ -76,6 +76,7 @@ from .api import (
     RendezvousStatistics,
     RendezvousStatus,
     _BuiltinHandler,
+    translated,
 )
 
 if TYPE_CHECKING:
@@ -321,25 +322,34 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         Cancelling it withdraws this node's registration.
         """
         self._check_usable()
-        async with self._lock:
+        # (not ``async with`` the lock nor ``with self._translate()``: every waiting participant
+        # would hold their bound __aexit__/__exit__ and the translator for the whole wait, three
+        # objects more per participant for each full garbage collection to traverse)
+        await self._lock.acquire()
+        try:
             self._check_usable()
             await self._members.aclose()
             self._emit("rendezvous.join_started", previous_round=self._round)
             try:
-                with self._translate("next_rendezvous"):
-                    result = await self._joiner.join()
+                result = await self._joiner.join()
             except BaseException as exc:
+                error = translated(self, "next_rendezvous", exc)
+                failure = exc if error is None else error
                 self._emit(
                     "rendezvous.join_failed",
                     previous_round=self._round,
-                    error_type=type(exc).__name__,
-                    error=str(exc),
+                    error_type=type(failure).__name__,
+                    error=str(failure),
                 )
                 self._note_status()
-                raise
+                if error is None:
+                    raise
+                raise error from exc
             self._error = None
             self._note_status()
             return result
+        finally:
+            self._lock.release()
 
     async def wait_for_change(self) -> RendezvousEvent:
         """Wait for the next change to the round last returned to this node.
