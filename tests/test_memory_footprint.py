@@ -13,6 +13,7 @@ import pytest
 
 from aioelastic.errors import CompactedError, LeaseExpiredError, StoreClosedError
 from aioelastic.store import LeaseKeeper, MemoryEngine, MemoryStore
+from aioelastic.store._keeper import _renewals
 from aioelastic.testing import run_virtual
 
 N = 1000
@@ -135,6 +136,7 @@ def test_many_keepers_renew_on_one_timer_and_each_in_time() -> None:
         assert all(not k.lost for k in keepers)
         for keeper in keepers:
             await keeper.aclose()
+        assert len(_renewals(loop)) == 0  # a closed keeper leaves no renewal due
         await store.aclose()
         return renewals, timers
 

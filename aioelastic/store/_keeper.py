@@ -109,6 +109,7 @@ class LeaseKeeper(AsyncResource):
         self.ttl = self._requested_ttl
         self._task: asyncio.Task[None] | None = None  # the renewal in flight
         self._due = 0  # the next renewal's token in the loop's renewals, while none is in flight
+        self._due_in: Deadlines[LeaseKeeper] | None = None  # the loop's, shared by its keepers
         self._context: contextvars.Context | None = None  # renewals run in a copy of start's
         self._started = False
         self._lost: asyncio.Event | None = None  # made by the first wait_lost
@@ -154,8 +155,8 @@ class LeaseKeeper(AsyncResource):
         if self._closed:
             return
         self._closed = True
-        if self._due:
-            _renewals(asyncio.get_running_loop()).cancel(self._due)
+        if self._due and self._due_in is not None:  # (on the loop it was set on)
+            self._due_in.cancel(self._due)
             self._due = 0
         task = self._task
         if task is not None:
@@ -225,7 +226,8 @@ class LeaseKeeper(AsyncResource):
 
     def _schedule(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
-        self._due = _renewals(loop).add(loop, loop.time() + delay, self)
+        self._due_in = renewals = _renewals(loop)
+        self._due = renewals.add(loop, loop.time() + delay, self)
 
     def _renewal_due(self) -> None:
         self._due = 0
