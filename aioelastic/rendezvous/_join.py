@@ -562,7 +562,9 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
 
 async def _buffered(tasks: JoinTasks) -> bool:
     """Whether a control event is ready to apply (after letting the watch hand over what it
-    holds)."""
+    holds: its reader task takes a loop turn; a watch whose events are taken shows them)."""
+    if tasks.taking:
+        return tasks.event_ready()
     tasks.read()
     if not tasks.event_ready():
         await asyncio.sleep(0)  # (anyio's checkpoint on asyncio, without its backend look-up)
