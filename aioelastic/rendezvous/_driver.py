@@ -308,21 +308,23 @@ class RoundDriver:
         *early, last = _batches(ops)
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
-            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                try:
-                    for batch in early:  # a roster too large for one transaction: written first
-                        if not (await store.txn(compare=compare, success=batch)).succeeded:
-                            return False
-                    encoded = record.encode()  # (once: the next-round marker is the same bytes)
-                    result = await store.txn(
-                        compare=compare,
-                        success=[*last, Put(keys.round, encoded), *self._garbage(encoded)],
-                    )
-                except LeaseNotFoundError as exc:
-                    log.debug("run %r: %s; counting again", handler.run_id, exc)
-                    return None
-                if result.succeeded:
-                    self._completed(members)
+            # (no shielding scope: on asyncio this task is in no anyio scope that could cancel it,
+            # and a native cancel goes through a shield; the joiner, which may see the write
+            # before this returns, lets it finish instead: ``finalizing``)
+            try:
+                for batch in early:  # a roster too large for one transaction: written first
+                    if not (await store.txn(compare=compare, success=batch)).succeeded:
+                        return False
+                encoded = record.encode()  # (once: the next-round marker is the same bytes)
+                result = await store.txn(
+                    compare=compare,
+                    success=[*last, Put(keys.round, encoded), *self._garbage(encoded)],
+                )
+            except LeaseNotFoundError as exc:
+                log.debug("run %r: %s; counting again", handler.run_id, exc)
+                return None
+            if result.succeeded:
+                self._completed(members)
         finally:
             self.finalizing = False
         return result.succeeded
