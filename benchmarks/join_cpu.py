@@ -137,8 +137,11 @@ def one_round(
         capture_output=True,
         text=True,
         timeout=300,
-        check=True,
+        check=False,
     )
+    if out.returncode != 0:  # say why (the node's last lines), not only that it failed
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"{code} N={n} ({store}): exit {out.returncode}:\n{tail}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -110,8 +110,10 @@ class RoundDriver:
         *,
         prev_roster: tuple[KeyValue, ...] | None = None,
         told: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._handler = handler
+        self._loop = loop  # the running loop, if the joiner has it (else looked up)
         self._prev_roster = prev_roster  # the previous round's roster chunks, if read with it
         self._snapshot = None if snapshot is None or snapshot.more else snapshot
         self._events: Watch | None = None  # the watch of n/, once opened
@@ -221,7 +223,7 @@ class RoundDriver:
         self._seen = snapshot.revision
 
     async def _count(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         last_call_at: float | None = None
         while True:
             await self._tell_members()

@@ -160,7 +160,7 @@ class JoinCoordinator:
             granting = None  # a finished task, kept by this frame for the whole wait otherwise
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
-                result = await self._take_part(keeper, ctl, deadline)
+                result = await self._take_part(keeper, ctl, deadline, loop)
             completed = True
             return result
         finally:
@@ -190,9 +190,14 @@ class JoinCoordinator:
         return keeper
 
     async def _take_part(
-        self, keeper: LeaseKeeper, ctl: ControlView, deadline: float
+        self,
+        keeper: LeaseKeeper,
+        ctl: ControlView,
+        deadline: float,
+        loop: asyncio.AbstractEventLoop,
     ) -> RendezvousResult:
-        loop = asyncio.get_running_loop()
+        # (``loop``: the join's, looked up once: each look-up is a getpid() system call on
+        # CPython 3.11)
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
@@ -200,7 +205,9 @@ class JoinCoordinator:
             resolve(closing)  # aclose() came before the future existed (lease grant)
         self._driver = self._driven = None
         result: RendezvousResult | None = None
-        tasks = JoinTasks(ctl.watch)  # control events are read from now on, also while we write
+        tasks = JoinTasks(
+            ctl.watch, loop
+        )  # control events are read from now on, also while we write
         self._tasks = tasks
         timed_out: asyncio.Future[None] = loop.create_future()  # one timer, not one per wait
         timer = loop.call_at(deadline, _time_up, self, tasks, timed_out, context=WAKE_CONTEXT)
@@ -257,6 +264,7 @@ class JoinCoordinator:
                     claim.snapshot,
                     prev_roster=claim.roster,
                     told=claim.told,
+                    loop=tasks.loop,
                 )
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
@@ -307,7 +315,10 @@ class JoinCoordinator:
             rank = await read_rank(store, keys, record, node_id)
         if rank is None:
             return None
-        return completed(h, record, rank, participants, revision)
+        tasks = self._tasks
+        return completed(
+            h, record, rank, participants, revision, None if tasks is None else tasks.loop
+        )
 
     async def _wait(
         self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
@@ -467,8 +478,10 @@ def completed(
     rank: int,
     participants: tuple[str, ...],
     revision: int,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> RendezvousResult:
-    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``."""
+    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``
+    (``loop``: the running one, if the caller has it)."""
     h._joiner.standby = False
     result = RendezvousResult(
         run_id=h.run_id,
@@ -483,7 +496,7 @@ def completed(
     )
     h._round, h._round_record, h._result = record.round, record, result
     h._members.reset(revision)
-    h._stats.completed_at = now = asyncio.get_running_loop().time()
+    h._stats.completed_at = now = (loop or asyncio.get_running_loop()).time()
     started = h._stats.join_started
     h._emit(
         "rendezvous.round_completed",

@@ -43,8 +43,8 @@ class JoinTasks:
     tasks and returns an event read but not applied.
     """
 
-    def __init__(self, watch: Watch) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, watch: Watch, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # (the running one: the joiner has it)
         self._watch = watch
         #: events are taken from the watch as the join looks (it wakes the join): no reader task
         self.taking = watch._set_waker(self.wake)
@@ -75,7 +75,7 @@ class JoinTasks:
     def read(self) -> None:
         """Read the watch's next event from now on (also while the joiner writes)."""
         if self._next is None and not self.taking:
-            self._next = self._loop.create_task(self._read(self._watch))
+            self._next = self.loop.create_task(self._read(self._watch))
 
     def event_ready(self) -> bool:
         if self.taking:
@@ -103,7 +103,7 @@ class JoinTasks:
 
     def drive(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._driving = coro
-        self.driver = self._loop.create_task(self._drive(coro), name=name)
+        self.driver = self.loop.create_task(self._drive(coro), name=name)
 
     def driver_failed(self) -> None:
         """Raise the failure of a driver that ended (a failed driver fails the join)."""
@@ -121,7 +121,7 @@ class JoinTasks:
             return
         if any(f.done() for f in others):
             return
-        self._waiter = waiter = self._loop.create_future()
+        self._waiter = waiter = self.loop.create_future()
         try:
             await waiter
         finally:
