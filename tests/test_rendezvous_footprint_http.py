@@ -20,12 +20,14 @@ from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousParameters
 from aioelastic.store.http import HttpStore
 from aioelastic.testing.http import ServerThread
 
-JOINS = 20
+BATCHES, JOINS = 5, 10
 
 
 def _per_warm_join(url: str) -> tuple[float, float]:
     """Callbacks scheduled on the loop (``call_soon``) and tasks created per warm join of a
-    round of one over the http store at ``url`` (a server in another thread)."""
+    round of one over the http store at ``url`` (a server in another thread): the least over
+    a few batches of joins (a lease keep-alive or a progress frame that falls in a batch on a
+    loaded host adds its own)."""
 
     async def main() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
@@ -34,35 +36,39 @@ def _per_warm_join(url: str) -> tuple[float, float]:
         )
         handler = await create_handler(params)
         assert isinstance(handler, DynamicRendezvousHandler)
+        callbacks = tasks = 0
+        call_soon = loop.call_soon
+
+        def counting(*args: Any, **kw: Any) -> asyncio.Handle:
+            nonlocal callbacks
+            callbacks += 1
+            return call_soon(*args, **kw)
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
+        ) -> asyncio.Task[Any]:
+            nonlocal tasks
+            tasks += 1
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        batches = []
         try:
             for _ in range(3):
                 await handler.next_rendezvous()
-            callbacks = tasks = 0
-            call_soon = loop.call_soon
-
-            def counting(*args: Any, **kw: Any) -> asyncio.Handle:
-                nonlocal callbacks
-                callbacks += 1
-                return call_soon(*args, **kw)
-
-            def factory(
-                loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
-            ) -> asyncio.Task[Any]:
-                nonlocal tasks
-                tasks += 1
-                return asyncio.Task(coro, loop=loop, **kw)
-
             loop.call_soon = counting  # type: ignore[method-assign,assignment]
             loop.set_task_factory(factory)  # type: ignore[arg-type]
             try:
-                for _ in range(JOINS):
-                    await handler.next_rendezvous()
+                for _ in range(BATCHES):
+                    callbacks = tasks = 0
+                    for _ in range(JOINS):
+                        await handler.next_rendezvous()
+                    batches.append((callbacks / JOINS, tasks / JOINS))
             finally:
                 del loop.call_soon
                 loop.set_task_factory(None)
         finally:
             await handler.aclose()
-        return callbacks / JOINS, tasks / JOINS
+        return min(b[0] for b in batches), min(b[1] for b in batches)
 
     return asyncio.run(main())
 

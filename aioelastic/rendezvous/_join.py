@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import AbstractEventLoop
 from typing import TYPE_CHECKING
 
 import anyio
@@ -138,7 +139,7 @@ class JoinCoordinator:
         reads ``c/`` while the lease is granted (one round trip less).
         """
         h = self._h
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # (once: each look-up is a getpid() call on 3.11)
         h._stats.joins += 1
         h._stats.join_started = loop.time()
         deadline = loop.time() + h._join_timeout
@@ -190,14 +191,8 @@ class JoinCoordinator:
         return keeper
 
     async def _take_part(
-        self,
-        keeper: LeaseKeeper,
-        ctl: ControlView,
-        deadline: float,
-        loop: asyncio.AbstractEventLoop,
+        self, keeper: LeaseKeeper, ctl: ControlView, deadline: float, loop: AbstractEventLoop
     ) -> RendezvousResult:
-        # (``loop``: the join's, looked up once: each look-up is a getpid() system call on
-        # CPython 3.11)
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
@@ -205,9 +200,7 @@ class JoinCoordinator:
             resolve(closing)  # aclose() came before the future existed (lease grant)
         self._driver = self._driven = None
         result: RendezvousResult | None = None
-        tasks = JoinTasks(
-            ctl.watch, loop
-        )  # control events are read from now on, also while we write
+        tasks = JoinTasks(ctl.watch, loop)  # control events are read from now on
         self._tasks = tasks
         timed_out: asyncio.Future[None] = loop.create_future()  # one timer, not one per wait
         timer = loop.call_at(deadline, _time_up, self, tasks, timed_out, context=WAKE_CONTEXT)
@@ -315,10 +308,8 @@ class JoinCoordinator:
             rank = await read_rank(store, keys, record, node_id)
         if rank is None:
             return None
-        tasks = self._tasks
-        return completed(
-            h, record, rank, participants, revision, None if tasks is None else tasks.loop
-        )
+        loop = None if self._tasks is None else self._tasks.loop  # (this join's: no look-up)
+        return completed(h, record, rank, participants, revision, loop)
 
     async def _wait(
         self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
@@ -478,7 +469,7 @@ def completed(
     rank: int,
     participants: tuple[str, ...],
     revision: int,
-    loop: asyncio.AbstractEventLoop | None = None,
+    loop: AbstractEventLoop | None = None,
 ) -> RendezvousResult:
     """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``
     (``loop``: the running one, if the caller has it)."""
