@@ -24,6 +24,7 @@ re-form without it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import threading
 from collections.abc import Coroutine, Sequence
@@ -71,6 +72,53 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+class _Call:
+    """One coroutine run on the loop thread for a caller blocked in :meth:`_LoopThread.run`.
+
+    Leaner than ``asyncio.run_coroutine_threadsafe`` (a join is a handful of requests, and this
+    hop is paid per call): the task's own last step stores the outcome and releases the caller
+    (no done-callback a loop turn later, no future state copied between two futures), and the
+    caller waits on a bare lock (no condition variable)."""
+
+    __slots__ = ("_coro", "_task", "cancelled", "done", "error", "result")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self._task: asyncio.Task[None] | None = None
+        self.cancelled = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Lock()
+        self.done.acquire()  # released once the outcome is stored
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(On the loop thread.)"""
+        if self.cancelled:  # the caller gave up before the loop got to it
+            self._coro.close()
+            self.error = concurrent.futures.CancelledError()
+            self.done.release()
+            return
+        self._task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            self.result = await self._coro
+        except asyncio.CancelledError:
+            self.error = concurrent.futures.CancelledError()  # (as a cancelled future's result)
+        except BaseException as exc:
+            self.error = exc
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise  # (ends the loop, as asyncio does)
+        finally:
+            self.done.release()
+
+    def cancel(self) -> None:
+        """(On the loop thread.)"""
+        self.cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+
+
 class _LoopThread:
     """An event loop in a daemon thread (uvloop's when installed); ``run(coro)`` blocks the
     caller until it completes."""
@@ -83,17 +131,23 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        call = _Call(coro)
+        loop = self.loop
+        loop.call_soon_threadsafe(call.start, loop)
         try:
-            return future.result(timeout)
-        except BaseException as exc:
-            if future.done():
-                raise  # the coroutine's own outcome (concurrent's TimeoutError is builtin's)
-            # our wait timed out, or e.g. torch's SignalException was raised in this thread
-            future.cancel()
-            if isinstance(exc, TimeoutError):
-                raise TimeoutError(f"no answer within {timeout} s") from None
+            finished = call.done.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+        except BaseException:
+            # e.g. torch's SignalException raised in this thread: stop the coroutine too
+            loop.call_soon_threadsafe(call.cancel)
             raise
+        if not finished:
+            loop.call_soon_threadsafe(call.cancel)
+            raise TimeoutError(f"no answer within {timeout} s")
+        if call.error is not None:
+            error, call.error = call.error, None  # (no cycle through the traceback)
+            raise error
+        result: T = call.result
+        return result
 
     def close(self) -> None:
         if self.loop.is_closed():

@@ -1,18 +1,24 @@
 """Client CPU per warm rendezvous join in one process, alternated with another checkout.
 
     PYTHONPATH=. nice -n 5 python benchmarks/join_cpu.py [--joins 300] [--repeat 5]
-        [--sizes 1,64] [--against /path/to/other/checkout]
+        [--sizes 1,64] [--store memory|http|adapter] [--against /path/to/other/checkout]
 
 Each round is a fresh process (this checkout's code, or ``--against``'s) that makes N dynamic
-handlers over one memory store (``benchmarks.scale.make_handlers``: ``participants`` off, no
-last call), warms them up with a few rounds, then times ``time.thread_time()`` over ``--joins``
-joins (``--joins / N`` rounds of N) and prints the CPU per join, the event loop's callbacks per
-join (``call_soon``: task steps, wake-ups, done-callbacks) and, over as many more rounds, the
-function calls per join (Python and C, ``sys.setprofile``: a count the host's load does not
-move). N = 1 is a round of one (the
-driver); at larger N most joins are members'. Rounds alternate between the checkouts, so the
-before/after figures come from one run on a loaded host: the table shows the median and range of
-the rounds' figures, and the ratio of the medians.
+handlers over one store, warms them up with a few rounds, then times ``time.thread_time()`` over
+``--joins`` joins (``--joins / N`` rounds of N) and prints the CPU per join, the event loop's
+callbacks per join (``call_soon``: task steps, wake-ups, done-callbacks) and, over as many more
+rounds, the function calls per join (Python and C, ``sys.setprofile``: a count the host's load
+does not move). N = 1 is a round of one (the driver); at larger N most joins are members'.
+
+``--store``: ``memory`` (one memory store engine; ``benchmarks.scale.make_handlers``:
+``participants`` off, no last call), ``http`` (one ``aioelastic serve`` process for the whole
+run, a store client and session per handler, as one process per participant has), or
+``adapter``: torchrun's layout, a round of one through torch's registry (``backend="aioelastic"``,
+the adapter's loop thread, uvloop when installed): ``time.process_time()`` per warm
+``next_rendezvous()`` (both threads; no callback or call counts, which uvloop does not expose;
+``--sizes`` is ignored). Rounds alternate between the checkouts, so the before/after figures
+come from one run on a loaded host: the table shows the median and range of the rounds'
+figures, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -28,16 +34,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 NODE = r"""
-import asyncio, json, sys, time
+import asyncio, json, sys, time, uuid
 from aioelastic.store import MemoryEngine
 from benchmarks.scale import make_handlers
 
-n, joins = int(sys.argv[1]), int(sys.argv[2])
+n, joins, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+
+def http_handlers():
+    from aioelastic.rendezvous import DynamicRendezvousHandler
+    from aioelastic.store.http import HttpStore
+
+    run = uuid.uuid4().hex[:8]
+    return [
+        DynamicRendezvousHandler(
+            HttpStore(url), run, n, n, local_addr="127.0.0.1", owns_store=True,
+            participants=False, last_call_timeout=0,
+        )
+        for _ in range(n)
+    ]
 
 
 async def main() -> dict[str, float]:
     loop = asyncio.get_running_loop()
-    handlers = make_handlers(MemoryEngine(), n, last_call_timeout=0)
+    if url:
+        handlers = http_handlers()
+    else:
+        handlers = make_handlers(MemoryEngine(), n, last_call_timeout=0)
     for _ in range(3):
         await asyncio.gather(*(h.next_rendezvous() for h in handlers))
     rounds = max(1, joins // n)
@@ -74,19 +97,51 @@ print(json.dumps(asyncio.run(main())), flush=True)
 """
 
 
-def one_round(code: Path, n: int, joins: int) -> dict[str, float]:
+ADAPTER = r"""
+import json, sys, time, uuid
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+from aioelastic.torchrun import register
+
+register()
+joins, url = int(sys.argv[1]), sys.argv[2]
+params = RendezvousParameters(
+    "aioelastic", url, uuid.uuid4().hex[:8], 1, 1, join_timeout="120", last_call_timeout="0"
+)
+handler = get_rendezvous_handler(params)
+for _ in range(10):
+    handler.next_rendezvous()
+cpu = time.process_time()
+for _ in range(joins):
+    handler.next_rendezvous()
+cpu = time.process_time() - cpu
+handler.shutdown()
+print(json.dumps({"cpu_us": cpu / joins * 1e6, "callbacks": 0.0, "calls": 0.0}), flush=True)
+"""
+
+
+def one_round(
+    code: Path, n: int, joins: int, store: str = "memory", url: str = ""
+) -> dict[str, float]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(code)
     env.pop("AIOELASTIC_EVENTS", None)
+    if store == "adapter":
+        argv = ["-c", ADAPTER, str(joins), url]
+    else:
+        argv = ["-c", NODE, str(n), str(joins), url if store == "http" else ""]
     out = subprocess.run(
-        [sys.executable, "-c", NODE, str(n), str(joins)],
+        [sys.executable, *argv],
         env=env,
         cwd=code,
         capture_output=True,
         text=True,
         timeout=300,
-        check=True,
+        check=False,
     )
+    if out.returncode != 0:  # say why (the node's last lines), not only that it failed
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"{code} N={n} ({store}): exit {out.returncode}:\n{tail}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -101,16 +156,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--joins", type=int, default=300, help="timed joins per round")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per checkout and N")
     parser.add_argument("--sizes", default="1,64")
+    parser.add_argument("--store", choices=("memory", "http", "adapter"), default="memory")
     parser.add_argument("--against", type=Path, help="another checkout, alternated (before)")
     args = parser.parse_args(argv)
     codes = [ROOT] + ([args.against.resolve()] if args.against else [])
+    server = None
+    if args.store != "memory":
+        if str(ROOT) not in sys.path:  # (run as a script, benchmarks/ is not importable)
+            sys.path.insert(0, str(ROOT))
+        from benchmarks.rdzv_processes import Server
+
+        server = Server()
+    try:
+        return _table(args, codes, "" if server is None else f"http://127.0.0.1:{server.port}")
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _table(args: argparse.Namespace, codes: list[Path], url: str) -> int:
+    sizes = "1" if args.store == "adapter" else args.sizes
+    print(f"store: {args.store}")
     print("| N | checkout | client CPU per warm join, us | callbacks per join | calls per join |")
     print("|---|---|---|---|---|")
-    for n in (int(x) for x in args.sizes.split(",")):
+    for n in (int(x) for x in sizes.split(",")):
         got: dict[Path, list[dict[str, float]]] = {code: [] for code in codes}
         for rep in range(args.repeat):
             for code in codes if rep % 2 == 0 else codes[::-1]:
-                got[code].append(one_round(code, n, args.joins))
+                got[code].append(one_round(code, n, args.joins, args.store, url))
         for code in codes:
             cpu = [g["cpu_us"] for g in got[code]]
             callbacks = [g["callbacks"] for g in got[code]]

@@ -26,3 +26,19 @@ def test_the_join_cpu_benchmark_runs() -> None:
     # a round of one: 10 callbacks per join, every time (the footprint test's bound)
     assert f"| 1 | {ROOT} | " in proc.stdout
     assert "10.00 (10.00-10.00)" in rows[0], rows[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_join_cpu_benchmark_runs_over_http() -> None:
+    args = ["--store", "http", "--joins", "6", "--repeat", "1", "--sizes", "1,2"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "join_cpu.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "store: http" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(rows) == 2, proc.stdout  # one checkout: a row per N

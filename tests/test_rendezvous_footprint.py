@@ -197,3 +197,59 @@ def test_a_waiting_member_keeps_few_objects() -> None:
     # slotted class
     kept = run_virtual(main())
     assert kept <= 54.0, kept
+
+
+def test_a_warm_join_enters_one_cancel_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """anyio's cancel scopes entered per warm join of a round of one (its driver's): the lease
+    guard's only (each scope looks up the current task and the backend: ~20 calls). The driver's
+    write of the round was in a shielding scope too, which protected nothing on asyncio (the
+    driver's task is in no anyio scope, and a native cancel goes through a shield)."""
+    from anyio._backends._asyncio import CancelScope  # (what anyio.CancelScope() makes)
+
+    entered = 0
+    enter = CancelScope.__enter__
+
+    def counting(scope: CancelScope) -> CancelScope:
+        nonlocal entered
+        entered += 1
+        return enter(scope)
+
+    async def main() -> float:
+        (handler,) = make_handlers(MemoryEngine(), 1, last_call_timeout=0)
+        await handler.next_rendezvous()
+        monkeypatch.setattr(CancelScope, "__enter__", counting)
+        for _ in range(10):
+            await handler.next_rendezvous()
+        monkeypatch.undo()
+        await handler.aclose()
+        return entered / 10
+
+    per_join = run_virtual(main())
+    assert per_join == 1.0, per_join  # (the old code: 2)
+
+
+def test_a_warm_join_looks_the_running_loop_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``asyncio.get_running_loop()`` per warm join of a round of one: the join's own look-up,
+    handed to its tasks, its driver and its result, and anyio's (its backend's, for the lease
+    guard's scope). Each look-up is a ``getpid()`` system call on CPython 3.11; the old code
+    made seven."""
+    looked_up = 0
+    get_running_loop = asyncio.get_running_loop
+
+    def counting() -> asyncio.AbstractEventLoop:
+        nonlocal looked_up
+        looked_up += 1
+        return get_running_loop()
+
+    async def main() -> float:
+        (handler,) = make_handlers(MemoryEngine(), 1, last_call_timeout=0)
+        await handler.next_rendezvous()
+        monkeypatch.setattr(asyncio, "get_running_loop", counting)
+        for _ in range(10):
+            await handler.next_rendezvous()
+        monkeypatch.undo()
+        await handler.aclose()
+        return looked_up / 10
+
+    per_join = run_virtual(main())
+    assert per_join <= 2.0, per_join

@@ -110,8 +110,10 @@ class RoundDriver:
         *,
         prev_roster: tuple[KeyValue, ...] | None = None,
         told: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._handler = handler
+        self._loop = loop  # the running loop, if the joiner has it (else looked up)
         self._prev_roster = prev_roster  # the previous round's roster chunks, if read with it
         self._snapshot = None if snapshot is None or snapshot.more else snapshot
         self._events: Watch | None = None  # the watch of n/, once opened
@@ -221,7 +223,7 @@ class RoundDriver:
         self._seen = snapshot.revision
 
     async def _count(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         last_call_at: float | None = None
         while True:
             await self._tell_members()
@@ -308,21 +310,23 @@ class RoundDriver:
         *early, last = _batches(ops)
         self.finalizing = True  # from here the joiner lets this task finish (see JoinTasks)
         try:
-            with anyio.CancelScope(shield=True):  # the joiner may see the write before we return
-                try:
-                    for batch in early:  # a roster too large for one transaction: written first
-                        if not (await store.txn(compare=compare, success=batch)).succeeded:
-                            return False
-                    encoded = record.encode()  # (once: the next-round marker is the same bytes)
-                    result = await store.txn(
-                        compare=compare,
-                        success=[*last, Put(keys.round, encoded), *self._garbage(encoded)],
-                    )
-                except LeaseNotFoundError as exc:
-                    log.debug("run %r: %s; counting again", handler.run_id, exc)
-                    return None
-                if result.succeeded:
-                    self._completed(members)
+            # (no shielding scope: on asyncio this task is in no anyio scope that could cancel it,
+            # and a native cancel goes through a shield; the joiner, which may see the write
+            # before this returns, lets it finish instead: ``finalizing``)
+            try:
+                for batch in early:  # a roster too large for one transaction: written first
+                    if not (await store.txn(compare=compare, success=batch)).succeeded:
+                        return False
+                encoded = record.encode()  # (once: the next-round marker is the same bytes)
+                result = await store.txn(
+                    compare=compare,
+                    success=[*last, Put(keys.round, encoded), *self._garbage(encoded)],
+                )
+            except LeaseNotFoundError as exc:
+                log.debug("run %r: %s; counting again", handler.run_id, exc)
+                return None
+            if result.succeeded:
+                self._completed(members)
         finally:
             self.finalizing = False
         return result.succeeded

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import AbstractEventLoop
 from typing import TYPE_CHECKING
 
 import anyio
@@ -138,7 +139,7 @@ class JoinCoordinator:
         reads ``c/`` while the lease is granted (one round trip less).
         """
         h = self._h
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # (once: each look-up is a getpid() call on 3.11)
         h._stats.joins += 1
         h._stats.join_started = loop.time()
         deadline = loop.time() + h._join_timeout
@@ -160,7 +161,7 @@ class JoinCoordinator:
             granting = None  # a finished task, kept by this frame for the whole wait otherwise
             assert keeper is not None
             with keeper.guard():  # our records vanish with the lease: stop waiting then
-                result = await self._take_part(keeper, ctl, deadline)
+                result = await self._take_part(keeper, ctl, deadline, loop)
             completed = True
             return result
         finally:
@@ -190,9 +191,8 @@ class JoinCoordinator:
         return keeper
 
     async def _take_part(
-        self, keeper: LeaseKeeper, ctl: ControlView, deadline: float
+        self, keeper: LeaseKeeper, ctl: ControlView, deadline: float, loop: AbstractEventLoop
     ) -> RendezvousResult:
-        loop = asyncio.get_running_loop()
         if self._closing is None:
             self._closing = loop.create_future()
         closing = self._closing
@@ -200,7 +200,7 @@ class JoinCoordinator:
             resolve(closing)  # aclose() came before the future existed (lease grant)
         self._driver = self._driven = None
         result: RendezvousResult | None = None
-        tasks = JoinTasks(ctl.watch)  # control events are read from now on, also while we write
+        tasks = JoinTasks(ctl.watch, loop)  # control events are read from now on
         self._tasks = tasks
         timed_out: asyncio.Future[None] = loop.create_future()  # one timer, not one per wait
         timer = loop.call_at(deadline, _time_up, self, tasks, timed_out, context=WAKE_CONTEXT)
@@ -257,6 +257,7 @@ class JoinCoordinator:
                     claim.snapshot,
                     prev_roster=claim.roster,
                     told=claim.told,
+                    loop=tasks.loop,
                 )
                 tasks.drive(self._driver.run(), name=f"aioelastic-rdzv-driver-{target}")
             return None
@@ -307,7 +308,8 @@ class JoinCoordinator:
             rank = await read_rank(store, keys, record, node_id)
         if rank is None:
             return None
-        return completed(h, record, rank, participants, revision)
+        loop = None if self._tasks is None else self._tasks.loop  # (this join's: no look-up)
+        return completed(h, record, rank, participants, revision, loop)
 
     async def _wait(
         self, tasks: JoinTasks, closing: asyncio.Future[None], timed_out: asyncio.Future[None]
@@ -467,8 +469,10 @@ def completed(
     rank: int,
     participants: tuple[str, ...],
     revision: int,
+    loop: AbstractEventLoop | None = None,
 ) -> RendezvousResult:
-    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``."""
+    """``h``'s result of ``record``'s round (completed at ``revision``), as its rank ``rank``
+    (``loop``: the running one, if the caller has it)."""
     h._joiner.standby = False
     result = RendezvousResult(
         run_id=h.run_id,
@@ -483,7 +487,7 @@ def completed(
     )
     h._round, h._round_record, h._result = record.round, record, result
     h._members.reset(revision)
-    h._stats.completed_at = now = asyncio.get_running_loop().time()
+    h._stats.completed_at = now = (loop or asyncio.get_running_loop()).time()
     started = h._stats.join_started
     h._emit(
         "rendezvous.round_completed",
@@ -562,7 +566,9 @@ async def _reopen(h: DynamicRendezvousHandler, closed: KeyValue) -> None:
 
 async def _buffered(tasks: JoinTasks) -> bool:
     """Whether a control event is ready to apply (after letting the watch hand over what it
-    holds)."""
+    holds: its reader task takes a loop turn; a watch whose events are taken shows them)."""
+    if tasks.taking:
+        return tasks.event_ready()
     tasks.read()
     if not tasks.event_ready():
         await asyncio.sleep(0)  # (anyio's checkpoint on asyncio, without its backend look-up)

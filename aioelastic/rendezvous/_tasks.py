@@ -7,7 +7,10 @@ handed back so the kept view misses nothing, and no task is left behind or unret
 
 What the join waits on wakes it directly (:meth:`JoinTasks.wake`): a task ending resolves the
 join's waiter in its own last step, not through a done-callback (which asyncio runs one loop
-iteration later, and which then wakes the join one iteration later still).
+iteration later, and which then wakes the join one iteration later still). A watch that can wake
+its reader itself (the http store's: ``Watch._set_waker``) needs no reader task at all: its
+events are taken from its buffer as the join looks (no task created, stepped and woken per
+event), and an event the join did not take stays there for the next join.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ class JoinTasks:
     tasks and returns an event read but not applied.
     """
 
-    def __init__(self, watch: Watch) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, watch: Watch, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # (the running one: the joiner has it)
         self._watch = watch
+        #: events are taken from the watch as the join looks (it wakes the join): no reader task
+        self.taking = watch._set_waker(self.wake)
         self._next: asyncio.Task[WatchEvent] | None = None
         self.driver: asyncio.Task[None] | None = None
         self._driving: Coroutine[Any, Any, None] | None = None  # the driver task's coroutine
@@ -69,14 +74,18 @@ class JoinTasks:
 
     def read(self) -> None:
         """Read the watch's next event from now on (also while the joiner writes)."""
-        if self._next is None:
-            self._next = self._loop.create_task(self._read(self._watch))
+        if self._next is None and not self.taking:
+            self._next = self.loop.create_task(self._read(self._watch))
 
     def event_ready(self) -> bool:
+        if self.taking:
+            return self._watch._event_ready()
         return self._next is not None and self._next.done()
 
     def event(self) -> WatchEvent | None:
         """The event read, if one is (its error, if reading failed); then no read is pending."""
+        if self.taking:
+            return self._watch._take_event()
         task = self._next
         if task is None or not task.done():
             return None
@@ -85,13 +94,16 @@ class JoinTasks:
 
     def retarget(self, watch: Watch) -> None:
         """Read from another watch (the view was read afresh after a compaction)."""
+        if self.taking:
+            self._watch._set_waker(None)
         self._watch = watch
+        self.taking = watch._set_waker(self.wake)
         self._next = None
         self.read()
 
     def drive(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._driving = coro
-        self.driver = self._loop.create_task(self._drive(coro), name=name)
+        self.driver = self.loop.create_task(self._drive(coro), name=name)
 
     def driver_failed(self) -> None:
         """Raise the failure of a driver that ended (a failed driver fails the join)."""
@@ -104,13 +116,12 @@ class JoinTasks:
         """Wait until the next event is read, the driver ended, or one of ``others`` (futures
         whose resolver calls :meth:`wake` too) is done."""
         self.read()
-        assert self._next is not None
         driver = self.driver
-        if self._next.done() or (driver is not None and driver.done()):
+        if self.event_ready() or (driver is not None and driver.done()):
             return
         if any(f.done() for f in others):
             return
-        self._waiter = waiter = self._loop.create_future()
+        self._waiter = waiter = self.loop.create_future()
         try:
             await waiter
         finally:
@@ -119,8 +130,18 @@ class JoinTasks:
     async def aclose(self, *, let_driver_finish: float | None) -> WatchEvent | BaseException | None:
         """End both tasks; ``let_driver_finish``: seconds a still-running driver may take first.
 
-        Returns the event read but not applied (or the error reading ended with), if any.
+        Returns the event read but not applied (or the error reading ended with), if any (from a
+        watch whose events are taken: the next one if one is ready, the rest stay in it).
         """
+        unread: WatchEvent | BaseException | None = None
+        if self.taking:
+            self.taking = False
+            self._watch._set_waker(None)
+            if self._watch._event_ready():
+                try:
+                    unread = self._watch._take_event()
+                except BaseException as exc:  # (its end: the view is not kept)
+                    unread = exc
         driver, pending = self.driver, self._next
         if let_driver_finish is not None and driver is not None and not driver.done():
             with anyio.move_on_after(let_driver_finish, shield=True):
@@ -139,6 +160,6 @@ class JoinTasks:
             self._driving.close()
         self.driver = self._next = self._driving = None
         if pending is None or pending.cancelled():
-            return None
+            return unread
         error = pending.exception()
         return pending.result() if error is None else error

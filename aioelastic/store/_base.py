@@ -11,7 +11,7 @@ here; the conveniences (``add``, ``stm``, ``range_and_watch``, ``wait_for``, ``l
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Self
 
 from anyio.abc import AsyncResource
@@ -96,6 +96,23 @@ class Watch(AsyncResource):
             return
         self._closed = True
         await self._aclose()
+
+    def _set_waker(self, wake: Callable[[], None] | None) -> bool:
+        """In-package, for a reader that waits on several things at once (the rendezvous join):
+        have ``wake`` called (on the loop, synchronously) whenever an event or the watch's end
+        becomes ready to take with :meth:`_take_event`, so the reader needs no task parked in
+        ``__anext__``. ``None`` unhooks it. False: this watch does not support it (read it with
+        ``__anext__``). A started watch's default: not supported."""
+        return False
+
+    def _take_event(self) -> WatchEvent | None:
+        """The next event without waiting (None: none is ready yet), or what ``__anext__`` would
+        raise at the watch's end; only for a watch whose :meth:`_set_waker` returned True."""
+        raise NotImplementedError("this watch has no waker (read it with __anext__)")
+
+    def _event_ready(self) -> bool:
+        """Whether :meth:`_take_event` would return an event or raise (see :meth:`_set_waker`)."""
+        raise NotImplementedError("this watch has no waker (read it with __anext__)")
 
     @property
     @abc.abstractmethod

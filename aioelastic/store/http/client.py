@@ -18,7 +18,7 @@ import asyncio
 import os
 import ssl as _ssl
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -254,6 +254,7 @@ class SessionWatch(Watch):
         self.snapshot: RangeResult | None = None
         self._pending: deque[WatchEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None  # the reader parked in _next
+        self._waker: Callable[[], None] | None = None  # a reader that takes events (_take)
         self._error: BaseException | None = None
         self._start_revision: int | None = None
         self._next_revision = 0  # where a resumed watch starts: last revision received + 1
@@ -342,11 +343,36 @@ class SessionWatch(Watch):
         waiter = self._waiter  # (_wake, inline: once per watch per event)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        waker = self._waker
+        if waker is not None:
+            waker()
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        waker = self._waker
+        if waker is not None:
+            waker()
+
+    def _set_waker(self, wake: Callable[[], None] | None) -> bool:
+        if wake is not None and not self._started:
+            return False  # (its start is __anext__'s)
+        self._waker = wake
+        return True
+
+    def _take_event(self) -> WatchEvent | None:
+        pending = self._pending
+        if pending:
+            return pending.popleft()
+        if self._closed:
+            raise StopAsyncIteration
+        if self._error is not None:
+            raise self._error
+        return None
+
+    def _event_ready(self) -> bool:
+        return bool(self._pending) or self._closed or self._error is not None
 
     def on_progress(self, revision: int) -> None:
         self._alive_at = asyncio.get_running_loop().time()
