@@ -289,8 +289,9 @@ class JoinCoordinator:
         """The result of ``record``'s round if this node is a member (None: a standby).
 
         The round record has no member list: this node's rank comes from its driver (when it
-        drove the round), from the roster (read whole only for ``participants``), or from its
-        member record (one small get).
+        drove the round), from the roster (read whole only for ``participants``), from its last
+        round (a member of the round before, which no member left: its rank is kept), or from
+        its member record (one small get).
         """
         h = self._h
         store, keys, node_id = h._store, h._keys, h.node_id
@@ -303,8 +304,9 @@ class JoinCoordinator:
         elif h._with_participants:
             participants = await read_roster(store, keys, record)
             rank = participants.index(node_id) if node_id in participants else None
-        else:
-            rank = await read_rank(store, keys, record, node_id)
+        else:  # (a member of the round before whose members all stayed reads nothing)
+            last = None if h._result is None else (h._result.round, h._result.rank)
+            rank = await read_rank(store, keys, record, node_id, last)
         if rank is None:
             return None
         return completed(h, record, rank, participants, revision)

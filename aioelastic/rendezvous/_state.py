@@ -233,7 +233,9 @@ class RoundRecord:
     of N costs N small events, not N copies of an N-member list. ``departed``: how many members
     of the round before (``round - 1``) are not in this one (0 for a first round; None where the
     record does not say: a static round, or one written by an older version), so that a member
-    knows whether the round lost a node without reading two rosters.
+    knows whether the round lost a node without reading two rosters. ``departed == 0`` also
+    says that each member of the round before kept its rank (:func:`kept_rank`): such a member
+    knows its rank from this record alone, without a read.
     """
 
     round: int
@@ -404,12 +406,33 @@ async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple
     return roster_members(keys, record, result.kvs)
 
 
-async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
-    """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
-    member record (O(1) bytes)."""
+def kept_rank(record: RoundRecord, last: tuple[int, int] | None) -> int | None:
+    """The rank a node keeps in ``record``'s round, known without a read: ``last`` is the
+    ``(round, rank)`` of its last completed round; when that is the round right before and the
+    record says none of that round's members departed (``departed == 0``), every one of them is
+    in this round at its old rank (:func:`~._driver.assign_ranks` keeps a member's rank below
+    the new world size, which is at least the old one then). None: not known (a read is)."""
+    if last is None or record.departed != 0 or last[0] != record.round - 1:
+        return None
+    return last[1]
+
+
+async def read_rank(
+    store: Store,
+    keys: RunKeys,
+    record: RoundRecord,
+    node_id: str,
+    last: tuple[int, int] | None = None,
+) -> int | None:
+    """``node_id``'s rank in ``record``'s round, None if it is not a member: the rank it kept
+    from its ``last`` round (:func:`kept_rank`: no read), else one get of its member record
+    (O(1) bytes)."""
     if record.chunks == 0:
         members = static_members(record.world_size)
         return members.index(node_id) if node_id in members else None
+    kept = kept_rank(record, last)
+    if kept is not None:
+        return kept
     key = keys.member(record.round, node_id)
     kv = await store.get(key)
     if kv is None:
