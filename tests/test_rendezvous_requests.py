@@ -15,9 +15,18 @@ from typing import Any
 from aioelastic.rendezvous import (
     DynamicRendezvousHandler,
     RendezvousEventKind,
+    RendezvousResult,
     RendezvousStatus,
+    RendezvousStoreInfo,
 )
-from aioelastic.rendezvous._state import MemberRecord, RoundRecord, RunKeys, kept_rank
+from aioelastic.rendezvous._state import (
+    MemberRecord,
+    RosterChunk,
+    RoundRecord,
+    RunKeys,
+    kept_rank,
+    kept_roster,
+)
 from aioelastic.store import Delete, DeletePrefix, MemoryEngine, MemoryStore, Put, Txn, TxnOp
 from aioelastic.store.memory import _MemoryWatch
 from aioelastic.testing import virtual_test
@@ -449,10 +458,63 @@ async def test_a_member_reads_its_rank_only_when_a_member_of_the_round_before_de
     await asyncio.gather(*(h.aclose() for h in everyone))
 
 
+def _result(round_: int, rank: int) -> RendezvousResult:
+    return RendezvousResult(
+        run_id="job",
+        round=round_,
+        rank=rank,
+        world_size=4,
+        participants=(),
+        node_id="n",
+        store=MemoryStore(MemoryEngine()),
+        bootstrap_store_info=RendezvousStoreInfo("a", 1),
+    )
+
+
 def test_a_rank_is_kept_only_from_the_round_right_before_with_nobody_departed() -> None:
     record = RoundRecord(5, 4, "a", 1, 1, departed=0)
-    assert kept_rank(record, (4, 2)) == 2
-    assert kept_rank(record, (3, 2)) is None  # a round was missed: ranks may have moved
+    assert kept_rank(record, _result(4, 2)) == 2
+    assert kept_rank(record, _result(3, 2)) is None  # a round was missed: ranks may have moved
     assert kept_rank(record, None) is None  # not a member before
-    assert kept_rank(RoundRecord(5, 4, "a", 1, 1, departed=1), (4, 2)) is None
-    assert kept_rank(RoundRecord(5, 4, "a", 1, 1), (4, 2)) is None  # an older writer's record
+    assert kept_rank(RoundRecord(5, 4, "a", 1, 1, departed=1), _result(4, 2)) is None
+    assert kept_rank(RoundRecord(5, 4, "a", 1, 1), _result(4, 2)) is None  # an older writer's
+    assert kept_roster(record, _result(4, 2)) is None  # participants off: no roster to keep
+
+
+@virtual_test
+async def test_a_round_of_the_same_members_is_known_without_reading_its_roster() -> None:
+    """``participants=True`` (the default): a rejoin round that kept every member of the round
+    before and no more is that round's roster, at the same ranks: a member reads nothing (main
+    read the roster, O(N) bytes, each). A round that grew is read (the newcomer's rank)."""
+    engine = MemoryEngine()
+    hs = [_handler(engine, 3, 3) for _ in range(3)]
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for h in hs:
+        _log_of(h).take()
+    again = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for h, before, now in zip(hs, first, again, strict=True):
+        assert [r for r in _log_of(h).take() if r[0] in ("get", "range")] == []
+        assert (now.round, now.rank, now.participants) == (1, before.rank, before.participants)
+    roster = await MemoryStore(engine).range(KEYS.roster_of(1))
+    assert len(roster.kvs) == 1
+    chunk = RosterChunk.decode(roster.kvs[0].key, roster.kvs[0].value)
+    assert chunk.members == again[0].participants  # what the driver wrote
+    await asyncio.gather(*(h.aclose() for h in hs))
+
+
+def test_a_roster_is_kept_only_when_the_round_has_the_same_members() -> None:
+    last = RendezvousResult(
+        run_id="job",
+        round=4,
+        rank=1,
+        world_size=2,
+        participants=("a", "b"),
+        node_id="b",
+        store=MemoryStore(MemoryEngine()),
+        bootstrap_store_info=RendezvousStoreInfo("a", 1),
+    )
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1, departed=0), last) == ("a", "b")
+    assert kept_roster(RoundRecord(5, 3, "a", 1, 1, departed=0), last) is None  # one more
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1, departed=1), last) is None
+    assert kept_roster(RoundRecord(6, 2, "a", 1, 1, departed=0), last) is None
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1), last) is None

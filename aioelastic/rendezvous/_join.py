@@ -289,9 +289,9 @@ class JoinCoordinator:
         """The result of ``record``'s round if this node is a member (None: a standby).
 
         The round record has no member list: this node's rank comes from its driver (when it
-        drove the round), from the roster (read whole only for ``participants``), from its last
-        round (a member of the round before, which no member left: its rank is kept), or from
-        its member record (one small get).
+        drove the round), from the roster (read whole only for ``participants``), or from its
+        member record (one small get); a member of the round before that no member left has
+        them already (its rank, and the roster if the round is as large): it reads nothing.
         """
         h = self._h
         store, keys, node_id = h._store, h._keys, h.node_id
@@ -301,12 +301,11 @@ class JoinCoordinator:
             rank = driver.ranks.get(node_id)  # it wrote the round: nothing to read
             if h._with_participants and driver.members is not None:
                 participants = driver.members
-        elif h._with_participants:
-            participants = await read_roster(store, keys, record)
+        elif h._with_participants:  # (h._result: a round that kept them all reads nothing)
+            participants = await read_roster(store, keys, record, h._result)
             rank = participants.index(node_id) if node_id in participants else None
-        else:  # (a member of the round before whose members all stayed reads nothing)
-            last = None if h._result is None else (h._result.round, h._result.rank)
-            rank = await read_rank(store, keys, record, node_id, last)
+        else:
+            rank = await read_rank(store, keys, record, node_id, h._result)
         if rank is None:
             return None
         return completed(h, record, rank, participants, revision)
