@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NODE = r"""
 import asyncio, json, sys, time
+import aioelastic
 from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import open_store
 
@@ -56,7 +57,7 @@ async def main():
         store, run_id, n, n, local_addr="127.0.0.1", lease_ttl=15.0, owns_store=True
     )
     loop = asyncio.get_running_loop()
-    print("ready", flush=True)
+    print("ready", aioelastic.__file__, flush=True)
     while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
         await asyncio.sleep(max(0.0, float(line) - time.time()))
         info = await handler.next_rendezvous()
@@ -118,6 +119,7 @@ def _nodes(root: Path, url: str, n: int) -> Iterator[list[subprocess.Popen[str]]
         subprocess.Popen(
             [sys.executable, "-c", NODE, url, run_id, str(n)],
             env=_env(root),
+            cwd=root,  # (python -c puts its working directory first on the path)
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -127,8 +129,11 @@ def _nodes(root: Path, url: str, n: int) -> Iterator[list[subprocess.Popen[str]]
     try:
         for proc in procs:
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
+            word, _, where = proc.stdout.readline().strip().partition(" ")
+            if word != "ready":
                 raise RuntimeError("a node did not get ready")
+            if not Path(where).resolve().is_relative_to(root.resolve()):
+                raise RuntimeError(f"a node of {root} runs the aioelastic of {where}")
         yield procs
     finally:
         for proc in procs:
