@@ -1,7 +1,10 @@
 """The server's CPU per session request, socket-free: ``RawSession.data_received`` of one whole
 message of one request (a get, a put, a small transaction) on a transport that drops what it is
 given, so only the server's own Python work is in the figure (decode, dispatch, the engine,
-encode, the metering, the call of the transport's write), not the system calls.
+encode, the metering, the call of the transport's write), not the system calls. The ``event``
+row is the CPU per delivery of a put to one watch on each of 64 sessions (version 2), as a
+round record reaches the members of a rendezvous: the engine's fan-out, each connection's
+pump and frame, the call of its transport's write.
 
     PYTHONPATH=. nice -n 5 python -m benchmarks.server_call_cpu [--calls 20000] [--repeat 7] \
         [--against /path/to/other/checkout]
@@ -93,7 +96,38 @@ async def _measure(calls: int, repeat: int) -> dict[str, list[float]]:
             runs.append((time.thread_time() - start) / calls)
         out[name] = runs
     session.connection_lost(None)
+    out["event"] = await _deliveries(hub, engine, max(1, calls // WATCHERS), repeat)
     return out
+
+
+#: sessions of the ``event`` row, one watch each
+WATCHERS = 64
+
+
+async def _deliveries(hub: Any, engine: Any, puts: int, repeat: int) -> list[float]:
+    """CPU per delivery of a put to one watch on each of :data:`WATCHERS` sessions."""
+    from aioelastic.store.http._frames import REQUEST
+    from aioelastic.store.http._session_raw import RawSession
+
+    sessions = []
+    for _ in range(WATCHERS):
+        session = RawSession(hub, lambda exc: None, _Drop())
+        session.start()
+        session.data_received(_message([REQUEST, 0, "hello", {"versions": [1, 2]}]))
+        session.data_received(_message([REQUEST, 1, "watch", ["c/", None, False]]))
+        sessions.append(session)
+    await asyncio.sleep(0)
+    runs = []
+    value = b"r" * 90  # about a round record's size
+    for _ in range(repeat):
+        start = time.thread_time()
+        for _ in range(puts):
+            engine.put("c/round", value)
+            await asyncio.sleep(0)  # the connections' flushes (scheduled with call_soon)
+        runs.append((time.thread_time() - start) / (puts * WATCHERS))
+    for session in sessions:
+        session.connection_lost(None)
+    return runs
 
 
 def _other(checkout: Path, calls: int, repeat: int) -> dict[str, list[float]]:
