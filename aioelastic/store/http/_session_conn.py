@@ -3,8 +3,9 @@
 A :class:`Connection` is fed the messages its transport read (:meth:`Connection.received`),
 answers every frame of them from the operation table (:mod:`._session_ops`) and hands what it has
 to say to its :class:`Sender` as **one** message per batch: the answers of everything one read
-brought, or (from a callback scheduled once per loop iteration) the events of every watch that
-woke and the answers that waited for durability. The transport (the upgraded connection,
+brought, or (from the hub's :class:`~._session_flush.FlushQueue`: one callback for every
+connection that woke together) the events of every watch that woke and the answers that waited
+for durability. The transport (the upgraded connection,
 :mod:`._session_raw`) only moves bytes: every line of session logic is here.
 """
 
