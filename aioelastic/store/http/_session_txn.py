@@ -172,8 +172,10 @@ def _branch(
                     return None
                 written.add(key)
         ops.append(op)
-    if prefixes is not None:  # a key put under a prefix the branch deletes: the full path says
-        under = tuple(prefixes)
-        if any(type(op) is Put and op.key.startswith(under) for op in ops):
-            return None
+    if prefixes is not None and _puts_under(ops, tuple(prefixes)):
+        return None  # a key put under a prefix the branch deletes: the full path says so
     return tuple(ops), size
+
+
+def _puts_under(ops: list[TxnOp], prefixes: tuple[str, ...]) -> bool:
+    return any(type(op) is Put and op.key.startswith(prefixes) for op in ops)
