@@ -83,13 +83,18 @@ def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
 
 @contextlib.contextmanager
 def serve_process(
-    args: list[str], env: dict[str, str], cwd: Path | None = None
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    *,
+    command: list[str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     """``aioelastic serve --port 0 ARGS`` (in ``cwd``, with ``env``) until the block ends:
     (process, URL, the lines it printed since), its output drained (a full pipe would stop the
-    server) and kept for the report; SIGTERM at the end."""
+    server) and kept for the report; SIGTERM at the end. ``command``: what runs the
+    ``aioelastic`` command (``python -m aioelastic`` if not given)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aioelastic", "serve", "--port", "0", *args],
+        [*(command or [sys.executable, "-m", "aioelastic"]), "serve", "--port", "0", *args],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,

@@ -1,10 +1,13 @@
 """The server's CPU per session request, socket-free: ``RawSession.data_received`` of one whole
 message of one request (a get, a put, a small transaction) on a transport that drops what it is
 given, so only the server's own Python work is in the figure (decode, dispatch, the engine,
-encode, the metering, the call of the transport's write), not the system calls.
+encode, the metering, the call of the transport's write), not the system calls. The ``event``
+row is the CPU per delivery of a put to one watch on each of 64 sessions (version 2; or
+``--sessions``), as a round record or a member's loss reaches the members of a rendezvous: the
+engine's fan-out, each connection's pump and frame, the call of its transport's write.
 
     PYTHONPATH=. nice -n 5 python -m benchmarks.server_call_cpu [--calls 20000] [--repeat 7] \
-        [--against /path/to/other/checkout]
+        [--sessions 64] [--against /path/to/other/checkout]
 
 Prints the median and range of ``time.thread_time()`` per call over ``--repeat`` runs;
 ``--against`` runs the same in a subprocess on another checkout's code, alternated with this
@@ -57,7 +60,7 @@ def _message(*frames: list[Any]) -> bytes:
     return message_header(len(body)) + body
 
 
-async def _measure(calls: int, repeat: int) -> dict[str, list[float]]:
+async def _measure(calls: int, repeat: int, sessions: int = 64) -> dict[str, list[float]]:
     from aioelastic.store.http._frames import REQUEST
     from aioelastic.store.http._metrics import RequestMeter
     from aioelastic.store.http._session_raw import RawSession
@@ -65,7 +68,7 @@ async def _measure(calls: int, repeat: int) -> dict[str, list[float]]:
     from aioelastic.store.memory import MemoryEngine
 
     engine = MemoryEngine()
-    hub = SessionHub(engine, max_key_bytes=1024, max_value_bytes=1 << 20, max_watches=1000)
+    hub = SessionHub(engine, max_key_bytes=1024, max_value_bytes=1 << 20, max_watches=1 << 20)
     hub.observe = RequestMeter().observe  # metered, as a server with prometheus-client is
     session = RawSession(hub, lambda exc: None, _Drop())
     session.start()
@@ -93,15 +96,57 @@ async def _measure(calls: int, repeat: int) -> dict[str, list[float]]:
             runs.append((time.thread_time() - start) / calls)
         out[name] = runs
     session.connection_lost(None)
+    puts = max(1, calls // sessions)
+    out["event"] = await _deliveries(hub, engine, puts, repeat, sessions)
     return out
 
 
-def _other(checkout: Path, calls: int, repeat: int) -> dict[str, list[float]]:
+async def _deliveries(
+    hub: Any, engine: Any, puts: int, repeat: int, watchers: int = 64
+) -> list[float]:
+    """CPU per delivery of a put to one watch on each of ``watchers`` sessions."""
+    from aioelastic.store.http._frames import REQUEST
+    from aioelastic.store.http._session_raw import RawSession
+
+    sessions = []
+    for _ in range(watchers):
+        session = RawSession(hub, lambda exc: None, _Drop())
+        session.start()
+        session.data_received(_message([REQUEST, 0, "hello", {"versions": [1, 2]}]))
+        session.data_received(_message([REQUEST, 1, "watch", ["c/", None, False]]))
+        sessions.append(session)
+    if hub.watches != watchers:  # (a refused watch would make the figure a fraction of itself)
+        raise RuntimeError(f"{hub.watches} of {watchers} watches opened")
+    await asyncio.sleep(0)
+    runs = []
+    value = b"r" * 90  # about a round record's size
+    for _ in range(repeat):
+        start = time.thread_time()
+        for _ in range(puts):
+            engine.put("c/round", value)
+            await asyncio.sleep(0)  # the connections' flushes (scheduled with call_soon)
+        runs.append((time.thread_time() - start) / (puts * watchers))
+    for session in sessions:
+        session.connection_lost(None)
+    return runs
+
+
+def _other(checkout: Path, calls: int, repeat: int, sessions: int) -> dict[str, list[float]]:
     """The figures of ``checkout``'s code, in a process of its own (this file run by path, with
     the checkout's ``aioelastic`` first on the path)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     done = subprocess.run(
-        [sys.executable, __file__, "--child", "--calls", str(calls), "--repeat", str(repeat)],
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--calls",
+            str(calls),
+            "--repeat",
+            str(repeat),
+            "--sessions",
+            str(sessions),
+        ],
         env=env,
         cwd=checkout,
         capture_output=True,
@@ -124,21 +169,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--sessions", type=int, default=64, help="sessions of the event row")
     parser.add_argument("--against", type=Path, help="another checkout, alternated with this")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # (for --against: the figures as JSON)
-        print(json.dumps(asyncio.run(_measure(args.calls, args.repeat))))
+        print(json.dumps(asyncio.run(_measure(args.calls, args.repeat, args.sessions))))
         return
     if args.against is None:
-        print(_line(str(ROOT), asyncio.run(_measure(args.calls, args.repeat))))
+        print(_line(str(ROOT), asyncio.run(_measure(args.calls, args.repeat, args.sessions))))
         return
     ours: list[dict[str, list[float]]] = []
     theirs: list[dict[str, list[float]]] = []
     for _ in range(2):
-        theirs.append(_other(args.against.resolve(), args.calls, args.repeat))
+        theirs.append(_other(args.against.resolve(), args.calls, args.repeat, args.sessions))
         print(_line(str(args.against), theirs[-1]), flush=True)
-        ours.append(_other(ROOT, args.calls, args.repeat))
+        ours.append(_other(ROOT, args.calls, args.repeat, args.sessions))
         print(_line(str(ROOT), ours[-1]), flush=True)
     for name in ours[0]:
         ratios = [

@@ -14,7 +14,10 @@ too) in the same run: same-run before/after, the ratio per pair of rounds.
         [--against /path/to/other/checkout]
 
 ``--py-spy FILE`` records the server with py-spy (if installed) over the warm rounds of the
-first repetition, as collapsed stacks (``-f raw``; on-CPU samples only).
+first repetition, as collapsed stacks (``-f raw``; on-CPU samples only). ``--profile FILE``
+runs that server under cProfile instead (on over its warm rounds only: SIGUSR1 starts it,
+SIGUSR2 writes FILE) and prints its top functions by own time per join; cProfile slows what it
+measures (its figures are for where the time goes, not for how much there is).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import argparse
 import contextlib
 import json
 import os
+import pstats
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NODE = r"""
 import asyncio, json, sys, time
+import aioelastic
 from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import open_store
 
@@ -51,7 +57,7 @@ async def main():
         store, run_id, n, n, local_addr="127.0.0.1", lease_ttl=15.0, owns_store=True
     )
     loop = asyncio.get_running_loop()
-    print("ready", flush=True)
+    print("ready", aioelastic.__file__, flush=True)
     while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
         await asyncio.sleep(max(0.0, float(line) - time.time()))
         info = await handler.next_rendezvous()
@@ -59,6 +65,17 @@ async def main():
     await handler.aclose()
 
 asyncio.run(main())
+"""
+
+
+#: ``aioelastic`` under cProfile, off until SIGUSR1; SIGUSR2 stops it and writes argv[1]
+PROFILED = r"""
+import cProfile, signal, sys, time
+from aioelastic.cli import main
+out, profile = sys.argv[1], cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+signal.signal(signal.SIGUSR2, lambda *_: (profile.disable(), profile.dump_stats(out)))
+sys.exit(main(sys.argv[2:]))
 """
 
 
@@ -102,6 +119,7 @@ def _nodes(root: Path, url: str, n: int) -> Iterator[list[subprocess.Popen[str]]
         subprocess.Popen(
             [sys.executable, "-c", NODE, url, run_id, str(n)],
             env=_env(root),
+            cwd=root,  # (python -c puts its working directory first on the path)
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -111,8 +129,11 @@ def _nodes(root: Path, url: str, n: int) -> Iterator[list[subprocess.Popen[str]]
     try:
         for proc in procs:
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
+            word, _, where = proc.stdout.readline().strip().partition(" ")
+            if word != "ready":
                 raise RuntimeError("a node did not get ready")
+            if not Path(where).resolve().is_relative_to(root.resolve()):
+                raise RuntimeError(f"a node of {root} runs the aioelastic of {where}")
         yield procs
     finally:
         for proc in procs:
@@ -161,10 +182,23 @@ def _round(pid: int, url: str, procs: list[subprocess.Popen[str]]) -> dict[str, 
     }
 
 
-def run_side(root: Path, n: int, warm: int, spy: str | None) -> list[dict[str, Any]]:
+def run_side(
+    root: Path, n: int, warm: int, spy: str | None, profile: str | None = None
+) -> list[dict[str, Any]]:
     """A server of checkout ``root`` and N nodes of it: the first round, then ``warm`` more."""
-    with serve_process([], _env(root), cwd=root) as (proc, url, _), _nodes(root, url, n) as nodes:
+    command = None if profile is None else [sys.executable, "-c", PROFILED, profile]
+    with (
+        serve_process([], _env(root), cwd=root, command=command) as (proc, url, _),
+        _nodes(root, url, n) as nodes,
+    ):
         rounds = [_round(proc.pid, url, nodes)]
+        if profile is not None:
+            proc.send_signal(signal.SIGUSR1)
+            rounds += [_round(proc.pid, url, nodes) for _ in range(warm)]
+            proc.send_signal(signal.SIGUSR2)
+            _wait_for(Path(profile))
+            _print_profile(profile, n * warm)
+            return rounds
         recorder = None
         if spy is not None:
             recorder = subprocess.Popen(
@@ -181,6 +215,28 @@ def run_side(root: Path, n: int, warm: int, spy: str | None) -> list[dict[str, A
                 recorder.send_signal(2)
                 recorder.wait(60)
         return rounds
+
+
+def _wait_for(path: Path) -> None:
+    for _ in range(300):  # (written by the server's signal handler, soon)
+        if path.exists() and path.stat().st_size:
+            time.sleep(0.2)
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the server wrote no profile to {path}")
+
+
+def _print_profile(path: str, joins: int, top: int = 30) -> None:
+    """The profile's top functions by own time, in microseconds per join."""
+    stats = pstats.Stats(path)
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)  # type: ignore[attr-defined]
+    total = sum(row[1][2] for row in rows)
+    print(f"\nserver profile, warm rounds ({joins} joins): {total / joins * 1e6:.0f} us per join")
+    print("| own us / join | calls / join | function |")
+    print("|---|---|---|")
+    for (file, line, name), (_, calls, own, _, _) in rows[:top]:
+        where = f"{Path(file).name}:{line}" if line else file
+        print(f"| {own / joins * 1e6:.1f} | {calls / joins:.2f} | {name} ({where}) |")
 
 
 def _fmt(values: list[float], scale: float, digits: int = 0) -> str:
@@ -226,13 +282,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="fresh sets of processes")
     parser.add_argument("--against", type=Path, help="another checkout, alternated with this")
     parser.add_argument("--py-spy", dest="spy", help="py-spy the first repetition's warm rounds")
+    parser.add_argument(
+        "--profile", help="cProfile this checkout's server over its first warm rounds to FILE"
+    )
     args = parser.parse_args()
     sides = [ROOT] + ([args.against.resolve()] if args.against else [])
     got: dict[Path, list[list[dict[str, Any]]]] = {side: [] for side in sides}
     for rep in range(args.repeat):
         for side in sides if rep % 2 == 0 else sides[::-1]:
-            spy = args.spy if rep == 0 and side == ROOT else None
-            got[side].append(run_side(side, args.n, args.warm, spy))
+            first = rep == 0 and side == ROOT
+            spy, profile = (args.spy, args.profile) if first else (None, None)
+            got[side].append(run_side(side, args.n, args.warm, spy, profile))
             last = got[side][-1]
             print(
                 f"{side}: N={args.n} server CPU per join: first {last[0]['cpu'] * 1e6:.0f} us, "

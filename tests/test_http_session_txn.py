@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioelastic.store._txn import Compare, Delete, Get, Put, Range, Txn
+from aioelastic.store._txn import Compare, Delete, DeletePrefix, Get, Put, Range, Txn
 from aioelastic.store.http._session_ops import OpError, _checked_txn
 from aioelastic.store.http._session_txn import plain_txn
 
@@ -62,6 +62,7 @@ plain_op = st.one_of(
     st.tuples(st.just("put"), plain_keys, st.binary(max_size=33), st.integers(0, 2)).map(list),
     st.tuples(st.just("get"), plain_keys).map(list),
     st.tuples(st.just("delete"), plain_keys).map(list),
+    st.tuples(st.just("delete_prefix"), st.sampled_from(["", "a", "a/", "k"])).map(list),
     st.tuples(st.just("range"), st.sampled_from(["", "a"]), st.none() | st.integers(0, 2)).map(
         list
     ),
@@ -113,15 +114,37 @@ def test_a_joins_transaction_takes_the_one_pass_way() -> None:
     assert fast == _full(JOIN)
 
 
+def test_a_rounds_write_with_its_garbage_takes_the_one_pass_way() -> None:
+    """The driver's last write of a round (the members' records, the round record, the
+    previous round's garbage deleted by prefix): one pass, not the one pass given up at the
+    first ``delete_prefix`` and the full path after it (main)."""
+    puts = [["put", f"r/m/5/node{i}", b'{"v":1,"kind":"member","k":1}', 3] for i in range(64)]
+    garbage = [["delete_prefix", "d/4/"], ["delete_prefix", "r/r/4/"], ["delete_prefix", "r/m/3/"]]
+    args = [
+        [["r/c/round", "mod_revision", "==", 40], ["r/c/driver", "mod_revision", "==", 41]],
+        [*puts, ["put", "r/c/round", b'{"v":2,"kind":"round"}', 0], *garbage],
+        [],
+    ]
+    fast = plain_txn(args, 1024, 1 << 20)
+    assert fast is not None
+    assert fast == _full(args)
+
+
 def test_the_one_pass_way_makes_its_operations_without_checking_them_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     checked: list[str] = []
-    for cls in (Compare, Put, Get, Range, Delete):
+    for cls in (Compare, Put, Get, Range, Delete, DeletePrefix):
         monkeypatch.setattr(cls, "__post_init__", lambda self: checked.append(type(self).__name__))
     args = [
         [["a", "version", ">", 0], ["b", "value", "==", b"x"]],
-        [["put", "k", b"v", 7], ["get", "a"], ["range", "p/", 3], ["delete", "d"]],
+        [
+            ["put", "k", b"v", 7],
+            ["get", "a"],
+            ["range", "p/", 3],
+            ["delete", "d"],
+            ["delete_prefix", "q/"],
+        ],
         [["range", "", None]],
     ]
     fast = plain_txn(args, 1024, 1 << 20)
@@ -141,6 +164,8 @@ def test_the_one_pass_way_makes_its_operations_without_checking_them_again(
         [[], [["put", "k", b"1", 0], ["put", "k", b"2", 0]], []],  # put twice
         [[], [["put", "k", b"1", 0], ["delete", "k"]], []],  # put and deleted
         [[], [["delete_prefix", "k"], ["put", "k/1", b"1", 0]], []],  # under a deleted prefix
+        [[], [["put", "k/1", b"1", 0], ["delete_prefix", "k"]], []],  # (either order)
+        [[], [["delete_prefix", ""]], []],  # everything: the full path's to judge
         [[], [["put", "k", b"x" * (MAX_VALUE + 1), 0]], []],  # over the value limit
         [[["k", "value", "==", bytearray(b"x")]], [], []],  # converted by the full path
     ],

@@ -15,9 +15,18 @@ from typing import Any
 from aioelastic.rendezvous import (
     DynamicRendezvousHandler,
     RendezvousEventKind,
+    RendezvousResult,
     RendezvousStatus,
+    RendezvousStoreInfo,
 )
-from aioelastic.rendezvous._state import RunKeys
+from aioelastic.rendezvous._state import (
+    MemberRecord,
+    RosterChunk,
+    RoundRecord,
+    RunKeys,
+    kept_rank,
+    kept_roster,
+)
 from aioelastic.store import Delete, DeletePrefix, MemoryEngine, MemoryStore, Put, Txn, TxnOp
 from aioelastic.store.memory import _MemoryWatch
 from aioelastic.testing import virtual_test
@@ -347,7 +356,8 @@ async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> 
     complete from its own registration (a round of one) is its registration and the round's
     write: the registrations it counts from come back in the claiming transaction, so no watch
     of them is opened or closed (main sent a range-and-watch and an unwatch as well). A member
-    of a round another node drives is its registration and the read of its rank."""
+    of a round another node drives is its registration: the round record says no member of
+    the round before departed, so it kept its rank (main read it: a get of its member record)."""
     engine = MemoryEngine()
     alone = _handler(engine, 1, 1)
     await alone.next_rendezvous()
@@ -369,7 +379,6 @@ async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> 
     me = member.node_id
     assert _log_of(member).take() == [
         ("txn", f"put {KEYS.node(1, me)}, delete {KEYS.node(0, me)}"),
-        ("get", KEYS.member(1, me)),
     ]
     # the driver of that rejoin round (participants=False: it has no roster of round 0) reads
     # the last roster in its claiming transaction too, not by a range of its own, and tells
@@ -389,3 +398,123 @@ async def test_a_warm_join_is_two_requests_for_the_driver_and_for_a_member() -> 
     ]
     assert f"put {KEYS.round}" in requests[2][1]
     await asyncio.gather(*(h.aclose() for h in [alone, *pair]))
+
+
+async def _check_ranks(engine: MemoryEngine, results: dict[DynamicRendezvousHandler, Any]) -> None:
+    """Each result's rank is the one its member record says (the driver's word)."""
+    store = MemoryStore(engine)
+    for h, result in results.items():
+        key = KEYS.member(result.round, h.node_id)
+        kv = await store.get(key)
+        assert kv is not None
+        assert MemberRecord.decode(key, kv.value).rank == result.rank
+    assert sorted(r.rank for r in results.values()) == list(range(len(results)))
+
+
+def _rank_reads(h: DynamicRendezvousHandler) -> list[tuple[str, str]]:
+    return [r for r in _log_of(h).take() if r[0] == "get" and r[1].startswith(KEYS.members)]
+
+
+@virtual_test
+async def test_a_member_reads_its_rank_only_when_a_member_of_the_round_before_departed() -> None:
+    """A member of the round before keeps its rank when none of that round's members departed
+    (a newcomer joining does not move it): it reads nothing then. When one departed, ranks may
+    move: each member that did not drive reads its own record. Every rank matches the member
+    records the driver wrote."""
+    engine = MemoryEngine()
+    members = [_handler(engine, 2, 3, participants=False) for _ in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in members))
+    for h in members:
+        _log_of(h).take()
+    newcomer = _handler(engine, 2, 3, participants=False)
+    late = asyncio.ensure_future(newcomer.next_rendezvous())  # it drives round 1
+    for h in members:
+        assert (await h.wait_for_change()).kind is RendezvousEventKind.NODES_WAITING
+    joined = await asyncio.gather(*(h.next_rendezvous() for h in members))
+    results = dict(zip(members, joined, strict=True))
+    results[newcomer] = await late
+    assert {r.round for r in results.values()} == {1}
+    assert all(r.departed == 0 and r.world_size == 3 for r in results.values())
+    assert [_rank_reads(h) for h in members] == [[], []]  # (main: a get each)
+    await _check_ranks(engine, results)
+
+    everyone = [*members, newcomer]
+    gone = next(h for h in everyone if results[h].rank == 0)  # rank 0 leaves: ranks move
+    assert gone.lease is not None
+    engine.lease_revoke(gone.lease.id)
+    survivors = [h for h in everyone if h is not gone]
+    for h in survivors:
+        assert (await h.wait_for_change()).kind is RendezvousEventKind.PARTICIPANT_LOST
+        _log_of(h).take()
+    driven = {h: h.statistics().rounds_driven for h in survivors}
+    again = await asyncio.gather(*(h.next_rendezvous() for h in survivors))
+    results = dict(zip(survivors, again, strict=True))
+    assert all(r.round == 2 and r.departed == 1 for r in again)
+    for h in survivors:
+        drove = h.statistics().rounds_driven > driven[h]
+        reads = [] if drove else [("get", KEYS.member(2, h.node_id))]
+        assert _rank_reads(h) == reads
+    await _check_ranks(engine, results)
+    await asyncio.gather(*(h.aclose() for h in everyone))
+
+
+def _result(round_: int, rank: int) -> RendezvousResult:
+    return RendezvousResult(
+        run_id="job",
+        round=round_,
+        rank=rank,
+        world_size=4,
+        participants=(),
+        node_id="n",
+        store=MemoryStore(MemoryEngine()),
+        bootstrap_store_info=RendezvousStoreInfo("a", 1),
+    )
+
+
+def test_a_rank_is_kept_only_from_the_round_right_before_with_nobody_departed() -> None:
+    record = RoundRecord(5, 4, "a", 1, 1, departed=0)
+    assert kept_rank(record, _result(4, 2)) == 2
+    assert kept_rank(record, _result(3, 2)) is None  # a round was missed: ranks may have moved
+    assert kept_rank(record, None) is None  # not a member before
+    assert kept_rank(RoundRecord(5, 4, "a", 1, 1, departed=1), _result(4, 2)) is None
+    assert kept_rank(RoundRecord(5, 4, "a", 1, 1), _result(4, 2)) is None  # an older writer's
+    assert kept_roster(record, _result(4, 2)) is None  # participants off: no roster to keep
+
+
+@virtual_test
+async def test_a_round_of_the_same_members_is_known_without_reading_its_roster() -> None:
+    """``participants=True`` (the default): a rejoin round that kept every member of the round
+    before and no more is that round's roster, at the same ranks: a member reads nothing (main
+    read the roster, O(N) bytes, each). A round that grew is read (the newcomer's rank)."""
+    engine = MemoryEngine()
+    hs = [_handler(engine, 3, 3) for _ in range(3)]
+    first = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for h in hs:
+        _log_of(h).take()
+    again = await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for h, before, now in zip(hs, first, again, strict=True):
+        assert [r for r in _log_of(h).take() if r[0] in ("get", "range")] == []
+        assert (now.round, now.rank, now.participants) == (1, before.rank, before.participants)
+    roster = await MemoryStore(engine).range(KEYS.roster_of(1))
+    assert len(roster.kvs) == 1
+    chunk = RosterChunk.decode(roster.kvs[0].key, roster.kvs[0].value)
+    assert chunk.members == again[0].participants  # what the driver wrote
+    await asyncio.gather(*(h.aclose() for h in hs))
+
+
+def test_a_roster_is_kept_only_when_the_round_has_the_same_members() -> None:
+    last = RendezvousResult(
+        run_id="job",
+        round=4,
+        rank=1,
+        world_size=2,
+        participants=("a", "b"),
+        node_id="b",
+        store=MemoryStore(MemoryEngine()),
+        bootstrap_store_info=RendezvousStoreInfo("a", 1),
+    )
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1, departed=0), last) == ("a", "b")
+    assert kept_roster(RoundRecord(5, 3, "a", 1, 1, departed=0), last) is None  # one more
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1, departed=1), last) is None
+    assert kept_roster(RoundRecord(6, 2, "a", 1, 1, departed=0), last) is None
+    assert kept_roster(RoundRecord(5, 2, "a", 1, 1), last) is None

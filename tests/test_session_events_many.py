@@ -103,6 +103,55 @@ async def test_the_watches_of_a_v2_connection_that_read_the_same_events_share_a_
 
 
 @pytest.mark.asyncio
+async def test_a_lone_watch_woken_gets_an_events_frame_and_one_callback_writes_every_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A put seen by one watch on each of many sessions (a round record reaching N rendezvous
+    members): each session's frame is a plain ``EVENTS`` frame (no group of one to make), and
+    one loop callback writes them all (main scheduled one per session)."""
+    engine = MemoryEngine()
+    hub = _hub(engine)
+    sessions = [_connect(hub, [1, 2]) for _ in range(64)]
+    for connection, recorder in sessions:
+        _watch(connection, recorder, range(1, 2), "c/")
+    loop = asyncio.get_running_loop()
+    scheduled: list[object] = []
+    call_soon = loop.call_soon
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        scheduled.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", counting)
+    engine.put("c/round", b"r")
+    assert len(scheduled) == 1
+    monkeypatch.undo()
+    await _next_iteration()
+    for connection, recorder in sessions:
+        [frame] = recorder.frames()
+        assert frame[:2] == [EVENTS, 1]
+        [event] = decode_events(frame[2])
+        assert (event.kv.key, event.kv.value) == ("c/round", b"r")
+        connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_session_ended_while_queued_to_write_writes_nothing() -> None:
+    engine = MemoryEngine()
+    hub = _hub(engine)
+    (first, first_out), (second, second_out) = (_connect(hub, [1, 2]) for _ in range(2))
+    for connection, recorder in ((first, first_out), (second, second_out)):
+        _watch(connection, recorder, range(1, 2), "c/")
+    engine.put("c/round", b"r")
+    assert len(hub.flushes) == 2
+    first.end()  # (the transport went) before the queue's callback ran
+    await _next_iteration()
+    assert first_out.frames() == []
+    assert [f[0] for f in second_out.frames()] == [EVENTS]
+    second.end()
+
+
+@pytest.mark.asyncio
 async def test_watches_at_different_positions_get_a_frame_per_blob() -> None:
     engine = MemoryEngine()
     first = engine.put("w/a", b"1")
@@ -171,9 +220,9 @@ async def test_no_event_is_lost_repeated_or_reordered_per_watch(seed: int) -> No
             connection.received([pack([REQUEST, wid, "watch", [prefix, start, False]])])
         await _next_iteration()
         for frame in recorder.frames():
-            if frame[0] == EVENTS_MANY:
+            if frame[0] in (EVENTS_MANY, EVENTS):  # (a lone watch's: EVENTS, as the client reads)
                 revisions = [e.kv.mod_revision for e in decode_events(frame[2])]
-                for one in frame[1]:
+                for one in frame[1] if frame[0] == EVENTS_MANY else [frame[1]]:
                     received[one] += revisions
     history = [(e.kv.key, e.kv.mod_revision) for e in _history(engine)]
     for one, (prefix, start) in watches.items():

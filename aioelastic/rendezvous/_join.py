@@ -291,7 +291,8 @@ class JoinCoordinator:
 
         The round record has no member list: this node's rank comes from its driver (when it
         drove the round), from the roster (read whole only for ``participants``), or from its
-        member record (one small get).
+        member record (one small get); a member of the round before that no member left has
+        them already (its rank, and the roster if the round is as large): it reads nothing.
         """
         h = self._h
         store, keys, node_id = h._store, h._keys, h.node_id
@@ -301,11 +302,11 @@ class JoinCoordinator:
             rank = driver.ranks.get(node_id)  # it wrote the round: nothing to read
             if h._with_participants and driver.members is not None:
                 participants = driver.members
-        elif h._with_participants:
-            participants = await read_roster(store, keys, record)
+        elif h._with_participants:  # (h._result: a round that kept them all reads nothing)
+            participants = await read_roster(store, keys, record, h._result)
             rank = participants.index(node_id) if node_id in participants else None
         else:
-            rank = await read_rank(store, keys, record, node_id)
+            rank = await read_rank(store, keys, record, node_id, h._result)
         if rank is None:
             return None
         loop = None if self._tasks is None else self._tasks.loop  # (this join's: no look-up)

@@ -45,6 +45,7 @@ from ..errors import RendezvousStateError
 
 if TYPE_CHECKING:
     from ..store import KeyValue, Store
+    from .api import RendezvousResult
 
 __all__ = [
     "ClosedRecord",
@@ -233,7 +234,9 @@ class RoundRecord:
     of N costs N small events, not N copies of an N-member list. ``departed``: how many members
     of the round before (``round - 1``) are not in this one (0 for a first round; None where the
     record does not say: a static round, or one written by an older version), so that a member
-    knows whether the round lost a node without reading two rosters.
+    knows whether the round lost a node without reading two rosters. ``departed == 0`` also
+    says that each member of the round before kept its rank (:func:`kept_rank`): such a member
+    knows its rank from this record alone, without a read.
     """
 
     round: int
@@ -391,25 +394,61 @@ def roster_members(keys: RunKeys, record: RoundRecord, kvs: Iterable[KeyValue]) 
     return tuple(node for node in slots if node is not None)
 
 
-async def read_roster(store: Store, keys: RunKeys, record: RoundRecord) -> tuple[str, ...]:
-    """The members of ``record``'s round in rank order: one range of its roster (O(N)).
+async def read_roster(
+    store: Store, keys: RunKeys, record: RoundRecord, last: RendezvousResult | None = None
+) -> tuple[str, ...]:
+    """The members of ``record``'s round in rank order: ``last``'s if they are the same
+    (:func:`kept_roster`: no read), else one range of its roster (O(N)).
 
     ``()`` when the roster is gone: a later round completed since (its driver deleted it), so
     whoever asks is not in that later round's view yet; what it read was superseded."""
     if record.chunks == 0:
         return static_members(record.world_size)
+    kept = kept_roster(record, last)
+    if kept is not None:
+        return kept
     result = await store.range(keys.roster_of(record.round))
     if not result.kvs:
         return ()
     return roster_members(keys, record, result.kvs)
 
 
-async def read_rank(store: Store, keys: RunKeys, record: RoundRecord, node_id: str) -> int | None:
-    """``node_id``'s rank in ``record``'s round, None if it is not a member: one get of its
-    member record (O(1) bytes)."""
+def kept_rank(record: RoundRecord, last: RendezvousResult | None) -> int | None:
+    """The rank a node keeps in ``record``'s round, known without a read: ``last`` is its last
+    completed round's result; when that is the round right before and the record says none of
+    that round's members departed (``departed == 0``), every one of them is in this round at
+    its old rank (:func:`~._driver.assign_ranks` keeps a member's rank below the new world size,
+    which is at least the old one then). None: not known (a read is)."""
+    if last is None or record.departed != 0 or last.round != record.round - 1:
+        return None
+    return last.rank
+
+
+def kept_roster(record: RoundRecord, last: RendezvousResult | None) -> tuple[str, ...] | None:
+    """``record``'s roster when it is ``last``'s (:func:`kept_rank`, and the round is as large
+    as the one before: the same members at the same ranks), known without a read; else None."""
+    if kept_rank(record, last) is None:
+        return None
+    assert last is not None
+    return last.participants if len(last.participants) == record.world_size else None
+
+
+async def read_rank(
+    store: Store,
+    keys: RunKeys,
+    record: RoundRecord,
+    node_id: str,
+    last: RendezvousResult | None = None,
+) -> int | None:
+    """``node_id``'s rank in ``record``'s round, None if it is not a member: the rank it kept
+    from its ``last`` round (:func:`kept_rank`: no read), else one get of its member record
+    (O(1) bytes)."""
     if record.chunks == 0:
         members = static_members(record.world_size)
         return members.index(node_id) if node_id in members else None
+    kept = kept_rank(record, last)
+    if kept is not None:
+        return kept
     key = keys.member(record.round, node_id)
     kv = await store.get(key)
     if kv is None:

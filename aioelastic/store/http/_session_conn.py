@@ -3,8 +3,9 @@
 A :class:`Connection` is fed the messages its transport read (:meth:`Connection.received`),
 answers every frame of them from the operation table (:mod:`._session_ops`) and hands what it has
 to say to its :class:`Sender` as **one** message per batch: the answers of everything one read
-brought, or (from a callback scheduled once per loop iteration) the events of every watch that
-woke and the answers that waited for durability. The transport (the upgraded connection,
+brought, or (from the hub's :class:`~._session_flush.FlushQueue`: one callback for every
+connection that woke together) the events of every watch that woke and the answers that waited
+for durability. The transport (the upgraded connection,
 :mod:`._session_raw`) only moves bytes: every line of session logic is here.
 """
 
@@ -96,7 +97,7 @@ class Connection:
         self._closing = False
         self._dispatching = False
         self._paused = False  # the transport's buffer is full: watches wait (resume_writing)
-        self._flush_handle: asyncio.Handle | None = None
+        self._flush_queued = False  # on the hub's flush queue (see flush)
         self._ticker: asyncio.TimerHandle | None = self._loop.call_later(interval, self._tick)
 
     # -- output
@@ -122,15 +123,18 @@ class Connection:
             self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if self._flush_handle is None and not self._closing:
-            self._flush_handle = self._loop.call_soon(self._flush)
+        if not self._flush_queued and not self._closing:
+            self._flush_queued = True
+            self.hub.flushes.add(self)  # one callback for every connection woken with this one
 
     def _flush(self) -> None:
-        # (the handle stays set meanwhile: frames the pump queues ride along, no second call)
+        """Pump the watches that woke and write what is queued (the hub's flush queue calls
+        it; so does ``benchmarks/fanout.py``, of this checkout and of older ones)."""
+        # (still queued meanwhile: frames the pump queues ride along, no second call)
         if self._ready and not self._paused and not self._closing:
             self._pump()
         self._write_outbox()
-        self._flush_handle = None
+        self._flush_queued = False
 
     def _write_outbox(self) -> None:
         if not self._outbox or self._closing:
@@ -144,8 +148,12 @@ class Connection:
 
     def _pump(self) -> None:
         """Every watch that has something: its frames, written in chunks as they come (from
-        version 2 on, the watches that read the same events share a frame: EventGroups)."""
+        version 2 on, the watches that read the same events share a frame: EventGroups; a lone
+        watch's events are an ``EVENTS`` frame, which every version reads, with no grouping)."""
         ready, self._ready = self._ready, []
+        if len(ready) == 1:  # a lone watch (a node's control watch, as a rule): a frame of its own
+            ready[0].pump()
+            return
         if self.version >= EVENTS_MANY_VERSION:
             self._pump_grouped(ready)
             return
@@ -356,9 +364,7 @@ class Connection:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        # (a connection still on the hub's flush queue writes nothing: it is closing)
         for served in list(self._watches.values()):
             served.release()
         self._watches.clear()

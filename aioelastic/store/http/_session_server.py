@@ -36,6 +36,7 @@ from ._frames import (
     unpack_all,
 )
 from ._session_conn import Connection, Sender
+from ._session_flush import FlushQueue
 from ._session_ops import OpError, seconds_arg
 from ._session_raw import RawSession
 from ._session_stream import UPGRADE
@@ -109,6 +110,7 @@ class SessionHub:
         # Encoded event blobs (their msgpack, bin headers included) of the current revision,
         # shared by watchers at the same position.
         self._blobs = BlobCache(_packed_events)
+        self.flushes = FlushQueue()  # the connections' writes, one callback for those that woke
         engine.on_lease.append(self._on_lease)
 
     @property

@@ -22,6 +22,7 @@ from .._txn import (
     MAX_TXN_OPS,
     Compare,
     Delete,
+    DeletePrefix,
     Get,
     Put,
     Range,
@@ -41,6 +42,7 @@ _new = object.__new__
 _PUT_KEY, _PUT_VALUE, _PUT_LEASE = slot_setters(Put, ("key", "value", "lease"))
 (_GET_KEY,) = slot_setters(Get, ("key",))
 (_DELETE_KEY,) = slot_setters(Delete, ("key",))
+(_DELETE_PREFIX,) = slot_setters(DeletePrefix, ("prefix",))
 _RANGE_PREFIX, _RANGE_LIMIT = slot_setters(Range, ("prefix", "limit"))
 _CMP_KEY, _CMP_TARGET, _CMP_OP, _CMP_OPERAND = slot_setters(
     Compare, ("key", "target", "op", "operand")
@@ -64,7 +66,7 @@ def _compare(key: str, target: str, op: str, operand: int | bytes) -> Compare:
     return compare
 
 
-def _one_key(cls: type[Get] | type[Delete], setter: Any, key: str) -> Any:
+def _one_key(cls: type[Get] | type[Delete] | type[DeletePrefix], setter: Any, key: str) -> Any:
     op = _new(cls)
     setter(op, key)
     return op
@@ -125,6 +127,7 @@ def _branch(
     size = 0
     written: set[str] | None = None  # keys put or deleted, once two such ops are seen
     first_write: str | None = None
+    prefixes: list[str] | None = None  # deleted ones (a round's garbage, with its puts)
     for item in items:
         if type(item) is not list or not item:
             return None
@@ -144,13 +147,19 @@ def _branch(
             op = _one_key(Delete, _DELETE_KEY, key)
         elif kind == "get" and len(item) == 2 and key:
             op = _one_key(Get, _GET_KEY, key)
+        elif kind == "delete_prefix" and len(item) == 2 and key:
+            op = _one_key(DeletePrefix, _DELETE_PREFIX, key)
+            if prefixes is None:
+                prefixes = [key]
+            else:
+                prefixes.append(key)
         elif kind == "range" and len(item) == 3:
             limit = item[2]
             if limit is not None and (type(limit) is not int or limit < 1):
                 return None
             op = _range(key, limit)
         else:
-            return None  # delete_prefix (its rule against puts is the full path's), or invalid
+            return None  # an empty delete_prefix (everything: the full path's), or invalid
         size += len(key)
         if kind == "put" or kind == "delete":
             # one write per key: a key put twice, or put and deleted (the full path says which)
@@ -163,4 +172,10 @@ def _branch(
                     return None
                 written.add(key)
         ops.append(op)
+    if prefixes is not None and _puts_under(ops, tuple(prefixes)):
+        return None  # a key put under a prefix the branch deletes: the full path says so
     return tuple(ops), size
+
+
+def _puts_under(ops: list[TxnOp], prefixes: tuple[str, ...]) -> bool:
+    return any(type(op) is Put and op.key.startswith(prefixes) for op in ops)

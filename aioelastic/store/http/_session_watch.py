@@ -114,11 +114,12 @@ class EventGroups:
 class ServedWatch:
     """One watch of a connection: queued on it when the engine has something for it."""
 
-    __slots__ = ("conn", "idle", "prefix", "progress_due", "queued", "watcher", "wid")
+    __slots__ = ("conn", "head", "idle", "prefix", "progress_due", "queued", "watcher", "wid")
 
     def __init__(self, conn: Connection, wid: int, prefix: str, watcher: _Watcher) -> None:
         self.conn = conn
         self.wid = wid
+        self.head = events_head(wid)  # (its EVENTS frames' head: packed once, not per frame)
         self.prefix = prefix
         self.watcher: _Watcher | None = watcher
         self.idle = True
@@ -157,7 +158,7 @@ class ServedWatch:
         if events:
             if groups is None:
                 blob = hub.blob(self.prefix, events, engine.revision)
-                conn.send_parts(events_head(self.wid), blob)
+                conn.send_parts(self.head, blob)
             else:
                 groups.add_read(self.wid, self.prefix, events, hub, engine.revision)
             self.idle = False
