@@ -12,7 +12,7 @@ import pytest
 from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import CasResult, MemoryEngine, MemoryStore, _memory_sorted, open_store
 from aioelastic.store._memory_sorted import SortedKeys
-from aioelastic.store.memory import LeaseChange
+from aioelastic.store.memory import EngineWork, LeaseChange
 from aioelastic.testing import virtual_test
 
 # -- explicit compaction
@@ -247,4 +247,37 @@ async def test_a_limited_range_across_blocks_of_the_engine_returns_the_first_key
     assert [kv.key for kv in result.kvs] == keys[:1700]
     assert result.count == 3000
     assert result.more
+    engine.close()
+
+
+@virtual_test
+async def test_a_lease_granted_with_an_id_has_that_id_and_the_next_ones_follow_it() -> None:
+    engine = MemoryEngine()
+    assert engine.lease_grant(10.0, lease_id=0x70).id == 0x70
+    assert engine.lease_time_to_live(0x70).granted_ttl == 10.0
+    assert engine.lease_grant(5.0).id == 0x71
+    with pytest.raises(ValueError, match=r"^lease 0x70 already exists$"):
+        engine.lease_grant(1.0, lease_id=0x70)
+    engine.close()
+
+
+@virtual_test
+async def test_closing_a_store_closes_its_private_engine_and_never_a_shared_one() -> None:
+    shared = MemoryEngine()
+    private = MemoryStore()
+    client = MemoryStore(shared)
+    await private.aclose()
+    await client.aclose()
+    assert private.engine.closed
+    assert not shared.closed
+    shared.put("k", b"v")  # still serving its other clients
+    shared.close()
+
+
+@virtual_test
+async def test_a_new_engine_has_done_no_work() -> None:
+    engine = MemoryEngine()
+    assert engine.work() == EngineWork()
+    engine.put("k", b"v")
+    assert engine.work() == EngineWork(writes=1, events_logged=1)
     engine.close()
