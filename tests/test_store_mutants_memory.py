@@ -46,6 +46,19 @@ async def test_a_memory_store_repr_says_its_revision_and_keys_or_that_it_is_clos
 
 
 @virtual_test
+async def test_closing_a_store_closes_its_private_engine_and_never_a_shared_one() -> None:
+    shared = MemoryEngine()
+    private = MemoryStore()
+    client = MemoryStore(shared)
+    await private.aclose()
+    await client.aclose()
+    assert private.engine.closed
+    assert not shared.closed
+    shared.put("k", b"v")  # still serving its other clients
+    shared.close()
+
+
+@virtual_test
 async def test_memory_urls_with_a_bare_slash_open_a_private_store() -> None:
     async with open_store("memory:///") as first, open_store("memory:///") as second:
         await first.put("k", b"v")
@@ -109,7 +122,46 @@ async def test_a_swap_onto_a_missing_lease_is_refused_naming_it_and_writes_nothi
         assert store.engine.revision == 0
 
 
-# -- the engine's defaults and results (the http server calls it directly)
+@virtual_test
+async def test_a_lease_granted_with_an_id_has_that_id_and_the_next_ones_follow_it() -> None:
+    engine = MemoryEngine()
+    assert engine.lease_grant(10.0, lease_id=0x70).id == 0x70
+    assert engine.lease_time_to_live(0x70).granted_ttl == 10.0
+    assert engine.lease_grant(5.0).id == 0x71
+    with pytest.raises(ValueError, match=r"^lease 0x70 already exists$"):
+        engine.lease_grant(1.0, lease_id=0x70)
+    engine.close()
+
+
+@virtual_test
+async def test_a_lease_whose_end_cannot_be_recorded_after_its_keys_went_stays_live() -> None:
+    """The keys' deletion is committed, then the lease's end is vetoed (its hook raises): the
+    lease stays, usable, with no keys, and ends once the hook lets it."""
+    engine = MemoryEngine()
+    lease = engine.lease_grant(60.0).id
+    engine.put("k", b"v", lease)
+    refuse = [True]
+
+    def on_lease(change: LeaseChange) -> None:
+        if change.ttl is None and refuse[0]:
+            raise OSError(28, "No space left on device")
+
+    engine.on_lease.append(on_lease)
+    with pytest.raises(OSError, match="No space"):
+        engine.lease_revoke(lease)
+    assert engine.get("k") is None
+    status = engine.lease_time_to_live(lease)
+    assert (status.id, status.keys) == (lease, ())
+    assert [s.id for s in engine.leases()] == [lease]
+    engine.put("k2", b"v", lease)  # still a lease keys can be put with
+    refuse[0] = False
+    engine.lease_revoke(lease)
+    assert not engine.has_lease(lease)
+    assert engine.get("k2") is None
+    engine.close()
+
+
+# -- the engine's own defaults and results (the http server calls it directly)
 
 
 @virtual_test
@@ -161,30 +213,11 @@ async def test_adding_to_a_value_that_is_no_integer_names_its_first_40_bytes() -
 
 
 @virtual_test
-async def test_a_lease_whose_end_cannot_be_recorded_after_its_keys_went_stays_live() -> None:
-    """The keys' deletion is committed, then the lease's end is vetoed (its hook raises): the
-    lease stays, usable, with no keys, and ends once the hook lets it."""
+async def test_a_new_engine_has_done_no_work() -> None:
     engine = MemoryEngine()
-    lease = engine.lease_grant(60.0).id
-    engine.put("k", b"v", lease)
-    refuse = [True]
-
-    def on_lease(change: LeaseChange) -> None:
-        if change.ttl is None and refuse[0]:
-            raise OSError(28, "No space left on device")
-
-    engine.on_lease.append(on_lease)
-    with pytest.raises(OSError, match="No space"):
-        engine.lease_revoke(lease)
-    assert engine.get("k") is None
-    status = engine.lease_time_to_live(lease)
-    assert (status.id, status.keys) == (lease, ())
-    assert [s.id for s in engine.leases()] == [lease]
-    engine.put("k2", b"v", lease)  # still a lease keys can be put with
-    refuse[0] = False
-    engine.lease_revoke(lease)
-    assert not engine.has_lease(lease)
-    assert engine.get("k2") is None
+    assert engine.work() == EngineWork()
+    engine.put("k", b"v")
+    assert engine.work() == EngineWork(writes=1, events_logged=1)
     engine.close()
 
 
@@ -247,37 +280,4 @@ async def test_a_limited_range_across_blocks_of_the_engine_returns_the_first_key
     assert [kv.key for kv in result.kvs] == keys[:1700]
     assert result.count == 3000
     assert result.more
-    engine.close()
-
-
-@virtual_test
-async def test_a_lease_granted_with_an_id_has_that_id_and_the_next_ones_follow_it() -> None:
-    engine = MemoryEngine()
-    assert engine.lease_grant(10.0, lease_id=0x70).id == 0x70
-    assert engine.lease_time_to_live(0x70).granted_ttl == 10.0
-    assert engine.lease_grant(5.0).id == 0x71
-    with pytest.raises(ValueError, match=r"^lease 0x70 already exists$"):
-        engine.lease_grant(1.0, lease_id=0x70)
-    engine.close()
-
-
-@virtual_test
-async def test_closing_a_store_closes_its_private_engine_and_never_a_shared_one() -> None:
-    shared = MemoryEngine()
-    private = MemoryStore()
-    client = MemoryStore(shared)
-    await private.aclose()
-    await client.aclose()
-    assert private.engine.closed
-    assert not shared.closed
-    shared.put("k", b"v")  # still serving its other clients
-    shared.close()
-
-
-@virtual_test
-async def test_a_new_engine_has_done_no_work() -> None:
-    engine = MemoryEngine()
-    assert engine.work() == EngineWork()
-    engine.put("k", b"v")
-    assert engine.work() == EngineWork(writes=1, events_logged=1)
     engine.close()
