@@ -4,15 +4,17 @@ of the suite let through. Memory engine and store, virtual time where anything w
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import re
 
+import anyio
 import pytest
 
 from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import CasResult, MemoryEngine, MemoryStore, _memory_sorted, open_store
 from aioelastic.store._memory_sorted import SortedKeys
-from aioelastic.store.memory import EngineWork, LeaseChange
+from aioelastic.store.memory import EngineWork, LeaseChange, _MemoryWatch
 from aioelastic.testing import virtual_test
 
 # -- explicit compaction
@@ -159,6 +161,40 @@ async def test_a_lease_whose_end_cannot_be_recorded_after_its_keys_went_stays_li
     assert not engine.has_lease(lease)
     assert engine.get("k2") is None
     engine.close()
+
+
+# -- watches
+
+
+@virtual_test
+async def test_reading_a_watch_never_started_starts_it_at_the_next_revision() -> None:
+    async with MemoryStore() as store:
+        await store.put("k", b"before")
+        watch = store.watch("k")  # not started, not entered: the first read starts it
+        reader = asyncio.create_task(anext(watch))
+        await asyncio.sleep(0)
+        await store.put("k", b"after")
+        event = await reader
+        assert (event.kv.value, event.revision) == (b"after", 2)
+        assert watch.start_revision == 2
+        await watch.aclose()
+
+
+@virtual_test
+async def test_a_read_cancelled_while_parked_leaves_nothing_parked_and_the_next_read_works() -> (
+    None
+):
+    async with MemoryStore() as store, store.watch("k") as watch:
+        assert isinstance(watch, _MemoryWatch)
+        with anyio.move_on_after(5):
+            await anext(watch)
+        watcher = watch._watcher
+        assert watcher is not None
+        assert watcher.waiter is None  # no future kept for a reader that is gone
+        await store.put("k", b"v")
+        event = await anext(watch)
+        assert event.kv.value == b"v"
+        assert watcher.waiter is None
 
 
 # -- the engine's own defaults and results (the http server calls it directly)
