@@ -249,11 +249,16 @@ async def test_adding_to_a_value_that_is_no_integer_names_its_first_40_bytes() -
 
 
 @virtual_test
-async def test_a_new_engine_has_done_no_work() -> None:
+async def test_an_engine_counts_its_writes_and_their_events_from_zero() -> None:
     engine = MemoryEngine()
     assert engine.work() == EngineWork()
     engine.put("k", b"v")
     assert engine.work() == EngineWork(writes=1, events_logged=1)
+    engine.put("p/1", b"v")
+    engine.put("p/2", b"v")
+    engine.delete("p/", prefix=True)  # one write, two events
+    work = engine.work()
+    assert (work.writes, work.events_logged) == (4, 5)
     engine.close()
 
 
