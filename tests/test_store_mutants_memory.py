@@ -11,7 +11,7 @@ import re
 import anyio
 import pytest
 
-from aioelastic.errors import CompactedError, LeaseNotFoundError
+from aioelastic.errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from aioelastic.store import CasResult, MemoryEngine, MemoryStore, _memory_sorted, open_store
 from aioelastic.store._memory_sorted import SortedKeys
 from aioelastic.store.memory import EngineWork, LeaseChange, _MemoryWatch
@@ -260,6 +260,27 @@ async def test_an_engine_counts_its_writes_and_their_events_from_zero() -> None:
     work = engine.work()
     assert (work.writes, work.events_logged) == (4, 5)
     engine.close()
+
+
+@virtual_test
+async def test_a_history_limit_below_one_is_refused_by_name_and_one_is_enough() -> None:
+    with pytest.raises(ValueError, match=r"^history_limit must be >= 1, got 0$"):
+        MemoryEngine(history_limit=0)
+    engine = MemoryEngine(history_limit=1)
+    engine.put("k", b"1")
+    engine.put("k", b"2")
+    engine.put("k", b"3")  # the log is over 1 + 1: compacted down to the newest revision
+    assert engine.compact_revision == 3
+    engine.close()
+
+
+@virtual_test
+async def test_closing_the_engine_ends_its_watches_with_store_closed() -> None:
+    engine = MemoryEngine()
+    async with MemoryStore(engine) as store, store.watch("k") as watch:
+        engine.close()
+        with pytest.raises(StoreClosedError, match=r"^the store was closed$"):
+            await anext(watch)
 
 
 # -- the ordered keys behind ranges (_memory_sorted), blocks small enough to cut
