@@ -275,6 +275,18 @@ async def test_a_history_limit_below_one_is_refused_by_name_and_one_is_enough() 
 
 
 @virtual_test
+async def test_auto_compaction_waits_for_an_eighth_of_the_limit_over_it() -> None:
+    """history_limit 16: compacted once the log holds 16 + 16 // 8 + 1 = 19 events, not 18."""
+    engine = MemoryEngine(history_limit=16)
+    for i in range(18):
+        engine.put(f"k/{i}", b"x")
+    assert engine.compact_revision == 0
+    engine.put("k/18", b"x")
+    assert engine.compact_revision == 4  # the newest 16 of 19 revisions kept
+    engine.close()
+
+
+@virtual_test
 async def test_closing_the_engine_ends_its_watches_with_store_closed() -> None:
     engine = MemoryEngine()
     async with MemoryStore(engine) as store, store.watch("k") as watch:
