@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+import anyio
 import pytest
 
 from aioelastic.errors import (
@@ -42,7 +43,17 @@ from aioelastic.rendezvous._state import (
     read_roster,
     roster_members,
 )
-from aioelastic.store import KeyValue, MemoryEngine, MemoryStore
+from aioelastic.store import (
+    KeyValue,
+    MemoryEngine,
+    MemoryStore,
+    Put,
+    RangeResult,
+    Txn,
+    TxnResult,
+    Watch,
+    WatchEvent,
+)
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
 KEYS = RunKeys("job")
@@ -477,3 +488,143 @@ async def test_a_corrupt_member_record_is_named_by_key() -> None:
     with pytest.raises(RendezvousStateError, match=_state_error(key, r": field 'k' must be")):
         await read_rank(store, KEYS, record, "a")
     await store.aclose()
+
+
+# -- _membership: the member watch's start, and the counts ----------------------------------------
+
+
+class _MemberWatch(Watch):
+    """A memory watch of ``m/`` whose start fails or hangs on request, and whose closing takes
+    a round trip (as an http watch's unwatch does) and may fail."""
+
+    def __init__(self, store: _ScriptedStore, inner: Watch) -> None:
+        super().__init__(inner.prefix, inner.requested_revision)
+        self._store = store
+        self._inner = inner
+
+    @property
+    def start_revision(self) -> int:
+        return self._inner.start_revision
+
+    async def _start(self) -> None:
+        if self._store.start_error is not None:
+            raise self._store.start_error
+        if self._store.hang_start:
+            await asyncio.Event().wait()
+        await self._inner.start()
+
+    async def _next(self) -> WatchEvent:
+        return await self._inner.__anext__()
+
+    async def _aclose(self) -> None:
+        await anyio.sleep(0.01)
+        if self._store.close_error is not None:
+            raise self._store.close_error
+        await self._inner.aclose()
+        self._store.closed_watches += 1
+
+
+class _ScriptedStore(MemoryStore):
+    start_error: BaseException | None = None
+    hang_start = False
+    close_error: BaseException | None = None
+    closed_watches = 0
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        inner = super()._watch(prefix, start_revision)
+        return _MemberWatch(self, inner) if prefix.startswith(KEYS.members) else inner
+
+
+@virtual_test
+async def test_a_member_watch_that_fails_to_start_is_closed_and_its_error_kept() -> None:
+    engine = MemoryEngine()
+    store = _ScriptedStore(engine)
+    hs = _handlers(engine, 2, 2, 2, store=store)
+    await _round(hs)
+    store.start_error = StoreConnectionError("the start failed")
+    store.close_error = StoreConnectionError("the close failed too")
+    with pytest.raises(
+        RendezvousConnectionError,
+        match=r"^wait_for_change failed for run 'job': the start failed$",
+    ):
+        await hs[0].wait_for_change()
+    store.start_error = store.close_error = None
+    await _close(hs)
+
+
+@virtual_test
+async def test_a_member_watch_start_cut_short_by_the_caller_is_closed_on_the_store() -> None:
+    # closing takes a round trip on a remote store: cut short by the caller's cancellation,
+    # it would leave the watch open on the server
+    engine = MemoryEngine()
+    store = _ScriptedStore(engine)
+    hs = _handlers(engine, 2, 2, 2, store=store)
+    await _round(hs)
+    store.hang_start = True
+    with anyio.move_on_after(1) as scope:
+        await hs[0].wait_for_change()
+    assert scope.cancelled_caught
+    assert store.closed_watches == 1
+    store.hang_start = False
+    await _close(hs)
+
+
+class _GhostBeforeTheRound(MemoryStore):
+    """A driver's store: just before the write of round 0, the record of a node that is no
+    member of it goes (under ``m/0/``, a revision before the round's)."""
+
+    ghost = KEYS.member(0, "ghost")
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        if any(isinstance(op, Put) and op.key == KEYS.round for op in txn.success):
+            self.engine.delete(self.ghost)
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_member_watches_from_the_revision_after_its_round() -> None:
+    engine = MemoryEngine()
+    store = _GhostBeforeTheRound(engine)
+    await store.put(store.ghost, b"?")
+    hs = _handlers(engine, 2, 2, 2, store=store)
+    await _round(hs)
+    assert await store.get(store.ghost) is None
+    event = await _next_change(hs[1], hs[0].set_closed)
+    assert event.kind is RendezvousEventKind.CLOSED  # not the ghost's deletion before it
+    await _close(hs)
+
+
+class _RangeSizes(MemoryStore):
+    """Records how many key-values each range returned."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.sizes: list[int] = []
+
+    async def range(self, prefix: str, *, limit: int | None = None) -> RangeResult:
+        result = await super().range(prefix, limit=limit)
+        self.sizes.append(len(result.kvs))
+        return result
+
+
+@virtual_test
+async def test_num_nodes_waiting_counts_without_reading_the_records() -> None:
+    engine = MemoryEngine()
+    store = _RangeSizes(engine)
+    (h,) = _handlers(engine, 1, 3, 3, store=store)
+    node = NodeRecord("x", "h", 1).encode()
+    for name in ("a", "b"):  # before any round: the registrations for round 0
+        await store.put(KEYS.node(0, name), node)
+    await store.put(KEYS.node(1, "c"), node)
+    assert await h.num_nodes_waiting() == 2
+    assert store.sizes == [1]  # a count: one key-value, not every registration
+    # after a round: two of its three members alive, and two nodes for the next
+    await store.put(KEYS.round, RoundRecord(0, 3, "h", 1, chunks=1).encode())
+    await store.put(KEYS.node(1, "d"), node)
+    store.sizes.clear()
+    assert await h.num_nodes_waiting() == 2
+    assert store.sizes == [1, 1]
+    await store.put(KEYS.round, b"{")
+    with pytest.raises(RendezvousStateError, match=re.escape(repr(KEYS.round))):
+        await h.num_nodes_waiting()
+    await h.aclose()
