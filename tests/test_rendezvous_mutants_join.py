@@ -1,0 +1,235 @@
+"""Tests for the dynamic rendezvous' join path that mutation testing showed missing (issue 22).
+
+``dynamic.py`` (the handler), ``_join.py`` (the join coordinator) and ``_driver.py`` (the
+round's driver): each test pins a behaviour a small, realistic bug would break and no other test
+checked (see docs/testing.md, "Mutation testing"). Memory stores, virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from aioelastic.errors import (
+    LeaseExpiredError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from aioelastic.events import Event
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus
+from aioelastic.rendezvous._state import ClosedRecord, RunKeys
+from aioelastic.store import MemoryEngine, MemoryStore, Store
+from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
+
+TTL = 6.0
+KEYS = RunKeys("job")
+
+
+class ListSink:
+    """Keeps every event (kind, fields), in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [dict(e.fields) for e in self.events if e.kind == kind]
+
+
+def handler(
+    store: Store, min_nodes: int = 1, max_nodes: int = 1, **kw: Any
+) -> DynamicRendezvousHandler:
+    kw.setdefault("lease_ttl", TTL)
+    kw.setdefault("last_call_timeout", 10.0)
+    kw.setdefault("join_timeout", 100.0)
+    return DynamicRendezvousHandler(store, "job", min_nodes, max_nodes, **kw)
+
+
+# -- dynamic.py: the handler --------------------------------------------------------------------
+
+
+@virtual_test
+async def test_a_lost_lease_is_the_handlers_error_at_once_with_its_events() -> None:
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), event_sink=sink)
+    await h.next_rendezvous()
+    assert h.lease is not None
+    lost = asyncio.Event()
+    h.lease.on_lost(lambda _error: lost.set())
+    await h.store.lease_revoke(h.lease.id)
+    await lost.wait()  # (no wait_for_change: the handler's own callback set the error)
+    error = h.error
+    assert isinstance(error, LeaseExpiredError)
+    assert h.status is RendezvousStatus.ERROR
+    assert sink.of("rendezvous.lease_lost") == [{"round": 0, "error": str(error)}]
+    assert sink.of("rendezvous.status") == [  # the one change of status, nothing else
+        {
+            "status": "ERROR",
+            "previous": "ACTIVE",
+            "round": 0,
+            "error": f"LeaseExpiredError: {error}",
+        }
+    ]
+    assert {(e.run_id, e.node) for e in sink.events} == {("job", h.node_id)}
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_failed_join_is_an_event_in_full() -> None:
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), 2, 2, join_timeout=5.0, event_sink=sink)
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await h.next_rendezvous()
+    assert sink.of("rendezvous.join_started") == [{"previous_round": -1}]
+    assert sink.of("rendezvous.join_failed") == [
+        {"previous_round": -1, "error_type": "RendezvousTimeoutError", "error": str(caught.value)}
+    ]
+    assert sink.of("rendezvous.status") == []  # a timeout leaves the handler ACTIVE
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_lease_lost_after_the_handler_closed_is_not_its_error() -> None:
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), event_sink=sink)
+    await h.next_rendezvous()
+    keeper = h.lease
+    assert keeper is not None
+    h._handler_closed = True  # aclose() has begun: the lease's end is its own doing
+    h._on_lease_lost(LeaseExpiredError(keeper.id))
+    assert h.error is None
+    assert sink.of("rendezvous.lease_lost") == []
+    h._handler_closed = False
+    await h.aclose()
+
+
+@pytest.mark.parametrize("operation", ["num_nodes_waiting", "is_closed", "set_closed"])
+def test_a_store_failure_names_the_operation(operation: str) -> None:
+    run_virtual(_store_failure_names(operation))
+
+
+async def _store_failure_names(operation: str) -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store)
+    store.partition()
+    with pytest.raises(RendezvousConnectionError) as caught:
+        await getattr(h, operation)()
+    assert str(caught.value).startswith(f"{operation} failed for run 'job': ")
+    assert h.error is caught.value
+    store.heal()
+    await h.aclose()
+
+
+@pytest.mark.parametrize("operation", ["is_closed", "set_closed"])
+def test_a_closed_handler_refuses_with_its_message(operation: str) -> None:
+    run_virtual(_closed_handler_refuses(operation))
+
+
+async def _closed_handler_refuses(operation: str) -> None:
+    h = handler(MemoryStore(MemoryEngine()))
+    await h.aclose()
+    with pytest.raises(RendezvousClosedError) as caught:
+        await getattr(h, operation)()
+    assert str(caught.value) == "the rendezvous handler for 'job' is closed"
+
+
+@virtual_test
+async def test_a_corrupt_close_record_is_named_by_its_key() -> None:
+    store = MemoryStore(MemoryEngine())
+    await store.put(KEYS.closed, b"not json")
+    h = handler(store)
+    with pytest.raises(RendezvousStateError) as caught:
+        await h.is_closed()
+    assert repr(KEYS.closed) in str(caught.value)
+    await h.aclose()
+
+
+@virtual_test
+async def test_is_closed_is_sticky_except_for_a_new_handler_that_may_reopen() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    await store.put(KEYS.closed, ClosedRecord(-1).encode())
+    plain = handler(MemoryStore(engine))
+    assert await plain.is_closed()
+    assert plain.status is RendezvousStatus.CLOSED  # sticky: seen closed
+    reopener = handler(MemoryStore(engine), reopen_closed=True)
+    assert await reopener.is_closed()
+    assert reopener.status is RendezvousStatus.ACTIVE  # its first join reopens the run
+    result = await reopener.next_rendezvous()
+    assert result.round == 0
+    await plain.aclose()
+    await reopener.aclose()
+
+
+@virtual_test
+async def test_is_closed_is_sticky_for_a_reopening_handler_that_took_part() -> None:
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine), reopen_closed=True)
+    await h.next_rendezvous()
+    closer = handler(MemoryStore(engine))
+    await closer.set_closed()
+    assert await h.is_closed()
+    assert h.status is RendezvousStatus.CLOSED
+    await h.aclose()
+    await closer.aclose()
+
+
+@virtual_test
+async def test_set_closed_gives_up_after_close_timeout() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store, close_timeout=3.0)
+    store.hang()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await h.set_closed()
+    assert loop.time() - start == pytest.approx(3.0)
+    assert str(caught.value) == "closing 'job' took longer than close_timeout=3.0s"
+    store.release()
+    await h.aclose()
+
+
+@virtual_test
+async def test_shutdown_says_whether_it_closed_the_run() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store)
+    store.partition()
+    assert await h.shutdown() is False
+    store.heal()
+    ok = handler(MemoryStore(MemoryEngine()))
+    assert await ok.shutdown() is True
+
+
+@virtual_test
+async def test_statistics_in_full() -> None:
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine), 1, 2, last_call_timeout=4.0)
+    before = h.statistics()
+    assert (before.node_id, before.status, before.round, before.world_size) == (
+        h.node_id,
+        RendezvousStatus.ACTIVE,
+        -1,
+        0,
+    )
+    assert (before.joins, before.rounds_driven, before.lease_id) == (0, 0, 0)
+    assert (before.join_started, before.completed_at, before.last_call_deadline) == (None,) * 3
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await h.next_rendezvous()  # one of at most two: the last call is waited out
+    after = h.statistics()
+    assert h.lease is not None
+    assert (after.round, after.world_size, after.joins, after.rounds_driven) == (0, 1, 1, 1)
+    assert after.join_started == start
+    assert after.last_call_deadline == start + 4.0
+    assert after.completed_at == start + 4.0
+    assert after.lease_id == h.lease.id != 0
+    await h.store.lease_revoke(h.lease.id)
+    await h.lease.wait_lost()  # lost: no live lease
+    assert h.statistics().lease_id == 0
+    await h.aclose()
