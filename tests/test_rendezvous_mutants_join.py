@@ -8,6 +8,8 @@ checked (see docs/testing.md, "Mutation testing"). Memory stores, virtual time.
 from __future__ import annotations
 
 import asyncio
+import importlib
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -233,3 +235,64 @@ async def test_statistics_in_full() -> None:
     await h.lease.wait_lost()  # lost: no live lease
     assert h.statistics().lease_id == 0
     await h.aclose()
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (("2", 2), "min_nodes must be an int, got str"),
+        ((1, 2.0), "max_nodes must be an int, got float"),
+        ((True, 2), "min_nodes must be an int, got bool"),
+    ],
+)
+def test_node_counts_must_be_ints_named_in_the_error(sizes: tuple[Any, Any], message: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        DynamicRendezvousHandler(MemoryStore(), "job", *sizes)
+    assert str(caught.value) == message
+
+
+def test_sub_second_timeouts_are_accepted_and_infinity_is_not() -> None:
+    h = DynamicRendezvousHandler(
+        MemoryStore(), "job", 1, 1, join_timeout=0.5, close_timeout=0.5, lease_ttl=0.5
+    )
+    assert (h._join_timeout, h._close_timeout, h._lease_ttl) == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match="join_timeout must be a finite number"):
+        DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, join_timeout=float("inf"))
+
+
+def test_creating_a_handler_imports_anyios_backend_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    real = importlib.import_module
+
+    def recording(name: str, package: str | None = None) -> ModuleType:
+        imported.append(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", recording)
+    DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, local_addr="127.0.0.1")
+    assert imported == ["anyio._backends._asyncio"]
+
+
+def test_a_handler_is_made_when_anyios_backend_does_not_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def failing(name: str, package: str | None = None) -> ModuleType:
+        raise ImportError(name)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    h = DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, local_addr="127.0.0.1")
+    assert h.round == -1  # the import is only a head start: the first join does it otherwise
+
+
+@virtual_test
+async def test_the_handlers_defaults() -> None:
+    store = MemoryStore(MemoryEngine())
+    h = DynamicRendezvousHandler(store, "job", 1, 1)
+    assert h.get_backend() == "memory"
+    assert (h._join_timeout, h._last_call, h._close_timeout) == (600.0, 30.0, 30.0)
+    assert (h._lease_ttl, h._keep_alive_interval) == (15.0, None)
+    assert (h._reopen_closed, h._fast_reform, h._with_participants) == (False, True, True)
+    await h.next_rendezvous()
+    await h.aclose()
+    assert not store.closed  # not owned by default
+    await store.put("k", b"v")
