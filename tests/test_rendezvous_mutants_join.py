@@ -296,3 +296,22 @@ async def test_the_handlers_defaults() -> None:
     await h.aclose()
     assert not store.closed  # not owned by default
     await store.put("k", b"v")
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("last_call_timeout", -1.0),
+        ("close_timeout", 0.0),
+        ("lease_ttl", 0.0),
+        ("join_timeout", 0.0),
+    ],
+)
+def test_each_number_of_seconds_is_checked(setting: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"^{setting} must be a finite number of seconds > 0"):
+        DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, **{setting: value})
+
+
+def test_a_last_call_of_zero_is_allowed() -> None:
+    h = DynamicRendezvousHandler(MemoryStore(), "job", 1, 2, last_call_timeout=0)
+    assert h._last_call == 0.0
