@@ -315,3 +315,17 @@ def test_each_number_of_seconds_is_checked(setting: str, value: float) -> None:
 def test_a_last_call_of_zero_is_allowed() -> None:
     h = DynamicRendezvousHandler(MemoryStore(), "job", 1, 2, last_call_timeout=0)
     assert h._last_call == 0.0
+
+
+@virtual_test
+async def test_the_lease_address_and_node_id_a_handler_is_given_or_makes() -> None:
+    engine = MemoryEngine()
+    given = handler(MemoryStore(engine), keep_alive_interval=1.5, local_addr="10.1.2.3")
+    result = await given.next_rendezvous()
+    assert result.bootstrap_store_info.master_addr == "10.1.2.3"  # published as rank 0's
+    assert given.lease is not None
+    assert given.lease._interval == 1.5
+    made = DynamicRendezvousHandler(MemoryStore(engine), "other", 1, 1)
+    assert len(made.node_id) == 12  # 6 random bytes, in hex
+    int(made.node_id, 16)
+    await given.aclose()
