@@ -23,7 +23,8 @@ from aioelastic.errors import (
 )
 from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus
-from aioelastic.rendezvous._state import ClosedRecord, RunKeys
+from aioelastic.rendezvous._driver import RoundDriver
+from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore, Store
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
@@ -329,3 +330,27 @@ async def test_the_lease_address_and_node_id_a_handler_is_given_or_makes() -> No
     assert len(made.node_id) == 12  # 6 random bytes, in hex
     int(made.node_id, 16)
     await given.aclose()
+
+
+# -- _driver.py: the round's driver ---------------------------------------------------------------
+
+
+@virtual_test
+async def test_a_driver_whose_fresh_count_completes_the_round_completes_it_at_once() -> None:
+    """The history after the claim's read was compacted: the registrations read afresh are all
+    the round needs (max), so it completes at once, without waiting for one more event."""
+    engine = MemoryEngine(history_limit=4)
+    store = MemoryStore(engine)
+    h = DynamicRendezvousHandler(store, "job", 3, 3, last_call_timeout=0)
+    claim = await store.put(KEYS.driver, DriverRecord(0, h.node_id).encode())
+    await store.put(KEYS.node(0, "a"), NodeRecord("a", "h", 1).encode())
+    snapshot = await store.range(KEYS.nodes)
+    for node in ("b", "c"):
+        await store.put(KEYS.node(0, node), NodeRecord(node, "h", 1).encode())
+    for _ in range(10):
+        await store.put("elsewhere", b"x")
+    assert engine.compact_revision > snapshot.revision
+    driver = RoundDriver(h, 0, None, claim, snapshot)
+    await asyncio.wait_for(driver.run(), 5)
+    assert driver.members == ("a", "b", "c")
+    await h.aclose()
