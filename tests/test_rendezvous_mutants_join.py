@@ -25,7 +25,7 @@ from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus
 from aioelastic.rendezvous._driver import RoundDriver
 from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore, Store
+from aioelastic.store import MemoryEngine, MemoryStore, Put, Store, Txn, TxnResult
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
 TTL = 6.0
@@ -353,4 +353,50 @@ async def test_a_driver_whose_fresh_count_completes_the_round_completes_it_at_on
     driver = RoundDriver(h, 0, None, claim, snapshot)
     await asyncio.wait_for(driver.run(), 5)
     assert driver.members == ("a", "b", "c")
+    await h.aclose()
+
+
+class _RoundWrites(MemoryStore):
+    """Counts the transactions that write the round record; the first ends lease ``doomed``
+    just before it is applied."""
+
+    doomed: int | None = None
+    round_writes = 0
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        if any(isinstance(op, Put) and op.key == KEYS.round for op in txn.success):
+            self.round_writes += 1
+            if self.doomed is not None:
+                self.engine.lease_revoke(self.doomed)
+                self.doomed = None
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_failed_write_from_the_claims_count_waits_for_the_deletion() -> None:
+    """The round is complete from the claim's read, but a member's lease ends as it is written:
+    the driver opens its watch and writes again once the deletion is counted, not at once (a
+    write bound to the ended lease again)."""
+    store = _RoundWrites(MemoryEngine())
+    h = DynamicRendezvousHandler(store, "job", 1, 2, last_call_timeout=0)
+    claim = await store.put(KEYS.driver, DriverRecord(0, h.node_id).encode())
+    grant = await store.lease_grant(TTL)
+    await store.put(KEYS.node(0, "a"), NodeRecord("a", "h", 1).encode())
+    await store.put(KEYS.node(0, "b"), NodeRecord("b", "h", 1).encode(), lease=grant.id)
+    store.doomed = grant.id
+    driver = RoundDriver(h, 0, None, claim, await store.range(KEYS.nodes))
+    await asyncio.wait_for(driver.run(), 5)
+    assert driver.members == ("a",)
+    assert store.round_writes == 2
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_sub_second_last_call_is_waited_exactly() -> None:
+    h = handler(MemoryStore(MemoryEngine()), 1, 2, last_call_timeout=0.25)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    result = await h.next_rendezvous()
+    assert loop.time() - start == pytest.approx(0.25)
+    assert result.world_size == 1
     await h.aclose()
