@@ -22,7 +22,7 @@ from aioelastic.errors import (
     RendezvousTimeoutError,
 )
 from aioelastic.events import Event
-from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, dynamic
 from aioelastic.rendezvous._driver import RoundDriver
 from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
 from aioelastic.store import MemoryEngine, MemoryStore, Put, Store, Txn, TxnResult
@@ -309,8 +309,9 @@ async def test_the_handlers_defaults() -> None:
     ],
 )
 def test_each_number_of_seconds_is_checked(setting: str, value: float) -> None:
+    settings: dict[str, Any] = {setting: value}
     with pytest.raises(ValueError, match=f"^{setting} must be a finite number of seconds > 0"):
-        DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, **{setting: value})
+        DynamicRendezvousHandler(MemoryStore(), "job", 1, 1, **settings)
 
 
 def test_a_last_call_of_zero_is_allowed() -> None:
@@ -400,3 +401,49 @@ async def test_a_sub_second_last_call_is_waited_exactly() -> None:
     assert loop.time() - start == pytest.approx(0.25)
     assert result.world_size == 1
     await h.aclose()
+
+
+@virtual_test
+async def test_closing_the_run_is_an_event_and_a_status_without_an_error() -> None:
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), event_sink=sink)
+    await h.next_rendezvous()
+    await h.set_closed()
+    assert sink.of("rendezvous.closed") == [{"round": 0, "by_this_node": True}]
+    assert sink.of("rendezvous.status") == [
+        {"status": "CLOSED", "previous": "ACTIVE", "round": 0, "error": None}
+    ]
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_store_failure_of_a_join_names_next_rendezvous() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store)
+    store.partition()
+    with pytest.raises(RendezvousConnectionError) as caught:
+        await h.next_rendezvous()
+    assert str(caught.value).startswith("next_rendezvous failed for run 'job': ")
+    store.heal()
+    await h.aclose()
+
+
+@pytest.mark.parametrize(("local_addr", "looked_up"), [(None, 1), ("10.0.0.1", 0)])
+def test_preparing_a_handler_waits_for_its_address_lookup_only_without_one(
+    monkeypatch: pytest.MonkeyPatch, local_addr: str | None, looked_up: int
+) -> None:
+    calls: list[None] = []
+
+    async def lookup() -> str:
+        calls.append(None)
+        return "host"
+
+    monkeypatch.setattr(dynamic, "looked_up_default_addr", lookup)
+
+    async def main() -> None:
+        h = handler(MemoryStore(MemoryEngine()), local_addr=local_addr)
+        await h._prepare()
+        await h.aclose()
+
+    run_virtual(main())
+    assert len(calls) == looked_up
