@@ -12,6 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+import anyio
 import pytest
 
 from aioelastic.errors import (
@@ -25,7 +26,16 @@ from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, dynamic
 from aioelastic.rendezvous._driver import RoundDriver
 from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
-from aioelastic.store import MemoryEngine, MemoryStore, Put, Store, Txn, TxnResult
+from aioelastic.store import (
+    MemoryEngine,
+    MemoryStore,
+    Put,
+    Store,
+    Txn,
+    TxnResult,
+    Watch,
+    WatchEvent,
+)
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
 TTL = 6.0
@@ -447,3 +457,56 @@ def test_preparing_a_handler_waits_for_its_address_lookup_only_without_one(
 
     run_virtual(main())
     assert len(calls) == looked_up
+
+
+class _CancelledWhileOpening(Watch):
+    """A watch whose start is cancelled (by the caller's cancel scope) and whose close takes a
+    turn of the loop, as a network backend's does."""
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        super().__init__(KEYS.nodes, 1)
+        self.scope = scope
+        self.released = False
+
+    @property
+    def start_revision(self) -> int:
+        return 1
+
+    async def _start(self) -> None:
+        self.scope.cancel()
+        await asyncio.sleep(0)  # the cancellation arrives here
+
+    async def _next(self) -> WatchEvent:
+        raise AssertionError("never started")
+
+    async def _aclose(self) -> None:
+        await asyncio.sleep(0)
+        self.released = True
+
+
+class _OpensCancelledWatches(MemoryStore):
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.watches: list[_CancelledWhileOpening] = []
+        self.scope = anyio.CancelScope()
+
+    def watch(self, prefix: str, *, start_revision: int | None = None) -> Watch:
+        if prefix != KEYS.nodes:
+            return super().watch(prefix, start_revision=start_revision)
+        watch = _CancelledWhileOpening(self.scope)
+        self.watches.append(watch)
+        return watch
+
+
+@virtual_test
+async def test_a_driver_cancelled_while_its_watch_opens_still_closes_the_watch() -> None:
+    store = _OpensCancelledWatches(MemoryEngine())
+    h = DynamicRendezvousHandler(store, "job", 2, 2)
+    claim = await store.put(KEYS.driver, DriverRecord(0, h.node_id).encode())
+    driver = RoundDriver(h, 0, None, claim, await store.range(KEYS.nodes))
+    with store.scope:
+        await driver.run()
+    assert store.scope.cancelled_caught
+    (watch,) = store.watches
+    assert watch.released  # closed under a shield: the cancellation does not cut it short
+    await h.aclose()
