@@ -17,8 +17,21 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.errors import StoreClosedError
-from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousResult, RendezvousStoreInfo
+from aioelastic.errors import (
+    CompactedError,
+    LeaseExpiredError,
+    RendezvousTimeoutError,
+    StoreClosedError,
+    StoreConnectionError,
+)
+from aioelastic.rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousEventKind,
+    RendezvousResult,
+    RendezvousStatus,
+    RendezvousStoreInfo,
+    StaticRendezvousHandler,
+)
 from aioelastic.rendezvous._claim import Claimed, claim_driver, claim_ops, claimed, own_claim
 from aioelastic.rendezvous._control import ControlView
 from aioelastic.rendezvous._driver import SNAPSHOT_LIMIT
@@ -36,7 +49,7 @@ from aioelastic.store import (
     Watch,
     WatchEvent,
 )
-from aioelastic.testing import virtual_test
+from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
 
 class _FedWatch(Watch):
@@ -191,6 +204,27 @@ async def test_join_tasks_driver_is_named_and_its_failure_raised_once() -> None:
         tasks.driver_failed()
     assert tasks.driver is None
     tasks.driver_failed()  # raised once
+    assert await tasks.aclose(let_driver_finish=None) is None
+
+
+@virtual_test
+async def test_join_tasks_read_from_the_watch_they_are_retargeted_to() -> None:
+    """A control watch that fell behind a compaction is replaced (the view read afresh): the
+    reads go on from the new watch, the next one started at once."""
+    old, new = _FedWatch(), _FedWatch()
+    tasks = JoinTasks(old)
+    old.fail(CompactedError(1, 5))
+    await _turns()
+    with pytest.raises(CompactedError):
+        tasks.event()
+    tasks.retarget(new)
+    fed = new.feed()
+    await _turns()
+    assert tasks.event_ready()  # read without being asked
+    assert tasks.event() == fed
+    again = new.feed("k/b")
+    await _within(tasks.wait())
+    assert tasks.event() == again
     assert await tasks.aclose(let_driver_finish=None) is None
 
 
@@ -574,3 +608,92 @@ async def test_a_claim_by_itself_is_a_cas_bound_to_the_lease() -> None:
         await v.aclose()
     await rival.aclose()
     await c.aclose()
+
+
+# -- static: the last survivors ----------------------------------------------------------------
+
+
+def _static(engine: MemoryEngine, rank: int, world: int = 2) -> StaticRendezvousHandler:
+    return StaticRendezvousHandler(
+        MemoryStore(engine), "job", rank, world, local_addr=f"host{rank}", lease_ttl=6.0
+    )
+
+
+@virtual_test
+async def test_static_lease_lost_while_nobody_waits_is_an_error_with_its_cause() -> None:
+    """A rank's lease lost between calls (revoked, expired) puts the handler in ERROR at once,
+    and its next ``wait_for_change`` is an ERROR event that says why. (Before: the status stayed
+    ACTIVE and the event's error was None; only a loss seen inside ``wait_for_change`` was
+    recorded.)"""
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    keeper = hs[0]._keeper
+    assert keeper is not None
+    store = MemoryStore(engine)
+    await store.lease_revoke(keeper.id)
+    await asyncio.sleep(10)  # past a keep-alive: the keeper finds its lease gone
+    assert keeper.lost
+    assert hs[0].status is RendezvousStatus.ERROR
+    assert hs[0].error is keeper.error
+    event = await hs[0].wait_for_change()
+    assert event.kind is RendezvousEventKind.ERROR
+    assert isinstance(event.error, LeaseExpiredError)
+    assert event.error is keeper.error
+    await hs[0].aclose()
+    assert hs[0].get_status() is RendezvousStatus.CLOSED
+    await hs[1].aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_static_timeout_names_the_missing_ranks_even_if_the_caller_gives_up_then() -> None:
+    """The read of the missing ranks for the join timeout's message is shielded: a caller's
+    cancel scope that ends during it (here 1 s after the join timeout, the read taking 2 s)
+    does not cut it, and the error still names the ranks that did not come."""
+    slow = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = StaticRendezvousHandler(slow, "job", 0, 2, local_addr="h", join_timeout=10)
+    slow.hang("range")  # the registration and the watch do not range; only that read does
+
+    async def answer_at_12() -> None:
+        await asyncio.sleep(12)
+        slow.release()
+
+    answering = asyncio.ensure_future(answer_at_12())
+    with pytest.raises(RendezvousTimeoutError) as caught, anyio.fail_after(11):
+        await h.next_rendezvous()
+    assert str(caught.value) == (
+        "static rendezvous 'job': ranks ['rank1'] did not arrive within join_timeout=10.0s"
+    )
+    assert _now() == 12
+    await answering
+    await h.aclose()
+
+
+def test_static_close_goes_on_when_closing_its_watch_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A watch whose close fails (an http watch's unwatch on a lost connection) does not stop
+    ``aclose``: the lease is still revoked, so the rank's record goes."""
+
+    async def fails() -> None:
+        raise StoreConnectionError("connection lost")
+
+    async def body() -> None:
+        engine = MemoryEngine()
+        hs = [_static(engine, rank) for rank in range(2)]
+        await asyncio.gather(*(h.next_rendezvous() for h in hs))
+        waiting = asyncio.ensure_future(hs[0].wait_for_change())
+        await _turns()
+        watch = hs[0]._watch
+        assert watch is not None
+        monkeypatch.setattr(watch, "aclose", fails)
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        await hs[0].aclose()  # no error
+        store = MemoryStore(engine)
+        assert await store.get(KEYS.node(0, "rank0")) is None  # its lease was revoked
+        await hs[1].aclose()
+        await store.aclose()
+
+    run_virtual(body)
