@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import inspect
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 from aioelastic.errors import (
     CompactedError,
     LeaseExpiredError,
+    LeaseNotFoundError,
+    RendezvousNotFoundError,
     RendezvousTimeoutError,
     StoreClosedError,
     StoreConnectionError,
@@ -35,7 +38,8 @@ from aioelastic.rendezvous import (
 from aioelastic.rendezvous._claim import Claimed, claim_driver, claim_ops, claimed, own_claim
 from aioelastic.rendezvous._control import ControlView
 from aioelastic.rendezvous._driver import SNAPSHOT_LIMIT
-from aioelastic.rendezvous._state import DriverRecord, DueRecord, RoundRecord, RunKeys
+from aioelastic.rendezvous._state import DriverRecord, DueRecord, NodeRecord, RoundRecord, RunKeys
+from aioelastic.rendezvous._status import read_run_status, watch_run_status
 from aioelastic.rendezvous._tasks import JoinTasks, resolve
 from aioelastic.store import (
     Compare,
@@ -697,3 +701,145 @@ def test_static_close_goes_on_when_closing_its_watch_fails(
         await store.aclose()
 
     run_virtual(body)
+
+
+# -- _status: the last survivors -----------------------------------------------------------------
+
+
+class _ArmsBeforeTimerReads(MemoryStore):
+    """A memory store on which something is written under ``prefix`` just before each of the
+    next ``times`` reads of it: a write landing between a status's read of the run and its read
+    of the timers."""
+
+    def __init__(self, engine: MemoryEngine, prefix: str) -> None:
+        super().__init__(engine)
+        self.prefix = prefix
+        self.times = 0
+
+    async def _range(self, prefix: str, limit: int | None) -> Any:
+        if prefix == self.prefix and self.times:
+            self.times -= 1
+            await self.put(prefix + "junk", b"not a timer")
+        return await super()._range(prefix, limit)
+
+
+async def _no_snapshot_within(snapshots: Any, seconds: float = 10) -> None:
+    pending = asyncio.ensure_future(anext(snapshots))
+    await asyncio.sleep(seconds)
+    assert not pending.done(), pending.result()
+    pending.cancel()
+    await asyncio.wait([pending])
+
+
+@virtual_test
+async def test_status_watch_skips_a_timer_write_its_last_read_saw() -> None:
+    """A timers' write between the read of the run and the read of its timers is in the
+    snapshot already (the timers' read is later): it yields no second snapshot, nor after a
+    compaction (read afresh, the same way)."""
+    engine = MemoryEngine()
+    store = _ArmsBeforeTimerReads(engine, "tp/")
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    store.times = 1
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    first = await anext(snapshots)
+    assert first.revision < engine.revision  # the write landed after the run's read
+    await _no_snapshot_within(snapshots)
+
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.put(keys.node(0, "b"), NodeRecord("b", "h", 1).encode())
+    revision = await store.put(keys.node(0, "c"), NodeRecord("c", "h", 1).encode())
+    await store.compact(revision)
+    store.times = 1  # and again in the fresh read after the compaction
+    fresh = await asyncio.wait_for(anext(snapshots), 5)
+    assert [n.node_id for n in fresh.waiting] == ["a", "b", "c"]
+    await _no_snapshot_within(snapshots)
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_watch_waits_through_timer_writes_and_a_compaction_while_the_run_is_gone() -> (
+    None
+):
+    """While the run has no records its timers' writes yield nothing (each one seen), nor does
+    a compaction then; the run's return does."""
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.delete_prefix(keys.root)
+    for n in range(3):
+        await store.put(f"tp/junk{n}", b"not a timer")
+    await _no_snapshot_within(snapshots)
+
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    with pytest.raises(RendezvousNotFoundError):
+        await anext(snapshots)
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.delete_prefix(keys.root)
+    revision = await store.put("tp/junk", b"not a timer")
+    await store.compact(revision)
+    pending = asyncio.ensure_future(anext(snapshots))
+    await asyncio.sleep(10)
+    assert not pending.done()  # read afresh at the compaction: no run, nothing to yield
+    back = await store.put(keys.node(0, "b"), NodeRecord("b", "h", 1).encode())
+    again = await asyncio.wait_for(pending, 5)
+    assert again.revision == back
+    await snapshots.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_watch_closed_mid_stream_closes_its_watches() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    keys = RunKeys("job")
+    await store.put(keys.node(0, "a"), NodeRecord("a", "ha", 1).encode())
+    snapshots = watch_run_status(store, "job", timers_prefix="tp/")
+    await anext(snapshots)
+    await store.put(keys.node(0, "b"), NodeRecord("b", "h", 1).encode())
+    await anext(snapshots)  # from the watches of the run and of its timers
+    assert engine.watcher_count == 2
+    await snapshots.aclose()
+    gc.collect()
+    await _turns(10)
+    assert engine.watcher_count == 0
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_of_a_round_whose_members_records_are_all_gone() -> None:
+    engine = MemoryEngine()
+    hs = [
+        DynamicRendezvousHandler(MemoryStore(engine), "job", 2, 2, lease_ttl=6.0) for _ in range(2)
+    ]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    store = MemoryStore(engine)
+    await store.delete_prefix(KEYS.nodes_of(0))  # (as when both leases ended)
+    status = await read_run_status(store, "job")
+    assert status.round == 0
+    assert sorted(m.node_id for m in status.members) == sorted(h.node_id for h in hs)
+    assert not any(m.alive for m in status.members)
+    assert all(m.lease_remaining is None and m.addr is None for m in status.members)
+    for h in hs:
+        await h.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_status_of_a_node_whose_lease_ends_between_the_range_and_its_ttl() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    lease = await store.lease_grant(6.0)
+    await store.put(KEYS.node(0, "a"), NodeRecord("a", "ha", 1).encode(), lease=lease.id)
+    faulty = FaultInjectingStore(store)
+    faulty.fail_next("lease_time_to_live", LeaseNotFoundError(lease.id))
+    status = await read_run_status(faulty, "job")
+    (waiting,) = status.waiting
+    assert (waiting.node_id, waiting.lease_remaining, waiting.lease_ttl) == ("a", None, None)
+    await store.aclose()
