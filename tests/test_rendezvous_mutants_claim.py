@@ -23,6 +23,7 @@ from aioelastic.errors import (
     LeaseExpiredError,
     LeaseNotFoundError,
     RendezvousNotFoundError,
+    RendezvousStateError,
     RendezvousTimeoutError,
     StoreClosedError,
     StoreConnectionError,
@@ -38,7 +39,14 @@ from aioelastic.rendezvous import (
 from aioelastic.rendezvous._claim import Claimed, claim_driver, claim_ops, claimed, own_claim
 from aioelastic.rendezvous._control import ControlView
 from aioelastic.rendezvous._driver import SNAPSHOT_LIMIT
-from aioelastic.rendezvous._state import DriverRecord, DueRecord, NodeRecord, RoundRecord, RunKeys
+from aioelastic.rendezvous._state import (
+    ClosedRecord,
+    DriverRecord,
+    DueRecord,
+    NodeRecord,
+    RoundRecord,
+    RunKeys,
+)
 from aioelastic.rendezvous._status import read_run_status, watch_run_status
 from aioelastic.rendezvous._tasks import JoinTasks, resolve
 from aioelastic.store import (
@@ -843,3 +851,88 @@ async def test_status_of_a_node_whose_lease_ends_between_the_range_and_its_ttl()
     (waiting,) = status.waiting
     assert (waiting.node_id, waiting.lease_remaining, waiting.lease_ttl) == ("a", None, None)
     await store.aclose()
+
+
+# -- _control: the view of c/ ---------------------------------------------------------------------
+
+
+@virtual_test
+async def test_control_view_forgets_a_deleted_record() -> None:
+    """A control record's deletion (seen on the view's watch) clears it from the view: its
+    key-value and its decoded record, for the round, the driver and the close alike."""
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    await store.put(KEYS.round, _round(0, 2))
+    await store.put(KEYS.driver, DriverRecord(1, "me").encode())
+    await store.put(KEYS.closed, ClosedRecord(0).encode())
+    view = await ControlView.open(store, KEYS)
+    assert None not in (view.round, view.driver, view.closed)
+    watch = view.watch
+    for key in (KEYS.round, KEYS.driver, KEYS.closed):
+        await store.delete(key)
+        event = await _within(anext(watch))
+        assert (event.type, event.kv.key, event.revision) == (
+            EventType.DELETE,
+            key,
+            engine.revision,
+        )
+        view.apply_event(event)
+    assert (view.round_kv, view.round) == (None, None)
+    assert (view.driver_kv, view.driver) == (None, None)
+    assert (view.closed_kv, view.closed) == (None, None)
+    await view.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_control_view_of_a_run_not_closed_has_no_close() -> None:
+    store = MemoryStore()
+    view = await ControlView.open(store, KEYS)
+    assert (view.closed_kv, view.closed, view.round_kv, view.driver_kv) == (None, None, None, None)
+    await view.aclose()
+    await store.aclose()
+
+
+@pytest.mark.parametrize("which", ["driver", "closed"])
+def test_control_view_names_the_key_of_a_corrupt_record(which: str) -> None:
+    async def body() -> None:
+        engine = MemoryEngine()
+        store = MemoryStore(engine)
+        key = getattr(KEYS, which)
+        await store.put(key, b"\x00 not a record")
+        with pytest.raises(RendezvousStateError, match=key):
+            await ControlView.open(store, KEYS)
+        assert engine.watcher_count == 0  # its watch closed
+        await store.aclose()
+
+    run_virtual(body)
+
+
+class _SlowClosingWatch(_FedWatch):
+    """A watch whose close takes a second (a round trip), or fails (``error``)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.error = error
+        self.closed_at: float | None = None
+
+    async def _aclose(self) -> None:
+        await asyncio.sleep(1)
+        if self.error is not None:
+            raise self.error
+        self.closed_at = _now()
+
+
+@virtual_test
+async def test_control_view_close_is_shielded_and_quiet() -> None:
+    """Closing the view's watch is not cut by the caller's cancel scope (the join ending as
+    it is cancelled: the watch is still released), and a store error closing it is not the
+    caller's."""
+    watch = _SlowClosingWatch()
+    view = ControlView(KEYS, watch)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await view.aclose()
+    assert watch.closed_at == 1.0
+    failing = ControlView(KEYS, _SlowClosingWatch(StoreConnectionError("connection lost")))
+    await failing.aclose()  # no error
