@@ -564,8 +564,17 @@ async def test_a_landed_claim_returns_its_revision_the_nodes_as_of_it_and_the_ro
     assert got.snapshot.revision == result.revision
     assert got.snapshot.count == 3
     assert not got.snapshot.more
-    await view.aclose()
-    await view2.aclose()
+    # a round too large to read with the claim: nothing read, nothing in the result
+    await store.put(KEYS.round, _round(5, SNAPSHOT_LIMIT, chunks=2))
+    view3 = await c.view()
+    claim = claim_ops(c.h, view3, 6, c.keeper)
+    assert claim is not None
+    assert claim.reads == ()
+    result = await store.txn(compare=[claim.compare], success=[registration, *claim.puts])
+    got = claimed(claim, result, 1)
+    assert (got.snapshot, got.roster) == (None, None)
+    for v in (view, view2, view3):
+        await v.aclose()
     await c.aclose()
 
 
