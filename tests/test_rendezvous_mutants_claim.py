@@ -37,7 +37,7 @@ from aioelastic.rendezvous import (
     StaticRendezvousHandler,
 )
 from aioelastic.rendezvous._claim import Claimed, claim_driver, claim_ops, claimed, own_claim
-from aioelastic.rendezvous._control import ControlView
+from aioelastic.rendezvous._control import ControlView, write_closed
 from aioelastic.rendezvous._driver import SNAPSHOT_LIMIT
 from aioelastic.rendezvous._state import (
     ClosedRecord,
@@ -945,3 +945,13 @@ async def test_control_view_close_is_shielded_and_quiet() -> None:
     assert watch.closed_at == 1.0
     failing = ControlView(KEYS, _SlowClosingWatch(StoreConnectionError("connection lost")))
     await failing.aclose()  # no error
+
+
+@virtual_test
+async def test_closing_a_run_whose_round_record_is_corrupt_names_its_key() -> None:
+    store = MemoryStore()
+    await store.put(KEYS.round, b"\x00 not a record")
+    with pytest.raises(RendezvousStateError, match=KEYS.round):
+        await write_closed(store, KEYS)
+    assert await store.get(KEYS.closed) is None  # nothing written
+    await store.aclose()
