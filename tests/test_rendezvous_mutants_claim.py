@@ -955,3 +955,32 @@ async def test_closing_a_run_whose_round_record_is_corrupt_names_its_key() -> No
         await write_closed(store, KEYS)
     assert await store.get(KEYS.closed) is None  # nothing written
     await store.aclose()
+
+
+class _RoundBeforeTxn(MemoryStore):
+    """A memory store on which a next round's record lands just before the first transaction
+    (a driver completing round 1 between the close's read of ``c/round`` and its write)."""
+
+    armed = True
+
+    async def _txn(self, txn: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            await self.put(KEYS.round, _round(1, 2))
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_closing_a_run_as_its_round_changes_closes_after_the_new_round() -> None:
+    """The close is written as of the round record it read: if a new round completed
+    meanwhile, it reads again, so its record and marker are the new round's (whose members
+    watch ``m/1/``), not the old one's."""
+    store = _RoundBeforeTxn()
+    await store.put(KEYS.round, _round(0, 2))
+    assert await write_closed(store, KEYS) == ClosedRecord(1)
+    kv = await store.get(KEYS.closed)
+    assert kv is not None
+    assert ClosedRecord.decode(kv.key, kv.value) == ClosedRecord(1)
+    assert await store.get(KEYS.closed_marker(1)) is not None
+    assert await store.get(KEYS.closed_marker(0)) is None
+    await store.aclose()
