@@ -130,6 +130,7 @@ class StaticRendezvousHandler(_BuiltinHandler):
                 self._lease_ttl, keep_alive_interval=self._keep_alive_interval
             )
             await keeper.start()
+            keeper.on_lost(self._on_lease_lost)
             self._keeper = keeper
         name = self.node_name(self._rank)
         addr = self._master_addr or self._local_addr or default_addr()
@@ -165,6 +166,12 @@ class StaticRendezvousHandler(_BuiltinHandler):
             bootstrap_store_info=RendezvousStoreInfo(record.master_addr, record.master_port),
         )
         return self._result
+
+    def _on_lease_lost(self, error: LeaseExpiredError) -> None:
+        """The lease was lost (also while nobody waited on the handler): it is in ERROR, and
+        its next ``wait_for_change`` says why."""
+        if not self._handler_closed:
+            self._error = error
 
     async def _gather_ranks(self, keeper: LeaseKeeper) -> tuple[RoundRecord, int]:
         """Rank 0: watch the registrations until every rank is there, then write the round."""
