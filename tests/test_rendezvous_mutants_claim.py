@@ -133,7 +133,7 @@ async def test_join_tasks_hand_over_each_event_once() -> None:
     """``event()`` is None while nothing is read (or the read is pending), the event once it
     is, and None again after: the next read starts only when asked, one at a time."""
     watch = _FedWatch()
-    tasks = JoinTasks(watch)  # it starts reading at once
+    tasks = JoinTasks(watch, asyncio.get_running_loop())  # it starts reading at once
     await _turns()
     assert not tasks.event_ready()
     assert tasks.event() is None  # a read pending, nothing read
@@ -162,7 +162,7 @@ async def test_join_tasks_wait_returns_at_once_for_what_is_done() -> None:
     ended, or when one of the futures it is given is done; parked, ``wake()`` ends it."""
     loop = asyncio.get_running_loop()
     watch = _FedWatch()
-    tasks = JoinTasks(watch)
+    tasks = JoinTasks(watch, asyncio.get_running_loop())
     watch.feed()
     await _turns()
     await _within(tasks.wait(), 0.01)  # an event read: no wait
@@ -198,7 +198,7 @@ async def test_join_tasks_wait_returns_at_once_for_what_is_done() -> None:
 
 @virtual_test
 async def test_join_tasks_driver_is_named_and_its_failure_raised_once() -> None:
-    tasks = JoinTasks(_FedWatch())
+    tasks = JoinTasks(_FedWatch(), asyncio.get_running_loop())
 
     async def fails() -> None:
         await asyncio.sleep(1)
@@ -224,7 +224,7 @@ async def test_join_tasks_read_from_the_watch_they_are_retargeted_to() -> None:
     """A control watch that fell behind a compaction is replaced (the view read afresh): the
     reads go on from the new watch, the next one started at once."""
     old, new = _FedWatch(), _FedWatch()
-    tasks = JoinTasks(old)
+    tasks = JoinTasks(old, asyncio.get_running_loop())
     old.fail(CompactedError(1, 5))
     await _turns()
     with pytest.raises(CompactedError):
@@ -243,7 +243,7 @@ async def test_join_tasks_read_from_the_watch_they_are_retargeted_to() -> None:
 @virtual_test
 async def test_join_tasks_close_returns_the_event_read_but_not_applied() -> None:
     watch = _FedWatch()
-    tasks = JoinTasks(watch)
+    tasks = JoinTasks(watch, asyncio.get_running_loop())
     fed = watch.feed()
     await _turns()
     assert tasks.event_ready()
@@ -255,7 +255,7 @@ async def test_join_tasks_close_returns_the_event_read_but_not_applied() -> None
 @virtual_test
 async def test_join_tasks_close_returns_a_failed_reads_error_not_raises_it() -> None:
     watch = _FedWatch()
-    tasks = JoinTasks(watch)
+    tasks = JoinTasks(watch, asyncio.get_running_loop())
     error = StoreClosedError("store went away")
     watch.fail(error)
     await _turns()
@@ -266,7 +266,7 @@ async def test_join_tasks_close_returns_a_failed_reads_error_not_raises_it() -> 
 async def test_join_tasks_close_cancels_a_pending_read_and_a_driver_at_once() -> None:
     """Without ``let_driver_finish``, a running driver is cancelled (not waited for), as is
     the pending read; both are ended by the time ``aclose`` returns."""
-    tasks = JoinTasks(_FedWatch())
+    tasks = JoinTasks(_FedWatch(), asyncio.get_running_loop())
     await _turns()
     reading = tasks._next
     assert reading is not None
@@ -289,7 +289,7 @@ async def test_join_tasks_close_cancels_a_pending_read_and_a_driver_at_once() ->
 async def test_join_tasks_close_lets_a_finishing_driver_finish_within_its_bound() -> None:
     """``let_driver_finish``: a driver writing its round gets that long to end (it is not
     cancelled if it does); one that takes longer is cancelled at the bound."""
-    tasks = JoinTasks(_FedWatch())
+    tasks = JoinTasks(_FedWatch(), asyncio.get_running_loop())
     wrote: list[float] = []
 
     async def writes() -> None:
@@ -304,7 +304,7 @@ async def test_join_tasks_close_lets_a_finishing_driver_finish_within_its_bound(
     assert driver is not None
     assert not driver.cancelled()
 
-    slow = JoinTasks(_FedWatch())
+    slow = JoinTasks(_FedWatch(), asyncio.get_running_loop())
 
     async def hangs() -> None:
         await asyncio.sleep(100)
@@ -324,7 +324,7 @@ async def test_join_tasks_close_is_shielded_from_its_callers_cancel_scope() -> N
     lets the driver finish (within its bound) and waits for their ends: no task is left running
     behind the join. (anyio re-delivers a scope's cancellation at each await; its shield does
     not hold against a bare ``Task.cancel()``, which asyncio delivers once.)"""
-    tasks = JoinTasks(_FedWatch())
+    tasks = JoinTasks(_FedWatch(), asyncio.get_running_loop())
     steps: list[str] = []
 
     async def writes() -> None:
@@ -337,7 +337,7 @@ async def test_join_tasks_close_is_shielded_from_its_callers_cancel_scope() -> N
     assert steps == ["wrote"]  # the driver finished its write
     assert _now() == 1.0
 
-    second = JoinTasks(_FedWatch())
+    second = JoinTasks(_FedWatch(), asyncio.get_running_loop())
 
     async def cleans_up() -> None:
         try:
@@ -359,7 +359,7 @@ async def test_join_tasks_close_is_shielded_from_its_callers_cancel_scope() -> N
 async def test_join_tasks_close_closes_a_driver_that_never_started() -> None:
     """A driver cancelled before its first step never ran its coroutine: ``aclose`` closes it
     (no "never awaited" warning, nothing left half made)."""
-    tasks = JoinTasks(_FedWatch())
+    tasks = JoinTasks(_FedWatch(), asyncio.get_running_loop())
 
     async def never() -> None:
         await asyncio.sleep(1)
