@@ -6,7 +6,10 @@ etcd. The others run against a real etcd (the ``etcd`` fixture)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,6 +34,8 @@ pytestmark = pytest.mark.etcd
 pytest.importorskip("grpc")
 
 from aioelastic._etcd._rpc import kv_pb2, rpc_pb2  # noqa: E402
+from aioelastic._etcd.client import TLSConfig  # noqa: E402
+from aioelastic._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV  # noqa: E402
 from aioelastic.store._etcd_codec import (  # noqa: E402
     ALL_KEYS,
     compare_pb,
@@ -42,6 +47,7 @@ from aioelastic.store._etcd_codec import (  # noqa: E402
     to_event,
     to_kv,
 )
+from aioelastic.store.etcd import EtcdStore, _resolve_password, open_etcd_store  # noqa: E402
 
 # -- the wire mapping (no etcd) --------------------------------------------------------------------
 
@@ -170,3 +176,181 @@ def test_each_operations_result_is_read_from_its_response() -> None:
     assert op_result(
         DeletePrefix("x/"), response(response_delete_range=deleted), 20
     ) == DeleteResult(3)
+
+
+# -- the store's options and URL (no etcd: channels open on first use) ---------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("bad", [True, "5", -1, -0.5, float("nan"), None])
+async def test_watch_reconnect_timeout_must_be_seconds_at_least_zero(bad: Any) -> None:
+    expected = f"watch_reconnect_timeout must be a number of seconds >= 0, got {bad!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        EtcdStore(["127.0.0.1:1"], watch_reconnect_timeout=bad)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("given", "kept"), [(0, 0.0), (7, 7.0), (2.5, 2.5)])
+async def test_watch_reconnect_timeout_is_kept_as_float_seconds(given: float, kept: float) -> None:
+    async with EtcdStore(["127.0.0.1:1"], watch_reconnect_timeout=given) as store:
+        assert store.watch_reconnect_timeout == kept
+        assert type(store.watch_reconnect_timeout) is float
+
+
+@pytest.mark.asyncio
+async def test_repr_names_scheme_members_and_whether_closed() -> None:
+    store = EtcdStore("127.0.0.1:1,127.0.0.1:2")
+    assert repr(store) == "<EtcdStore etcd://127.0.0.1:1,127.0.0.1:2>"
+    await store.aclose()
+    assert repr(store) == "<EtcdStore etcd://127.0.0.1:1,127.0.0.1:2 closed>"
+    async with EtcdStore(["127.0.0.1:1"], tls=TLSConfig()) as secure:
+        assert repr(secure) == "<EtcdStore etcds://127.0.0.1:1>"
+
+
+async def _opened(url: str, **options: Any) -> EtcdStore:
+    store = await open_etcd_store(urlsplit(url), options)
+    await store.aclose()
+    return store
+
+
+@pytest.mark.asyncio
+async def test_url_refusals_name_the_url_with_its_password_hidden() -> None:
+    shown = "'etcd://u:***@127.0.0.1:1/x'"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"etcd URL must be etcd://host:port[,host:port...], got {shown}"),
+    ):
+        await _opened("etcd://u:secret@127.0.0.1:1/x")
+    with pytest.raises(ValueError, match=r"^etcd URL must be etcd://host:port"):
+        await _opened("etcd://127.0.0.1:1#frag")
+    with pytest.raises(
+        ValueError, match=re.escape("etcd URL must name at least one host:port, got 'etcd://,'")
+    ):
+        await _opened("etcd://,")
+    with pytest.raises(
+        TypeError, match=re.escape("unknown option(s) for the etcd store: ['colour', 'size']")
+    ):
+        await _opened("etcd://127.0.0.1:1?size=1", colour="blue")
+    with pytest.raises(
+        ValueError, match=re.escape("option ping_after must be a number of seconds, got 'soon'")
+    ):
+        await _opened("etcd://127.0.0.1:1?ping_after=soon")
+    for path in ("", "/"):
+        assert (await _opened(f"etcd://127.0.0.1:1{path}")).client.tls is None
+
+
+@pytest.mark.asyncio
+async def test_url_members_blank_ones_skipped() -> None:
+    store = await _opened("etcd://127.0.0.1:1,,127.0.0.1:2,")
+    assert [str(e) for e in store.client.endpoints] == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+@pytest.mark.asyncio
+async def test_url_seconds_are_numbers_and_an_argument_wins_over_the_query() -> None:
+    query = (
+        "timeout=2.5&connect_timeout=1.5&ping_after=0.5&ping_timeout=0.25&watch_reconnect_timeout=7"
+    )
+    store = await _opened(f"etcd://127.0.0.1:1?{query}", timeout=4)
+    client = store.client
+    assert (client.timeout, client.connect_timeout, client.ping_after, client.ping_timeout) == (
+        4.0,
+        1.5,
+        0.5,
+        0.25,
+    )
+    assert store.watch_reconnect_timeout == 7.0
+    # a blank value is kept (and refused), not dropped for the default
+    with pytest.raises(
+        ValueError, match="option connect_timeout must be a number of seconds, got ''"
+    ):
+        await _opened("etcd://127.0.0.1:1?connect_timeout=")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("url", "options", "tls"),
+    [
+        ("etcd://127.0.0.1:1", {}, None),
+        ("etcds://127.0.0.1:1", {}, TLSConfig()),
+        *[(f"etcd://127.0.0.1:1?tls={on}", {}, TLSConfig()) for on in ("1", "true", "Yes", "ON")],
+        *[(f"etcds://127.0.0.1:1?tls={off}", {}, None) for off in ("0", "false", "no", "")],
+        ("etcd://127.0.0.1:1", {"tls": True}, TLSConfig()),
+        ("etcds://127.0.0.1:1", {"tls": False}, None),
+        # a TLS file or name alone asks for TLS
+        ("etcd://127.0.0.1:1?ca_file=/ca.pem", {}, TLSConfig(ca_file="/ca.pem")),
+        (
+            "etcd://127.0.0.1:1?cert_file=/c.pem&key_file=/k.pem",
+            {"server_name": "etcd-0"},
+            TLSConfig(cert_file="/c.pem", key_file="/k.pem", server_name="etcd-0"),
+        ),
+    ],
+)
+async def test_url_tls_settings(url: str, options: dict[str, Any], tls: TLSConfig | None) -> None:
+    assert (await _opened(url, **options)).client.tls == tls
+
+
+# -- the password: from the URL, a file or the environment ----------------------------------------
+
+
+@pytest.fixture
+def no_password_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv(ETCD_PASSWORD_ENV, raising=False)
+    monkeypatch.delenv(ETCD_PASSWORD_FILE_ENV, raising=False)
+    return monkeypatch
+
+
+def _resolved(**opts: Any) -> dict[str, Any]:
+    _resolve_password(opts)
+    return opts
+
+
+def test_a_password_file_is_read_and_never_given_with_a_password(
+    tmp_path: Path, no_password_env: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text(" s3cret\n")
+    assert _resolved(username="u", password_file=str(secret)) == {
+        "username": "u",
+        "password": "s3cret",
+    }
+    with pytest.raises(ValueError, match=r"^give the etcd password or password_file, not both$"):
+        _resolved(username="u", password="p", password_file=str(secret))
+    with pytest.raises(ValueError, match=r"^etcd password file '.*nothing' cannot be read"):
+        _resolved(username="u", password_file=str(tmp_path / "nothing"))
+    # a password file with no user: read (a user may come from elsewhere), kept
+    assert _resolved(password_file=str(secret)) == {"password": "s3cret"}
+
+
+def test_a_user_without_a_password_takes_the_environments(
+    tmp_path: Path, no_password_env: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    no_password_env.setenv(ETCD_PASSWORD_FILE_ENV, str(secret))
+    assert _resolved(username="u") == {"username": "u", "password": "from-file"}
+    no_password_env.setenv(ETCD_PASSWORD_ENV, "from-env")  # the variable wins over the file
+    assert _resolved(username="u") == {"username": "u", "password": "from-env"}
+    assert _resolved(username="u", password="given") == {"username": "u", "password": "given"}
+    assert _resolved() == {}  # no user: no password from the environment
+    assert _resolved(username=None) == {"username": None}
+    no_password_env.setenv(ETCD_PASSWORD_ENV, "")  # empty: as if unset
+    assert _resolved(username="u") == {"username": "u", "password": "from-file"}
+    no_password_env.setenv(ETCD_PASSWORD_FILE_ENV, str(tmp_path / "nothing"))
+    with pytest.raises(
+        ValueError, match=re.escape(f"etcd password (${ETCD_PASSWORD_FILE_ENV}) file")
+    ):
+        _resolved(username="u")
+
+
+def test_a_user_with_no_password_anywhere_is_told_where_to_put_one(
+    no_password_env: pytest.MonkeyPatch,
+) -> None:
+    expected = (
+        "etcd user 'bob' needs a password: give password_file= (the command-line tools: "
+        f"--password-file), or set ${ETCD_PASSWORD_ENV} or ${ETCD_PASSWORD_FILE_ENV}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        _resolved(username="bob")
+    no_password_env.setenv(ETCD_PASSWORD_FILE_ENV, "")
+    with pytest.raises(ValueError, match="needs a password"):
+        _resolved(username="bob")
