@@ -6,13 +6,19 @@ etcd. The others run against a real etcd (the ``etcd`` fixture)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import re
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import pytest
 
+from aioelastic.errors import StoreClosedError, StoreConnectionError, StoreTimeoutError
 from aioelastic.store import (
     Compare,
     Delete,
@@ -31,7 +37,7 @@ from aioelastic.store import (
 
 pytestmark = pytest.mark.etcd
 
-pytest.importorskip("grpc")
+grpc = pytest.importorskip("grpc")
 
 from aioelastic._etcd._rpc import kv_pb2, rpc_pb2  # noqa: E402
 from aioelastic._etcd.client import TLSConfig  # noqa: E402
@@ -354,3 +360,213 @@ def test_a_user_with_no_password_anywhere_is_told_where_to_put_one(
     no_password_env.setenv(ETCD_PASSWORD_FILE_ENV, "")
     with pytest.raises(ValueError, match="needs a password"):
         _resolved(username="bob")
+
+
+# -- a scripted etcd for the streams (keep-alive, watch): each outcome exact ----------------------
+
+Stream = Callable[[Any, Any], AsyncIterator[Any]]
+
+
+class Script:
+    """A scripted etcd's endpoint and the streams opened on it (each one's first request, as it
+    comes; ``arrived`` is set at each)."""
+
+    def __init__(self) -> None:
+        self.endpoint = ""
+        self.opened: list[Any] = []
+        self.arrived = asyncio.Event()
+
+
+@contextlib.asynccontextmanager
+async def scripted_etcd(
+    *, keep_alive: Stream | None = None, watch: Stream | None = None, revision: int = 10
+) -> AsyncIterator[Script]:
+    """A gRPC server whose ``LeaseKeepAlive`` and ``Watch`` streams run the given async
+    generators (``(requests, context)``), and whose ``Range`` answers at ``revision``."""
+    script = Script()
+
+    def stream(fn: Stream) -> Any:
+        async def handler(requests: Any, context: Any) -> AsyncIterator[Any]:
+            async for response in fn(_Recording(requests, script), context):
+                yield response
+
+        return handler
+
+    async def range_(request: Any, context: Any) -> Any:
+        return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=revision))
+
+    def methods(service: str, table: dict[str, Any]) -> Any:
+        handlers = {}
+        for method, (kind, fn) in table.items():
+            request_type = getattr(rpc_pb2, f"{method}Request")
+            response_type = getattr(rpc_pb2, f"{method}Response")
+            make = getattr(grpc, f"{kind}_rpc_method_handler")
+            handlers[method] = make(
+                fn,
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(f"etcdserverpb.{service}", handlers)
+
+    server = grpc.aio.server()
+    generic = [methods("KV", {"Range": ("unary_unary", range_)})]
+    if keep_alive is not None:
+        generic.append(methods("Lease", {"LeaseKeepAlive": ("stream_stream", stream(keep_alive))}))
+    if watch is not None:
+        generic.append(methods("Watch", {"Watch": ("stream_stream", stream(watch))}))
+    server.add_generic_rpc_handlers(generic)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    script.endpoint = f"127.0.0.1:{port}"
+    try:
+        yield script
+    finally:
+        await server.stop(None)
+
+
+@contextlib.asynccontextmanager
+async def scripted_store(
+    timeout: float = 10.0, **streams: Any
+) -> AsyncIterator[tuple[EtcdStore, Script]]:
+    async with (
+        scripted_etcd(**streams) as script,
+        EtcdStore([script.endpoint], timeout=timeout) as store,
+    ):
+        yield store, script
+
+
+class _Recording:
+    """A stream's requests, its first one recorded in ``script`` when it arrives."""
+
+    def __init__(self, requests: Any, script: Script) -> None:
+        self._requests = requests.__aiter__()
+        self._script = script
+        self._first = True
+
+    def __aiter__(self) -> _Recording:
+        return self
+
+    async def __anext__(self) -> Any:
+        request = await self._requests.__anext__()
+        if self._first:
+            self._script.opened.append(request)
+            self._script.arrived.set()
+            self._first = False
+        return request
+
+
+def _pings(answers: Callable[[int], Any]) -> Stream:
+    """A keep-alive stream answering its ``n``-th ping (from 0, over all streams) with
+    ``answers(n)``: a TTL, or a status code to end the stream with (None: end it, no status)."""
+    count = itertools.count()
+
+    async def run(requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for request in requests:
+            answer = answers(next(count))
+            if isinstance(answer, grpc.StatusCode):
+                await context.abort(answer, "scripted")
+            if answer is None:
+                return
+            if answer == "hang":
+                await asyncio.Event().wait()
+            yield rpc_pb2.LeaseKeepAliveResponse(ID=request.ID, TTL=answer)
+
+    return run
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_stream_that_ends_is_retried_once_on_a_fresh_one() -> None:
+    async with scripted_store(keep_alive=_pings(lambda n: None if n == 0 else 7)) as (
+        store,
+        script,
+    ):
+        assert await store.lease_keep_alive(5) == 7.0
+        assert len(script.opened) == 2
+        first = store._keepalives[5].call
+        assert await store.lease_keep_alive(5) == 7.0  # the fresh stream is kept
+        assert store._keepalives[5].call is first
+        assert len(script.opened) == 2
+    async with scripted_store(keep_alive=_pings(lambda n: None)) as (store, script):
+        with pytest.raises(StoreConnectionError, match=r"^etcd LeaseKeepAlive: the stream ended$"):
+            await store.lease_keep_alive(5)
+        assert len(script.opened) == 2  # one retry, not more
+        assert store._keepalives[5].call is None
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_stream_ended_while_idle_is_replaced_before_the_next_ping() -> None:
+    """etcd ends the stream after answering: the next ping opens a fresh one at once (its
+    first try), not after failing on the ended one."""
+    answers = itertools.count(1)
+
+    async def one_answer_a_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for request in requests:
+            yield rpc_pb2.LeaseKeepAliveResponse(ID=request.ID, TTL=next(answers))
+            return
+
+    async with scripted_store(keep_alive=one_answer_a_stream) as (store, script):
+        assert await store.lease_keep_alive(5) == 1.0
+        with anyio.fail_after(10):
+            await store._keepalives[5].call.code()  # the call has ended
+        assert await store.lease_keep_alive(5) == 2.0  # answered on the second stream
+        assert len(script.opened) == 2
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL])
+async def test_a_keep_alive_refused_twice_names_the_status(code: Any) -> None:
+    async with scripted_store(keep_alive=_pings(lambda n: code)) as (store, script):
+        expected = f"etcd LeaseKeepAlive: {code.name}: scripted"
+        with pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"):
+            await store.lease_keep_alive(5)
+        assert len(script.opened) == 2
+        assert store._keepalives[5].call is None
+    async with scripted_store(keep_alive=_pings(lambda n: code if n == 0 else 3)) as (
+        store,
+        script,
+    ):
+        assert await store.lease_keep_alive(5) == 3.0
+        assert len(script.opened) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_past_its_deadline_is_not_retried() -> None:
+    late = _pings(lambda n: grpc.StatusCode.DEADLINE_EXCEEDED if n == 0 else 3)
+    async with scripted_store(keep_alive=late) as (store, script):
+        expected = "etcd LeaseKeepAlive: DEADLINE_EXCEEDED: scripted"
+        with pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"):
+            await store.lease_keep_alive(5)
+        assert len(script.opened) == 1
+
+
+@pytest.mark.asyncio
+async def test_an_unanswered_keep_alive_times_out_and_drops_its_stream() -> None:
+    async with scripted_store(timeout=0.3, keep_alive=_pings(lambda n: "hang")) as (store, script):
+        expected = r"^etcd LeaseKeepAlive: no answer within 0.3s$"
+        with anyio.fail_after(10), pytest.raises(StoreTimeoutError, match=expected):
+            await store.lease_keep_alive(5)
+        assert len(script.opened) == 1
+        assert store._keepalives[5].call is None
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_cancelled_by_its_caller_drops_its_stream() -> None:
+    async with scripted_store(keep_alive=_pings(lambda n: "hang")) as (store, script):
+        with anyio.move_on_after(0.3) as scope:
+            await store.lease_keep_alive(5)
+        assert scope.cancelled_caught
+        assert store._keepalives[5].call is None  # an answer may still come: never reused
+        assert len(script.opened) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_pending_when_the_store_closes_raises_closed() -> None:
+    async with scripted_etcd(keep_alive=_pings(lambda n: "hang")) as script:
+        store = EtcdStore([script.endpoint])
+        ping = asyncio.ensure_future(store.lease_keep_alive(5))
+        with anyio.fail_after(10):
+            await script.arrived.wait()
+            await store.aclose()
+            with pytest.raises(StoreClosedError, match=r"^the etcd store is closed$"):
+                await ping
+        assert store._keepalives == {}
