@@ -18,7 +18,13 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
-from aioelastic.errors import StoreClosedError, StoreConnectionError, StoreTimeoutError
+from aioelastic.errors import (
+    CompactedError,
+    StoreAuthError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreTimeoutError,
+)
 from aioelastic.store import (
     Compare,
     Delete,
@@ -570,3 +576,183 @@ async def test_a_keep_alive_pending_when_the_store_closes_raises_closed() -> Non
             with pytest.raises(StoreClosedError, match=r"^the etcd store is closed$"):
                 await ping
         assert store._keepalives == {}
+
+
+# -- the watch stream, scripted --------------------------------------------------------------------
+
+CREATED = rpc_pb2.WatchResponse(created=True)
+
+
+def _events(*revisions: int, key: bytes = b"w/k") -> Any:
+    return rpc_pb2.WatchResponse(
+        events=[
+            kv_pb2.Event(type=kv_pb2.Event.PUT, kv=_kv(key, mod_revision=r, value=b"%d" % r))
+            for r in revisions
+        ]
+    )
+
+
+def _watches(*streams: list[Any]) -> Stream:
+    """Watch streams that play ``streams[i]`` on the ``i``-th one opened: responses to send,
+    ``"end"`` to end it, a status code to abort it with; after the last step it stays open
+    (as do the streams past the last list)."""
+    opened = itertools.count()
+
+    async def run(requests: Any, context: Any) -> AsyncIterator[Any]:
+        await requests.__anext__()  # the create request
+        index = next(opened)
+        for step in streams[index] if index < len(streams) else []:
+            if step == "end":
+                return
+            if isinstance(step, grpc.StatusCode):
+                await context.abort(step, "scripted")
+            yield step
+        await asyncio.Event().wait()
+
+    return run
+
+
+def _revisions(events: list[WatchEvent]) -> list[int]:
+    return [e.revision for e in events]
+
+
+async def _take(watch: Any, count: int) -> list[WatchEvent]:
+    with anyio.fail_after(10):
+        return [await watch.__anext__() for _ in range(count)]
+
+
+@pytest.mark.asyncio
+async def test_a_watch_resumes_after_its_last_event_skipping_what_it_had() -> None:
+    streams = _watches(
+        [CREATED, _events(11), _events(12, 13), "end"],
+        # etcd may send again what the last stream delivered: dropped, not repeated
+        [CREATED, _events(13), rpc_pb2.WatchResponse(), _events(14)],
+    )
+    async with scripted_store(watch=streams) as (store, script):
+        async with store.watch("w/") as watch:
+            assert watch.start_revision == 11  # the current revision (10) + 1
+            got = await _take(watch, 4)
+        assert _revisions(got) == [11, 12, 13, 14]
+        assert got[0] == WatchEvent(EventType.PUT, KeyValue("w/k", b"11", 3, 11, 2, 11))
+        first, second = (request.create_request for request in script.opened)
+        assert (first.key, first.range_end, first.start_revision) == (b"w/", b"w0", 11)
+        assert (second.key, second.range_end, second.start_revision) == (b"w/", b"w0", 14)
+
+
+@pytest.mark.asyncio
+async def test_a_watch_from_a_revision_asks_for_it_and_resumes_past_progress_reports() -> None:
+    streams = _watches(
+        [CREATED, rpc_pb2.WatchResponse(header=rpc_pb2.ResponseHeader(revision=30)), "end"],
+        [CREATED, _events(5)],
+    )
+    async with scripted_store(watch=streams) as (store, script):
+        async with store.watch("w/", start_revision=4) as watch:
+            assert watch.start_revision == 4
+            assert _revisions(await _take(watch, 1)) == [5]
+        starts = [request.create_request.start_revision for request in script.opened]
+        assert starts == [4, 4]  # a progress report delivers nothing: resume where it was
+
+
+@pytest.mark.asyncio
+async def test_a_watch_cancelled_for_compaction_names_both_revisions() -> None:
+    compacted = rpc_pb2.WatchResponse(created=True, canceled=True, compact_revision=8)
+    async with scripted_store(watch=_watches([compacted])) as (store, _):
+        with pytest.raises(CompactedError) as info:
+            await store.watch("w/", start_revision=3).start()
+        assert (info.value.requested_revision, info.value.compact_revision) == (3, 8)
+    later = rpc_pb2.WatchResponse(canceled=True, compact_revision=12)
+    async with scripted_store(watch=_watches([CREATED, _events(11), later])) as (store, _):
+        async with store.watch("w/") as watch:
+            assert _revisions(await _take(watch, 1)) == [11]
+            with pytest.raises(CompactedError) as info:
+                await _take(watch, 1)
+        assert (info.value.requested_revision, info.value.compact_revision) == (12, 12)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "etcdserver: permission denied",
+        "auth: invalid auth token",
+        "etcdserver: user name is empty",
+        "etcdserver: Invalid Auth Token",
+        "auth: revision in header is old",
+    ],
+)
+async def test_a_watch_refused_by_auth_raises_auth_error(reason: str) -> None:
+    refused = rpc_pb2.WatchResponse(created=True, canceled=True, cancel_reason=reason)
+    async with scripted_store(watch=_watches([refused])) as (store, script):
+        with pytest.raises(StoreAuthError, match=f"^{re.escape('etcd Watch: ' + reason)}$"):
+            await store.watch("w/").start()
+        assert len(script.opened) == 1  # no user to authenticate as: no second try
+
+
+@pytest.mark.asyncio
+async def test_a_watch_cancelled_for_another_reason_is_created_again() -> None:
+    gone = rpc_pb2.WatchResponse(canceled=True, cancel_reason="etcdserver: no leader")
+    streams = _watches([CREATED, _events(11), gone], [CREATED, _events(12)])
+    async with scripted_store(watch=streams) as (store, script):
+        async with store.watch("w/") as watch:
+            assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert [r.create_request.start_revision for r in script.opened] == [11, 12]
+
+
+@pytest.mark.asyncio
+async def test_a_watch_refused_with_unavailable_is_created_again() -> None:
+    streams = _watches([CREATED, _events(11), grpc.StatusCode.UNAVAILABLE], [CREATED, _events(12)])
+    async with scripted_store(watch=streams) as (store, script):
+        async with store.watch("w/") as watch:
+            assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert len(script.opened) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_watch_whose_stream_ends_before_it_is_created_says_so() -> None:
+    async with scripted_store(watch=_watches(["end"])) as (store, script):
+        expected = f"etcd Watch at {script.endpoint}: EOF"
+        with pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"):
+            await store.watch("w/").start()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_never_created_times_out() -> None:
+    async with scripted_store(timeout=0.3, watch=_watches([])) as (store, script):
+        expected = f"etcd Watch at {script.endpoint}: not created within 0.3s"
+        with (
+            anyio.fail_after(10),
+            pytest.raises(StoreTimeoutError, match=f"^{re.escape(expected)}$"),
+        ):
+            await store.watch("w/").start()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_watch_gives_up_after_its_reconnect_timeout_naming_its_resume_point() -> None:
+    streams = _watches([CREATED, _events(11), "end"], *[["end"]] * 100)
+    async with (
+        scripted_etcd(watch=streams) as script,
+        EtcdStore([script.endpoint], watch_reconnect_timeout=0.3) as store,
+    ):
+        async with store.watch("w/") as watch:
+            assert _revisions(await _take(watch, 1)) == [11]
+            with pytest.raises(StoreConnectionError) as info:
+                await _take(watch, 1)
+        expected = (
+            "etcd watch on 'w/' lost and not re-established within 0.3s (resume from revision "
+            f"12): etcd Watch at {script.endpoint}: EOF"
+        )
+        assert str(info.value) == expected
+        assert 3 <= len(script.opened) <= 8  # backing off from 50 ms, doubling
+
+
+@pytest.mark.asyncio
+async def test_a_watch_not_started_has_no_start_revision_and_a_closed_store_fails_it() -> None:
+    async with scripted_store(watch=_watches([CREATED])) as (store, _):
+        watch = store.watch("w/")
+        with pytest.raises(RuntimeError, match=r"^the watch has not started$"):
+            watch.start_revision  # noqa: B018
+        await watch.start()
+        await store.aclose()
+        with pytest.raises(StoreClosedError, match=r"^the store was closed$"):
+            await _take(watch, 1)
+        await watch.aclose()

@@ -7,8 +7,6 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from .._etcd._call_watch import CallWatch
 from .._etcd._liveness import MemberHungError
 from .._etcd._rpc import grpc, rpc_pb2
@@ -114,7 +112,10 @@ class EtcdWatch(Watch):
         # one timer for a silent member (MemberHungError: the caller tries the next member)
         watch = client.watch_call(channel, call, leader_bound=False)
         try:
-            with anyio.fail_after(client.timeout):
+            # asyncio's timeout, not anyio's: grpc turns the cancellation of a direct read into
+            # a CancelledError of its own, which anyio's scope does not take for its timeout
+            # (it let that CancelledError out, into a caller nobody had cancelled)
+            async with asyncio.timeout(client.timeout):
                 await call.write(rpc_pb2.WatchRequest(create_request=create))
                 while True:
                     response = await _read_watched(call, watch, channel)
