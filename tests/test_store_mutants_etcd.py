@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import itertools
 import re
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ import pytest
 
 from aioelastic.errors import (
     CompactedError,
+    LeaseNotFoundError,
     StoreAuthError,
     StoreClosedError,
     StoreConnectionError,
@@ -48,6 +50,7 @@ grpc = pytest.importorskip("grpc")
 from aioelastic._etcd._rpc import kv_pb2, rpc_pb2  # noqa: E402
 from aioelastic._etcd.client import TLSConfig  # noqa: E402
 from aioelastic._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV  # noqa: E402
+from aioelastic.etcd_server import EtcdServer  # noqa: E402
 from aioelastic.store._etcd_codec import (  # noqa: E402
     ALL_KEYS,
     compare_pb,
@@ -756,3 +759,117 @@ async def test_a_watch_not_started_has_no_start_revision_and_a_closed_store_fail
         with pytest.raises(StoreClosedError, match=r"^the store was closed$"):
             await _take(watch, 1)
         await watch.aclose()
+
+
+# -- a real etcd: the errors etcd.py maps ------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_compaction_errors_name_the_revisions(etcd: EtcdServer) -> None:
+    async with EtcdStore(etcd.endpoints) as store:
+        kept = await store.put(f"compact/{uuid.uuid4().hex}", b"v")
+        current = await store.current_revision()
+        expected = f"revision {current + 100} is in the future (current revision {current})"
+        with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+            await store.compact(current + 100)
+        await store.compact(kept)
+        for below in (kept - 1, kept):
+            with pytest.raises(CompactedError) as info:
+                await store.compact(below)
+            assert (info.value.requested_revision, info.value.compact_revision) == (below, kept)
+
+
+@pytest.mark.asyncio
+async def test_lease_errors_name_the_unknown_lease(etcd: EtcdServer) -> None:
+    async with EtcdStore(etcd.endpoints) as store:
+        grant = await store.lease_grant(5)
+        await store.lease_revoke(grant.id)
+        gone = grant.id
+        key = f"lease/{uuid.uuid4().hex}"
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: store.put(key, b"v", lease=gone),
+            lambda: store.compare_and_swap(key, 0, b"v", lease=gone),
+            lambda: store.txn(success=[Put(key, b"1"), Put(key + "/2", b"2", lease=gone)]),
+            lambda: store.txn(
+                compare=[Compare.version(key) == 1], failure=[Put(key, b"1", lease=gone)]
+            ),
+            lambda: store.lease_revoke(gone),
+            lambda: store.lease_time_to_live(gone),
+            lambda: store.lease_keep_alive(gone),
+        ]
+        for call in calls:
+            with pytest.raises(LeaseNotFoundError) as info:
+                await call()
+            assert info.value.lease_id == gone
+        assert gone not in store._keepalives
+        assert await store.get(key) is None
+
+
+@pytest.mark.asyncio
+async def test_a_leases_time_to_live_lists_its_keys_sorted(etcd: EtcdServer) -> None:
+    async with EtcdStore(etcd.endpoints) as store:
+        grant = await store.lease_grant(2.5)
+        assert grant.ttl == 3.0
+        base = f"ttl/{uuid.uuid4().hex}/"
+        for name in ("b", "a", "\udcff", "c"):
+            await store.put(base + name, b"v", lease=grant.id)
+        status = await store.lease_time_to_live(grant.id)
+        assert status.keys == tuple(base + name for name in ("a", "b", "c", "\udcff"))
+        assert (status.id, status.granted_ttl) == (grant.id, 3.0)
+        assert 0 < status.remaining <= 3.0
+        assert type(status.remaining) is float
+        await store.lease_revoke(grant.id)
+        whole = await store.lease_grant(1)
+        assert whole.ttl == 1.0
+        await store.lease_revoke(whole.id)
+
+
+@pytest.mark.asyncio
+async def test_closing_the_store_ends_its_keep_alive_streams_and_fails_its_watches(
+    etcd: EtcdServer,
+) -> None:
+    store = EtcdStore(etcd.endpoints)
+    grants = [await store.lease_grant(5) for _ in range(2)]
+    for grant in grants:
+        await store.lease_keep_alive(grant.id)
+    calls = [store._keepalives[grant.id].call for grant in grants]
+    watches = [store.watch(f"closing/{uuid.uuid4().hex}/") for _ in range(2)]
+    for watch in watches:
+        await watch.start()
+    await store.aclose()
+    assert store._keepalives == {}
+    assert all(call.cancelled() for call in calls)
+    for watch in watches:
+        with pytest.raises(StoreClosedError, match=r"^the store was closed$"):
+            await _take(watch, 1)
+        await watch.aclose()
+    with pytest.raises(StoreClosedError):
+        await store.connect()
+    async with EtcdStore(etcd.endpoints) as cleanup:
+        for grant in grants:
+            await cleanup.lease_revoke(grant.id)
+
+
+@pytest.mark.asyncio
+async def test_compare_and_swap_reports_the_written_key_value(etcd: EtcdServer) -> None:
+    async with EtcdStore(etcd.endpoints) as store:
+        key = f"cas/{uuid.uuid4().hex}"
+        grant = await store.lease_grant(5)
+        created = await store.compare_and_swap(key, 0, b"1", lease=grant.id)
+        assert created.succeeded
+        revision = created.revision
+        assert created.kv == KeyValue(key, b"1", revision, revision, 1, grant.id)
+        updated = await store.compare_and_swap(key, revision, b"2")
+        assert updated.kv == KeyValue(key, b"2", revision, updated.revision, 2, 0)
+        refused = await store.compare_and_swap(key, revision, b"3")
+        assert not refused.succeeded
+        assert refused.kv == KeyValue(key, b"2", revision, updated.revision, 2, 0)
+        assert refused.revision == updated.revision
+        absent = await store.compare_and_swap(key + "/none", 5, b"x")
+        assert (absent.succeeded, absent.kv) == (False, None)
+        deleted = await store.compare_and_delete(key, updated.revision)
+        assert (deleted.succeeded, deleted.kv) == (True, None)
+        assert deleted.revision == updated.revision + 1
+        again = await store.compare_and_delete(key, updated.revision)
+        assert (again.succeeded, again.kv, again.revision) == (False, None, deleted.revision)
+        await store.lease_revoke(grant.id)
