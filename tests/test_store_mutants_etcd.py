@@ -730,6 +730,27 @@ async def test_a_watch_never_created_times_out() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_watch_being_created_is_cancelled_by_its_callers_scope_or_task() -> None:
+    """grpc.aio replaces the cancellation of a stream read with a message-less CancelledError:
+    an anyio scope must still see its own (a TimeoutError), a cancelled task a cancellation."""
+    async with scripted_store(watch=_watches([])) as (store, script):
+        with pytest.raises(TimeoutError), anyio.fail_after(0.3):
+            await store.watch("w/").start()
+        with anyio.move_on_after(0.3) as scope:
+            await store.watch("w/").start()
+        assert scope.cancelled_caught
+        task = asyncio.ensure_future(store.watch("w/").start())
+        with anyio.fail_after(10):
+            while len(script.opened) < 3:
+                await script.arrived.wait()
+                script.arrived.clear()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
 async def test_a_lost_watch_gives_up_after_its_reconnect_timeout_naming_its_resume_point() -> None:
     streams = _watches([CREATED, _events(11), "end"], *[["end"]] * 100)
     async with (

@@ -7,6 +7,8 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .._etcd._call_watch import CallWatch
 from .._etcd._liveness import MemberHungError
 from .._etcd._rpc import grpc, rpc_pb2
@@ -27,10 +29,15 @@ async def _read_watched(call: Any, watch: CallWatch | None, channel: Any) -> Any
     stream (its member is hung), a connection error if the channel was closed under it."""
     try:
         response = await call.read()
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            raise  # our caller was cancelled
+            # our caller was cancelled; grpc.aio replaced its CancelledError by a message-less
+            # one, which an anyio scope (ours: the creation's deadline, or the caller's) would
+            # let out: yielding once lets the scope deliver its own (grpc/grpc#43502)
+            if not exc.args:
+                await asyncio.sleep(0)
+            raise
         if watch is not None and watch.verdict is not None:
             raise watch.verdict from None
         # the channel was replaced: its member hung
@@ -112,10 +119,7 @@ class EtcdWatch(Watch):
         # one timer for a silent member (MemberHungError: the caller tries the next member)
         watch = client.watch_call(channel, call, leader_bound=False)
         try:
-            # asyncio's timeout, not anyio's: grpc turns the cancellation of a direct read into
-            # a CancelledError of its own, which anyio's scope does not take for its timeout
-            # (it let that CancelledError out, into a caller nobody had cancelled)
-            async with asyncio.timeout(client.timeout):
+            with anyio.fail_after(client.timeout):
                 await call.write(rpc_pb2.WatchRequest(create_request=create))
                 while True:
                     response = await _read_watched(call, watch, channel)
