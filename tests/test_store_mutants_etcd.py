@@ -25,7 +25,9 @@ from aioelastic.errors import (
     StoreAuthError,
     StoreClosedError,
     StoreConnectionError,
+    StoreError,
     StoreTimeoutError,
+    WriteOutcomeUnknownError,
 )
 from aioelastic.store import (
     Compare,
@@ -36,6 +38,7 @@ from aioelastic.store import (
     Get,
     GetResult,
     KeyValue,
+    LeaseStatus,
     Put,
     PutResult,
     Range,
@@ -47,6 +50,7 @@ pytestmark = pytest.mark.etcd
 
 grpc = pytest.importorskip("grpc")
 
+from aioelastic._etcd._rpc import _types as message_types  # noqa: E402
 from aioelastic._etcd._rpc import kv_pb2, rpc_pb2  # noqa: E402
 from aioelastic._etcd.client import TLSConfig  # noqa: E402
 from aioelastic._secrets import ETCD_PASSWORD_ENV, ETCD_PASSWORD_FILE_ENV  # noqa: E402
@@ -374,6 +378,15 @@ def test_a_user_with_no_password_anywhere_is_told_where_to_put_one(
 # -- a scripted etcd for the streams (keep-alive, watch): each outcome exact ----------------------
 
 Stream = Callable[[Any, Any], AsyncIterator[Any]]
+Unary = Callable[[Any, Any], Awaitable[Any]]
+_SERVICES = {
+    "Range": "KV",
+    "Txn": "KV",
+    "Compact": "KV",
+    "LeaseGrant": "Lease",
+    "LeaseTimeToLive": "Lease",
+    "Authenticate": "Auth",
+}
 
 
 class Script:
@@ -388,10 +401,16 @@ class Script:
 
 @contextlib.asynccontextmanager
 async def scripted_etcd(
-    *, keep_alive: Stream | None = None, watch: Stream | None = None, revision: int = 10
+    *,
+    keep_alive: Stream | None = None,
+    watch: Stream | None = None,
+    unary: dict[str, Unary] | None = None,
+    revision: int = 10,
 ) -> AsyncIterator[Script]:
     """A gRPC server whose ``LeaseKeepAlive`` and ``Watch`` streams run the given async
-    generators (``(requests, context)``), and whose ``Range`` answers at ``revision``."""
+    generators (``(requests, context)``), whose ``unary`` methods answer with
+    ``unary[method](request, context)``, and whose ``Range`` (unless given) answers at
+    ``revision``."""
     script = Script()
 
     def stream(fn: Stream) -> Any:
@@ -407,8 +426,7 @@ async def scripted_etcd(
     def methods(service: str, table: dict[str, Any]) -> Any:
         handlers = {}
         for method, (kind, fn) in table.items():
-            request_type = getattr(rpc_pb2, f"{method}Request")
-            response_type = getattr(rpc_pb2, f"{method}Response")
+            request_type, response_type = message_types(service, method)
             make = getattr(grpc, f"{kind}_rpc_method_handler")
             handlers[method] = make(
                 fn,
@@ -417,12 +435,15 @@ async def scripted_etcd(
             )
         return grpc.method_handlers_generic_handler(f"etcdserverpb.{service}", handlers)
 
-    server = grpc.aio.server()
-    generic = [methods("KV", {"Range": ("unary_unary", range_)})]
+    tables: dict[str, dict[str, Any]] = {"KV": {"Range": ("unary_unary", range_)}}
+    for method, fn in (unary or {}).items():
+        tables.setdefault(_SERVICES[method], {})[method] = ("unary_unary", fn)
     if keep_alive is not None:
-        generic.append(methods("Lease", {"LeaseKeepAlive": ("stream_stream", stream(keep_alive))}))
+        tables.setdefault("Lease", {})["LeaseKeepAlive"] = ("stream_stream", stream(keep_alive))
     if watch is not None:
-        generic.append(methods("Watch", {"Watch": ("stream_stream", stream(watch))}))
+        tables["Watch"] = {"Watch": ("stream_stream", stream(watch))}
+    server = grpc.aio.server()
+    generic = [methods(service, table) for service, table in tables.items()]
     server.add_generic_rpc_handlers(generic)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -739,11 +760,10 @@ async def test_a_watch_being_created_is_cancelled_by_its_callers_scope_or_task()
         with anyio.move_on_after(0.3) as scope:
             await store.watch("w/").start()
         assert scope.cancelled_caught
+        script.arrived.clear()
         task = asyncio.ensure_future(store.watch("w/").start())
         with anyio.fail_after(10):
-            while len(script.opened) < 3:
-                await script.arrived.wait()
-                script.arrived.clear()
+            await script.arrived.wait()  # its create request is at the server: it waits
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -894,3 +914,104 @@ async def test_compare_and_swap_reports_the_written_key_value(etcd: EtcdServer) 
         again = await store.compare_and_delete(key, updated.revision)
         assert (again.succeeded, again.kv, again.revision) == (False, None, deleted.revision)
         await store.lease_revoke(grant.id)
+
+
+# -- scripted answers to unary calls -----------------------------------------------------------
+
+
+def _answer(response: Any) -> Unary:
+    async def answer(request: Any, context: Any) -> Any:
+        return response
+
+    return answer
+
+
+def _abort(code: Any) -> Unary:
+    async def abort(request: Any, context: Any) -> Any:
+        await context.abort(code, "scripted")
+
+    return abort
+
+
+@pytest.mark.asyncio
+async def test_a_transaction_of_reads_only_is_a_read_any_other_a_write() -> None:
+    """A lost connection after sending: a read may be retried (a connection error), a write's
+    outcome is unknown; a transaction is a read when both its branches only read."""
+    lost = _abort(grpc.StatusCode.UNAVAILABLE)
+    async with scripted_store(unary={"Txn": lost, "Compact": lost}) as (store, _):
+        with pytest.raises(StoreConnectionError) as read:
+            await store.txn(success=[Get("k"), Range("p/")], failure=[Get("k")])
+        assert not isinstance(read.value, WriteOutcomeUnknownError)
+        for failure in ([Put("k", b"v")], [Delete("k")], [DeletePrefix("p/")]):
+            with pytest.raises(WriteOutcomeUnknownError):
+                await store.txn(success=[Get("k")], failure=failure)
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.txn(success=[Put("k", b"v", lease=7)])
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.compact(3)
+
+
+@pytest.mark.asyncio
+async def test_a_lease_grant_etcd_refuses_names_its_reason() -> None:
+    refused = rpc_pb2.LeaseGrantResponse(error="etcdserver: too many leases")
+    async with scripted_store(unary={"LeaseGrant": _answer(refused)}) as (store, _):
+        with pytest.raises(StoreError, match=r"^etcd LeaseGrant: etcdserver: too many leases$"):
+            await store.lease_grant(5)
+
+
+@pytest.mark.asyncio
+async def test_a_lease_with_no_time_left_is_alive_until_etcd_says_it_is_gone() -> None:
+    """etcd answers TTL -1 for a lease it does not know, 0 for one expiring now (still there);
+    a keep-alive's TTL 0 is a lost lease."""
+    ttls = iter([0, -1])
+
+    async def time_to_live(request: Any, context: Any) -> Any:
+        return rpc_pb2.LeaseTimeToLiveResponse(
+            ID=request.ID, TTL=next(ttls), grantedTTL=5, keys=[b"b", b"a\xff"]
+        )
+
+    unary = {"LeaseTimeToLive": time_to_live}
+    async with scripted_store(unary=unary, keep_alive=_pings(lambda n: 0)) as (store, _):
+        status = await store.lease_time_to_live(9)
+        assert status == LeaseStatus(9, 5.0, 0.0, ("a\udcff", "b"))
+        with pytest.raises(LeaseNotFoundError):
+            await store.lease_time_to_live(9)
+        with pytest.raises(LeaseNotFoundError) as info:
+            await store.lease_keep_alive(9)
+        assert info.value.lease_id == 9
+        assert store._keepalives == {}  # its stream closed
+
+
+@pytest.mark.asyncio
+async def test_the_urls_user_and_password_are_sent_to_etcd_and_an_option_wins() -> None:
+    sent: list[tuple[str, str]] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        sent.append((request.name, request.password))
+        if request.password == "wrong":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "authentication failed")
+        return rpc_pb2.AuthenticateResponse(token="t")
+
+    async with scripted_etcd(unary={"Authenticate": authenticate}) as script:
+        host = script.endpoint
+        for url, options in [
+            (f"etcd://b%40b:s%3Acret@{host}", {}),
+            (f"etcd://ann@{host}", {"password": "given"}),
+            (f"etcd://ann:url@{host}", {"username": "cy", "password": "opt"}),
+        ]:
+            store = await open_etcd_store(urlsplit(url), options)
+            await store.aclose()
+        assert sent == [("b@b", "s:cret"), ("ann", "given"), ("cy", "opt")]
+        closed: list[EtcdStore] = []
+        aclose = EtcdStore.aclose
+
+        async def recording_aclose(self: EtcdStore) -> None:
+            closed.append(self)
+            await aclose(self)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(EtcdStore, "aclose", recording_aclose)
+            with pytest.raises(StoreAuthError):
+                await open_etcd_store(urlsplit(f"etcd://ann:wrong@{host}"), {})
+        assert len(closed) == 1  # a refused open closes what it opened
+        assert closed[0].closed
