@@ -1015,3 +1015,73 @@ async def test_the_urls_user_and_password_are_sent_to_etcd_and_an_option_wins() 
                 await open_etcd_store(urlsplit(f"etcd://ann:wrong@{host}"), {})
         assert len(closed) == 1  # a refused open closes what it opened
         assert closed[0].closed
+
+
+@pytest.mark.asyncio
+async def test_a_watch_refused_while_being_created_raises_and_is_forgotten() -> None:
+    async with scripted_store(watch=_watches([grpc.StatusCode.UNAVAILABLE])) as (store, script):
+        expected = f"etcd Watch at {script.endpoint}: scripted"
+        with pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"):
+            await store.watch("w/").start()
+        assert store._watches == set()
+    refused = rpc_pb2.WatchResponse(created=True, canceled=True, cancel_reason="permission denied")
+    async with scripted_store(watch=_watches([refused])) as (store, script):
+        with pytest.raises(StoreAuthError):
+            await store.watch("w/").start()
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_watch_keeps_trying_past_a_failed_attempt() -> None:
+    streams = _watches(
+        [CREATED, _events(11), "end"],
+        [grpc.StatusCode.UNAVAILABLE],
+        ["end"],
+        [CREATED, _events(12)],
+    )
+    async with scripted_store(watch=streams) as (store, script):
+        async with store.watch("w/") as watch:
+            assert _revisions(await _take(watch, 2)) == [11, 12]
+            assert store._watches == {watch}
+        assert store._watches == set()
+        starts = [request.create_request.start_revision for request in script.opened]
+        assert starts == [11, 12, 12, 12]
+
+
+@pytest.mark.asyncio
+async def test_a_watch_refused_for_its_token_authenticates_again_once() -> None:
+    tokens = itertools.count(1)
+    seen: list[str] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        return rpc_pb2.AuthenticateResponse(token=f"t{next(tokens)}")
+
+    expired = rpc_pb2.WatchResponse(created=True, canceled=True, cancel_reason="invalid auth token")
+
+    def watching(*streams: list[Any]) -> Stream:
+        play = _watches(*streams)
+
+        async def run(requests: Any, context: Any) -> AsyncIterator[Any]:
+            seen.append(dict(context.invocation_metadata())["token"])
+            async for response in play(requests, context):
+                yield response
+
+        return run
+
+    script_kw: dict[str, Any] = {"unary": {"Authenticate": authenticate}}
+    async with scripted_etcd(
+        watch=watching([expired], [CREATED, _events(11)]), **script_kw
+    ) as script:
+        async with (
+            EtcdStore([script.endpoint], username="u", password="p") as store,
+            store.watch("w/") as watch,
+        ):
+            assert _revisions(await _take(watch, 1)) == [11]
+        assert seen == ["t1", "t2"]
+    seen.clear()
+    tokens = itertools.count(1)
+    async with scripted_etcd(watch=watching([expired], [expired]), **script_kw) as script:
+        async with EtcdStore([script.endpoint], username="u", password="p") as store:
+            with pytest.raises(StoreAuthError, match=r"^etcd Watch: invalid auth token$"):
+                await store.watch("w/").start()
+        assert seen == ["t1", "t2"]  # once more, not again and again
