@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
+from helpers import free_port
 
 from aioelastic.errors import (
     CompactedError,
@@ -511,7 +513,7 @@ async def test_a_keep_alive_stream_that_ends_is_retried_once_on_a_fresh_one() ->
         script,
     ):
         assert await store.lease_keep_alive(5) == 7.0
-        assert len(script.opened) == 2
+        assert [request.ID for request in script.opened] == [5, 5]  # the same ping, resent
         first = store._keepalives[5].call
         assert await store.lease_keep_alive(5) == 7.0  # the fresh stream is kept
         assert store._keepalives[5].call is first
@@ -587,6 +589,59 @@ async def test_a_keep_alive_cancelled_by_its_caller_drops_its_stream() -> None:
         assert scope.cancelled_caught
         assert store._keepalives[5].call is None  # an answer may still come: never reused
         assert len(script.opened) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_cancelled_while_its_stream_opens_is_a_cancellation() -> None:
+    async def hang(request: Any, context: Any) -> Any:
+        await asyncio.Event().wait()
+
+    unary: dict[str, Unary] = {"Authenticate": hang}
+    async with (
+        scripted_etcd(unary=unary, keep_alive=_pings(lambda n: 1)) as script,
+        EtcdStore([script.endpoint], username="u", password="p") as store,
+    ):
+        with anyio.move_on_after(0.3) as scope:
+            await store.lease_keep_alive(5)  # authenticating before it opens the stream
+        assert scope.cancelled_caught
+        assert store._keepalives[5].call is None
+        assert script.opened == []
+
+
+@pytest.mark.asyncio
+async def test_keep_alives_leave_the_loop_nothing_to_report(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each read's outcome is retrieved (a callback on it), so the loop never logs a callback
+    that failed or an exception nobody retrieved."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    async with scripted_store(keep_alive=_pings(lambda n: None if n % 2 else 4)) as (store, _):
+        for _ in range(4):
+            assert await store.lease_keep_alive(5) == 4.0
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_waiting_through_a_leader_change_is_retried_then_fails() -> None:
+    """A keep-alive needs the leader: a ping showing a newer raft term than the one it was sent
+    in gives it up (tried once more on a fresh stream), rather than waiting on a member that
+    may have lost the lease's leader."""
+    terms = itertools.count(1)
+
+    async def range_(request: Any, context: Any) -> Any:
+        header = rpc_pb2.ResponseHeader(revision=10, raft_term=next(terms))
+        return rpc_pb2.RangeResponse(header=header)
+
+    dead = f"127.0.0.1:{free_port()}"  # a second endpoint: a client with one never pings
+    unary: dict[str, Unary] = {"Range": range_}
+    async with scripted_etcd(unary=unary, keep_alive=_pings(lambda n: "hang")) as script:
+        async with EtcdStore([script.endpoint, dead], ping_after=0.05, ping_timeout=2) as store:
+            with anyio.fail_after(10), pytest.raises(StoreConnectionError) as info:
+                await store.lease_keep_alive(5)
+        assert str(info.value).startswith("etcd LeaseKeepAlive: etcd elected a new leader")
+        assert len(script.opened) == 2
 
 
 @pytest.mark.asyncio
