@@ -582,13 +582,40 @@ async def test_an_unanswered_keep_alive_times_out_and_drops_its_stream() -> None
 
 
 @pytest.mark.asyncio
-async def test_a_keep_alive_cancelled_by_its_caller_drops_its_stream() -> None:
+async def test_a_keep_alive_cancelled_by_its_caller_drops_its_stream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
     async with scripted_store(keep_alive=_pings(lambda n: "hang")) as (store, script):
         with anyio.move_on_after(0.3) as scope:
             await store.lease_keep_alive(5)
         assert scope.cancelled_caught
         assert store._keepalives[5].call is None  # an answer may still come: never reused
         assert len(script.opened) == 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+    # the dropped read, cancelled with its stream: retrieved without a word from the loop
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_refused_as_unavailable_moves_to_the_next_member_only() -> None:
+    unavailable = _pings(lambda n: grpc.StatusCode.UNAVAILABLE)
+    async with (
+        scripted_etcd(keep_alive=unavailable) as first,
+        scripted_etcd(keep_alive=_pings(lambda n: 3)) as second,
+        EtcdStore([first.endpoint, second.endpoint]) as store,
+    ):
+        assert await store.lease_keep_alive(5) == 3.0  # the retry went to the next member
+        assert (len(first.opened), len(second.opened)) == (1, 1)
+    internal_once = _pings(lambda n: grpc.StatusCode.INTERNAL if n == 0 else 4)
+    async with (
+        scripted_etcd(keep_alive=internal_once) as first,
+        scripted_etcd(keep_alive=_pings(lambda n: 3)) as second,
+        EtcdStore([first.endpoint, second.endpoint]) as store,
+    ):
+        assert await store.lease_keep_alive(5) == 4.0  # another refusal: the same member
+        assert (len(first.opened), len(second.opened)) == (2, 0)
 
 
 @pytest.mark.asyncio
