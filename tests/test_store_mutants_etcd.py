@@ -1167,3 +1167,42 @@ async def test_a_watch_refused_for_its_token_authenticates_again_once() -> None:
             with pytest.raises(StoreAuthError, match=r"^etcd Watch: invalid auth token$"):
                 await store.watch("w/").start()
         assert seen == ["t1", "t2"]  # once more, not again and again
+
+
+@pytest.mark.asyncio
+async def test_the_current_revision_is_a_count_only_read_of_every_key() -> None:
+    """Without ``count_only`` etcd would send every key-value in the cluster to learn one
+    number; a watch from now asks it too."""
+    asked: list[Any] = []
+
+    async def range_(request: Any, context: Any) -> Any:
+        asked.append(request)
+        return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=42))
+
+    unary: dict[str, Unary] = {"Range": range_}
+    async with scripted_store(unary=unary) as (store, _):
+        assert await store.current_revision() == 42
+        await store.connect()  # checks that the cluster answers: the same read
+    assert [(r.key, r.range_end, r.count_only, r.limit) for r in asked] == [
+        (b"\0", b"", True, 0)
+    ] * 2
+
+
+@pytest.mark.asyncio
+async def test_connect_authenticates_and_fails_fast_on_an_unreachable_cluster() -> None:
+    sent: list[str] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        sent.append(request.name)
+        return rpc_pb2.AuthenticateResponse(token="t")
+
+    unary: dict[str, Unary] = {"Authenticate": authenticate}
+    async with (
+        scripted_etcd(unary=unary) as script,
+        EtcdStore([script.endpoint], username="u", password="p") as store,
+    ):
+        await store.connect()
+        assert sent == ["u"]
+    async with EtcdStore([f"127.0.0.1:{free_port()}"], connect_timeout=0.5) as unreachable:
+        with anyio.fail_after(10), pytest.raises(StoreConnectionError):
+            await unreachable.connect()
