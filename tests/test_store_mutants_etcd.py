@@ -1206,3 +1206,128 @@ async def test_connect_authenticates_and_fails_fast_on_an_unreachable_cluster() 
     async with EtcdStore([f"127.0.0.1:{free_port()}"], connect_timeout=0.5) as unreachable:
         with anyio.fail_after(10), pytest.raises(StoreConnectionError):
             await unreachable.connect()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_watch_backs_off_doubling_up_to_a_second() -> None:
+    """Tries at 0, 0.05, 0.15, 0.35 and 0.75 s after the loss; gives up at the try whose next
+    wait (0.8 s) would end past the 1.2 s allowed."""
+    streams = _watches([CREATED, _events(11), "end"], *[["end"]] * 100)
+    async with (
+        scripted_etcd(watch=streams) as script,
+        EtcdStore([script.endpoint], watch_reconnect_timeout=1.2) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 1)) == [11]
+        with pytest.raises(StoreConnectionError, match=re.escape("not re-established within 1.2s")):
+            await _take(watch, 1)
+        assert len(script.opened) == 1 + 5
+
+
+@pytest.mark.asyncio
+async def test_a_lost_watch_refused_by_auth_gives_up_at_once_without_a_user() -> None:
+    streams = _watches(
+        [CREATED, _events(11), "end"], [grpc.StatusCode.PERMISSION_DENIED], [CREATED, _events(12)]
+    )
+    async with scripted_store(watch=streams) as (store, script), store.watch("w/") as watch:
+        assert _revisions(await _take(watch, 1)) == [11]
+        with pytest.raises(StoreAuthError):
+            await _take(watch, 1)
+        assert len(script.opened) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_lost_watch_refused_by_auth_tries_again_with_a_user_until_its_deadline() -> None:
+    tokens = itertools.count(1)
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        return rpc_pb2.AuthenticateResponse(token=f"t{next(tokens)}")
+
+    unary: dict[str, Unary] = {"Authenticate": authenticate}
+    refused = [grpc.StatusCode.PERMISSION_DENIED]
+    once = _watches([CREATED, _events(11), "end"], refused, [CREATED, _events(12)])
+    async with (
+        scripted_etcd(watch=once, unary=unary) as script,
+        EtcdStore([script.endpoint], username="u", password="p") as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert len(script.opened) == 3
+    always = _watches([CREATED, _events(11), "end"], *[refused] * 100)
+    async with (
+        scripted_etcd(watch=always, unary=unary) as script,
+        EtcdStore(
+            [script.endpoint], username="u", password="p", watch_reconnect_timeout=0.5
+        ) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 1)) == [11]
+        with pytest.raises(StoreAuthError):
+            await _take(watch, 1)
+        assert len(script.opened) == 1 + 4  # tries at 0, 0.05, 0.15 and 0.35 s
+
+
+@pytest.mark.asyncio
+async def test_a_watch_resumes_on_the_next_member_when_its_own_goes_silent() -> None:
+    """A member that stops answering (pings too) is left: the watch is created again on the next
+    one from its resume point, nothing skipped."""
+
+    async def silent(request: Any, context: Any) -> Any:
+        await asyncio.Event().wait()
+
+    first_streams = _watches([CREATED, _events(5)])
+    async with (
+        scripted_etcd(watch=first_streams, unary={"Range": silent}) as first,
+        scripted_etcd(watch=_watches([CREATED, _events(6)])) as second,
+        EtcdStore([first.endpoint, second.endpoint], ping_after=0.1, ping_timeout=0.3) as store,
+        store.watch("w/", start_revision=5) as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [5, 6]
+        assert [r.create_request.start_revision for r in second.opened] == [6]
+
+
+@pytest.mark.asyncio
+async def test_a_watch_refused_as_unavailable_moves_to_the_next_member(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    first_streams = _watches(
+        [CREATED, _events(11), grpc.StatusCode.UNAVAILABLE], *[[CREATED, _events(99)]] * 5
+    )
+    async with (
+        scripted_etcd(watch=first_streams) as first,
+        scripted_etcd(watch=_watches([CREATED, _events(12)])) as second,
+        EtcdStore([first.endpoint, second.endpoint]) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert (len(first.opened), len(second.opened)) == (1, 1)
+    # every read's outcome retrieved: nothing for the loop to report
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_watch_whose_token_expires_authenticates_again_and_stays() -> None:
+    tokens = itertools.count(1)
+    seen: list[str] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        return rpc_pb2.AuthenticateResponse(token=f"t{next(tokens)}")
+
+    play = _watches([CREATED, _events(11), grpc.StatusCode.UNAUTHENTICATED], [CREATED, _events(12)])
+
+    async def watching(requests: Any, context: Any) -> AsyncIterator[Any]:
+        seen.append(dict(context.invocation_metadata())["token"])
+        async for response in play(requests, context):
+            yield response
+
+    unary: dict[str, Unary] = {"Authenticate": authenticate}
+    async with (
+        scripted_etcd(watch=watching, unary=unary) as script,
+        EtcdStore(
+            [script.endpoint, f"127.0.0.1:{free_port()}"], username="u", password="p"
+        ) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+    assert seen == ["t1", "t2"]  # on the same member, with a fresh token
