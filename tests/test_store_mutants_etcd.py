@@ -1331,3 +1331,45 @@ async def test_a_watch_whose_token_expires_authenticates_again_and_stays() -> No
     ):
         assert _revisions(await _take(watch, 2)) == [11, 12]
     assert seen == ["t1", "t2"]  # on the same member, with a fresh token
+
+
+@pytest.mark.asyncio
+async def test_a_watch_being_created_on_a_silent_member_is_created_on_the_next() -> None:
+    async def silent(request: Any, context: Any) -> Any:
+        await asyncio.Event().wait()
+
+    async with (
+        scripted_etcd(watch=_watches([]), unary={"Range": silent}) as first,
+        scripted_etcd(watch=_watches([CREATED, _events(5)])) as second,
+        EtcdStore([first.endpoint, second.endpoint], ping_after=0.1, ping_timeout=0.3) as store,
+        store.watch("w/", start_revision=5) as watch,
+    ):
+        assert _revisions(await _take(watch, 1)) == [5]
+        assert (len(first.opened), len(second.opened)) == (1, 1)
+
+
+@pytest.mark.asyncio
+async def test_a_reader_waiting_on_a_watch_closed_by_another_task_stops() -> None:
+    async with scripted_store(watch=_watches([CREATED])) as (store, _):
+        watch = store.watch("w/")
+        await watch.start()
+        reader = asyncio.ensure_future(watch.__anext__())
+        for _ in range(5):
+            await asyncio.sleep(0)  # the reader waits on the stream
+        await watch.aclose()
+        with anyio.fail_after(10), pytest.raises(StopAsyncIteration):
+            await reader
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_watch_creation_ends_without_waiting() -> None:
+    async with scripted_store(watch=_watches([])) as (store, script):
+        task = asyncio.ensure_future(store.watch("w/").start())
+        with anyio.fail_after(10):
+            await script.arrived.wait()
+        task.cancel()
+        for _ in range(50):  # loop turns, not time: a cancellation takes a few
+            if task.done():
+                break
+            await asyncio.sleep(0)
+        assert task.cancelled()
