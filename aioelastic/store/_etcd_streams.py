@@ -90,8 +90,11 @@ class KeepAliveStream:
             ) from None
         except asyncio.CancelledError:
             self.drop()  # an answer may still be on its way: never reuse the stream
-            if read is not None and read.cancelled() and not closed():
-                # the stream was cancelled under us (its channel was replaced), not our caller
+            if read is not None and read.cancelled():
+                # the stream was cancelled under us, not our caller: by the store's close, or
+                # its channel was replaced
+                if closed():
+                    raise StoreClosedError("the etcd store is closed") from None
                 _raise_if(last, "etcd LeaseKeepAlive: the stream ended")
                 return None
             raise

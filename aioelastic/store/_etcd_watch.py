@@ -29,10 +29,15 @@ async def _read_watched(call: Any, watch: CallWatch | None, channel: Any) -> Any
     stream (its member is hung), a connection error if the channel was closed under it."""
     try:
         response = await call.read()
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            raise  # our caller was cancelled
+            # our caller was cancelled; grpc.aio replaced its CancelledError by a message-less
+            # one, which an anyio scope (ours: the creation's deadline, or the caller's) would
+            # let out: yielding once lets the scope deliver its own (grpc/grpc#43502)
+            if not exc.args:
+                await asyncio.sleep(0)
+            raise
         if watch is not None and watch.verdict is not None:
             raise watch.verdict from None
         # the channel was replaced: its member hung

@@ -85,8 +85,10 @@ class EtcdStore(Store):
         ping_timeout: float = 0.75,
     ) -> None:
         super().__init__()
+        if isinstance(endpoints, str):  # "host:port,host:port"
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
         self.client = EtcdClient(
-            [endpoints] if isinstance(endpoints, str) else endpoints,
+            endpoints,
             tls=tls,
             username=username,
             password=password,
