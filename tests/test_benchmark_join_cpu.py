@@ -3,6 +3,7 @@ checkout and one ``--against``; its callback counts are the footprint test's."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -23,9 +24,10 @@ def test_the_join_cpu_benchmark_runs() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 1 |", "| 4 |"))]
     assert len(rows) == 6, proc.stdout  # two checkouts and a ratio per N
-    # a round of one: 10 callbacks per join, every time (the footprint test's bound)
+    # a round of one: the same callbacks per join every time, within the footprint test's bound
     assert f"| 1 | {ROOT} | " in proc.stdout
-    assert "10.00 (10.00-10.00)" in rows[0], rows[0]
+    median, low, high = map(float, re.findall(r"[\d.]+", rows[0].split("|")[4]))
+    assert low == median == high <= 5.0, rows[0]
 
 
 @pytest.mark.timeout(120)

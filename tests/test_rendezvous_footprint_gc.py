@@ -27,7 +27,7 @@ N = 100
 def _exit_methods() -> int:
     """Bound ``__exit__``/``__aexit__`` methods alive (a ``with`` block in a suspended frame)."""
     return sum(
-        isinstance(o, types.MethodType) and o.__func__.__name__ in ("__exit__", "__aexit__")
+        type(o) is types.MethodType and o.__func__.__name__ in ("__exit__", "__aexit__")
         for o in gc.get_objects()
     )
 
@@ -41,10 +41,10 @@ def test_a_waiting_member_holds_no_translator_and_no_bound_exit() -> None:
         await asyncio.sleep(1)  # (virtual time: every join registered and waits)
         assert not any(j.done() for j in joins)
         gc.collect()
-        translators = sum(isinstance(o, _Translate) for o in gc.get_objects())
+        translators = sum(type(o) is _Translate for o in gc.get_objects())
         exits = _exit_methods() - exits_before
         sinks = len({id(h.event_sink) for h in handlers})
-        nulls = sum(isinstance(o, NullSink) for o in gc.get_objects())
+        nulls = sum(type(o) is NullSink for o in gc.get_objects())
         for join in joins:
             join.cancel()
         await asyncio.gather(*joins, return_exceptions=True)
