@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers.events import ListSink
 
 from aioelastic.errors import (
     LeaseExpiredError,
@@ -22,7 +23,6 @@ from aioelastic.errors import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from aioelastic.events import Event
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, dynamic
 from aioelastic.rendezvous._driver import RoundDriver
 from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
@@ -40,19 +40,6 @@ from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 
 TTL = 6.0
 KEYS = RunKeys("job")
-
-
-class ListSink:
-    """Keeps every event (kind, fields), in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [dict(e.fields) for e in self.events if e.kind == kind]
 
 
 def handler(

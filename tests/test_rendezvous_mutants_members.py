@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers.events import ListSink
 
 from aioelastic.errors import (
     LeaseExpiredError,
@@ -23,7 +24,6 @@ from aioelastic.errors import (
     RendezvousStateError,
     StoreConnectionError,
 )
-from aioelastic.events import Event
 from aioelastic.rendezvous import (
     DynamicRendezvousHandler,
     RendezvousEvent,
@@ -118,19 +118,6 @@ async def test_read_rank_from_the_member_record() -> None:
 # -- _membership: wait_for_change -----------------------------------------------------------------
 
 
-class _Sink:
-    """Collects a handler's structured events."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [dict(e.fields) for e in self.events if e.kind == kind]
-
-
 def _handlers(
     engine: MemoryEngine, n: int, min_nodes: int, max_nodes: int, **kw: Any
 ) -> list[DynamicRendezvousHandler]:
@@ -211,7 +198,7 @@ async def test_a_rejoin_ends_a_pending_wait_for_change_naming_the_run() -> None:
 @virtual_test
 async def test_a_close_seen_is_sticky_and_in_full() -> None:
     engine = MemoryEngine()
-    sink = _Sink()
+    sink = ListSink()
     hs = _handlers(engine, 2, 2, 2, event_sink=sink)
     await _round(hs)
     waiting = asyncio.ensure_future(hs[0].wait_for_change())
@@ -256,7 +243,7 @@ async def test_a_handler_in_error_reports_it_at_once() -> None:
 @virtual_test
 async def test_a_lease_lost_while_waiting_is_an_error_event_in_full() -> None:
     engine = MemoryEngine()
-    sink = _Sink()
+    sink = ListSink()
     hs = _handlers(engine, 2, 2, 2, event_sink=sink)
     await _round(hs)
     waiting = asyncio.ensure_future(hs[0].wait_for_change())
@@ -300,7 +287,7 @@ async def _next_change(h: DynamicRendezvousHandler, write: Any) -> RendezvousEve
 @virtual_test
 async def test_member_changes_and_their_events_in_full() -> None:
     engine = MemoryEngine()
-    sink = _Sink()
+    sink = ListSink()
     hs = _handlers(engine, 3, 1, 4, event_sink=sink)
     await _round(hs)
     admin = MemoryStore(engine)

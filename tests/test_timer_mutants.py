@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import pytest
+from helpers.events import ListSink
 from helpers.waiting import eventually
 
 from aioelastic.errors import (
@@ -36,7 +37,6 @@ from aioelastic.errors import (
     TimerExpiredError,
     WriteOutcomeUnknownError,
 )
-from aioelastic.events import Event
 from aioelastic.store import CasResult, KeyValue, MemoryStore, RangeResult, Watch
 from aioelastic.testing import FaultInjectingStore, run_virtual, virtual_test
 from aioelastic.timer import (
@@ -256,14 +256,6 @@ async def test_a_wait_for_reaps_that_times_out_leaves_no_waiter_behind() -> None
 
 
 # -- timers through a store ------------------------------------------------------------------------
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
 
 
 class ScriptedStore(MemoryStore):

@@ -3,7 +3,8 @@
 - here: paths, a free loopback port, letting ready tasks run, finishing a child process;
 - ``helpers.waiting``: waits on events (inotify, pidfds, log records), each with a deadline;
 - ``helpers.agent``: the agent tests' worker script, its records, the orphan check;
-- ``helpers.http``: an HTTP store server in a subprocess, a self-signed certificate.
+- ``helpers.http``: an HTTP store server in a subprocess, a self-signed certificate;
+- ``helpers.events``: an event sink that keeps what it is given (``ListSink``).
 
 The public kit (``aioelastic.testing``: virtual time, the fault-injecting store, real servers,
 the pytest plugin's fixtures) comes first; what is here is for this suite only.
