@@ -52,14 +52,12 @@ import contextlib
 import gc
 import importlib
 import secrets
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from .. import events as _events
 from ..errors import (
-    LeaseExpiredError,
     RendezvousClosedError,
     RendezvousError,
     RendezvousTimeoutError,
@@ -69,13 +67,12 @@ from ._control import write_closed
 from ._driver import assign_ranks, log
 from ._join import JoinCoordinator
 from ._membership import MemberWatch, count_waiting, wait_for_change
+from ._reports import ReportingHandler, Stats
 from ._state import ClosedRecord, RoundRecord, RunKeys, check_node_id
 from .api import (
     RendezvousEvent,
     RendezvousResult,
-    RendezvousStatistics,
     RendezvousStatus,
-    _BuiltinHandler,
     translated,
 )
 
@@ -111,17 +108,6 @@ def _check_settings(min_nodes: int, max_nodes: int, **seconds: tuple[float, bool
             raise ValueError(f"{what} must be a finite number of seconds > 0, got {secs}")
 
 
-@dataclass(slots=True)
-class _Stats:
-    """The counters behind :meth:`DynamicRendezvousHandler.statistics` (event-loop time)."""
-
-    joins: int = 0
-    rounds_driven: int = 0
-    join_started: float | None = None
-    completed_at: float | None = None
-    last_call_deadline: float | None = None
-
-
 def _do_lazy_work_now(local_addr: str | None) -> None:
     """What a first join would otherwise do inside its round: the default address's DNS lookup
     (in a thread, from now) and anyio's backend import (on first use)."""
@@ -131,7 +117,7 @@ def _do_lazy_work_now(local_addr: str | None) -> None:
         importlib.import_module("anyio._backends._asyncio")
 
 
-class DynamicRendezvousHandler(_BuiltinHandler):
+class DynamicRendezvousHandler(ReportingHandler):
     """The elastic rendezvous over any :class:`~aioelastic.store.Store` (see the module doc).
 
     ``lease_ttl`` is how long a dead node's records outlive it (default: torch's
@@ -208,11 +194,10 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         self._closed_seen = False
         self._handler_closed = False
         self._error: BaseException | None = None
-        self._stats = _Stats()
+        self._stats = Stats()
         self._joiner = JoinCoordinator(self)
         self._members = MemberWatch(self)
-        #: where structured events go (see :mod:`aioelastic.events`)
-        self.event_sink: EventSink = _events.resolve_sink(event_sink)
+        self.event_sink = _events.resolve_sink(event_sink)
         self._reported_status = RendezvousStatus.ACTIVE
 
     def __repr__(self) -> str:
@@ -258,47 +243,6 @@ class DynamicRendezvousHandler(_BuiltinHandler):
         """The lease that keeps this node's records alive (None before the first join, unless a
         registry creator prepared the handler: then it is granted with the handler)."""
         return self._keeper
-
-    def statistics(self) -> RendezvousStatistics:
-        """A snapshot of this handler (times in event-loop time)."""
-        keeper, stats = self._keeper, self._stats
-        return RendezvousStatistics(
-            node_id=self._node_id,
-            status=self.status,
-            round=self._round,
-            world_size=0 if self._result is None else self._result.world_size,
-            joins=stats.joins,
-            rounds_driven=stats.rounds_driven,
-            join_started=stats.join_started,
-            completed_at=stats.completed_at,
-            last_call_deadline=stats.last_call_deadline,
-            lease_id=0 if keeper is None or keeper.lost else keeper.id,
-        )
-
-    # -- what the parts report (structured events never raise; ~free with no sink)
-
-    def _on_lease_lost(self, error: LeaseExpiredError) -> None:
-        if not self._handler_closed:
-            self._error = error
-            self._emit("rendezvous.lease_lost", round=self._round, error=str(error))
-            self._note_status()
-
-    def _emit(self, kind: str, **fields: Any) -> None:
-        _events.emit(self.event_sink, kind, run_id=self.run_id, node=self._node_id, **fields)
-
-    def _note_status(self) -> None:
-        """Emit ``rendezvous.status`` if the status changed since the last call."""
-        status = self.status
-        if status is not self._reported_status:
-            previous, self._reported_status = self._reported_status, status
-            error = self._error
-            self._emit(
-                "rendezvous.status",
-                status=status.value,
-                previous=previous.value,
-                round=self._round,
-                error=None if error is None else f"{type(error).__name__}: {error}",
-            )
 
     async def _prepare(self) -> None:
         """The one-time work of a first join, done when a creator makes the handler: the host
