@@ -53,7 +53,9 @@ backend, endpoint, run_id, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.ar
 if backend == "aioelastic":
     from aioelastic.torchrun import register
     register()
-params = RendezvousParameters(backend, endpoint, run_id, n, n, join_timeout="120")
+# torch's default join timeout (600 s): at N=64 on 2 cores torch's round has taken 64 s to over
+# 120 s (the old bound here, which made it fail rather than be measured)
+params = RendezvousParameters(backend, endpoint, run_id, n, n, join_timeout="600")
 handler = get_rendezvous_handler(params)
 print("ready", flush=True)
 while line := sys.stdin.readline().strip():  # a t0 per round; an empty line: the end
