@@ -8,7 +8,6 @@ it up itself.
 
 from __future__ import annotations
 
-import _socket
 import asyncio
 import concurrent.futures
 import socket
@@ -56,15 +55,8 @@ async def looked_up_default_addr() -> str:
 
 
 def free_port() -> int:
-    """A TCP port free right now, for rank 0's collective (torch picks it the same way).
-
-    Every join asks (its registration offers one): the C socket, not ``socket.socket``'s Python
-    wrapper, whose creation and close are about a third of the call (the rest is the kernel's
-    socket, bind and close)."""
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
+    """A TCP port free right now, for rank 0's collective (torch picks it the same way)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         port: int = sock.getsockname()[1]
         return port
-    finally:
-        sock.close()
