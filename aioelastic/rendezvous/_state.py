@@ -222,15 +222,15 @@ class NodeRecord:
     @classmethod
     def decode(cls, key: str, value: bytes) -> NodeRecord:
         obj = _load(key, value, "node")
-        record = cls(_field_id(key, obj, "id"), _field_str(key, obj, "a"), 0)
+        node_id, addr = _field_id(key, obj, "id"), _field_str(key, obj, "a")
         port = _field_int(key, obj, "p", 0)
         if port > 65535:
             raise RendezvousStateError(f"rendezvous state at {key!r}: port {port} out of range")
-        if not key.endswith("/" + record.node_id):
+        if not key.endswith("/" + node_id):
             raise RendezvousStateError(
-                f"rendezvous state at {key!r} names another node ({record.node_id!r})"
+                f"rendezvous state at {key!r} names another node ({node_id!r})"
             )
-        return cls(record.node_id, record.addr, port)
+        return cls(node_id, addr, port)  # (one record: the driver decodes every registration)
 
 
 @dataclass(frozen=True, slots=True)
