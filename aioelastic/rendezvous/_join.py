@@ -489,14 +489,15 @@ def completed(
     h._round, h._round_record, h._result = record.round, record, result
     h._members.reset(revision)
     h._stats.completed_at = now = (loop or asyncio.get_running_loop()).time()
+    if isinstance(h.event_sink, NullSink):
+        return result  # (an event nobody takes is not built: every join completes one)
     started = h._stats.join_started
     h._emit(
         "rendezvous.round_completed",
         round=record.round,
         rank=rank,
         world_size=record.world_size,
-        # N members each listing N participants is O(N^2): only for a sink that takes them
-        participants=[] if isinstance(h.event_sink, NullSink) else list(participants),
+        participants=list(participants),
         master_addr=record.master_addr,
         master_port=record.master_port,
         duration=None if started is None else round(now - started, 6),
