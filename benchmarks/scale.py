@@ -18,6 +18,7 @@ Modes (``--mode``):
     python -m benchmarks.scale --mode simulate --sizes 100000
     python -m benchmarks.scale --mode http --sizes 1000,2000
     python -m benchmarks.scale --mode http --sizes 10000 --kill
+    python -m benchmarks.scale --sizes 1000,10000 --kill  # the same loss in process
     python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --also-frozen
 
 Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
@@ -442,7 +443,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kill",
         action="store_true",
         help="http: SIGKILL one member (a process of its own) after the round; time until every "
-        "other member saw it, then the round of N - 1",
+        "other member saw it, then the round of N - 1; memory/simulate: the same in process, the "
+        "member's lease revoked (benchmarks/scale_loss.py), instead of the rounds' table",
     )
     parser.add_argument(
         "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
@@ -535,8 +537,30 @@ def print_frozen(args: argparse.Namespace, sizes: Sequence[int]) -> None:
         print(gc_details(n, frozen[n]))
 
 
+def main_loss(args: argparse.Namespace) -> int:
+    """``--kill`` on the memory store: :mod:`benchmarks.scale_loss`'s runs, their lines."""
+    from benchmarks.scale_loss import loss_details, run_loss
+
+    runs = {}
+    for n in args.sizes:
+        print(f"{args.mode}: N={n} x {args.repeat}, one member lost", file=sys.stderr, flush=True)
+        simulate = args.mode == "simulate"
+        runs[n] = [run_loss(n, args.history_limit, simulate=simulate) for _ in range(args.repeat)]
+        print(loss_details(runs[n]))
+    if args.json is not None:
+        data = {
+            "mode": args.mode,
+            "kill": True,
+            "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
+        }
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kill and args.mode in ("memory", "simulate"):
+        return main_loss(args)
     runs: dict[int, list[RoundFigures]] = {}
     failures: dict[int, str] = {}
     for n in args.sizes:
