@@ -363,7 +363,8 @@ def http_details(figures: Sequence[RoundFigures]) -> str:
             line += (
                 f"\n  N={f.n} --kill: every other member saw the SIGKILLed one lost "
                 f"{f.lost_seen_seconds:.3f} s after the kill; the round of {f.n - 1} returned "
-                f"{f.new_round_seconds:.3f} s after that (last-call window included)"
+                f"{f.new_round_seconds:.3f} s after that (it forms once every survivor registered "
+                "again, without waiting out its last call: fast_reform)"
             )
         lines.append(line)
     return "\n".join(lines)

@@ -18,8 +18,9 @@ SIGKILLed once the round has formed; every other handler waits for ``PARTICIPANT
 (``wait_for_change``, the session's leases revoked after the server's session grace) and then
 joins the next round, of N - 1. Figures: the SIGKILL to the last survivor that saw the loss,
 and from then to the last return of the new round (handlers have min = N - 1, max = N and a
-``last_call_timeout`` of :data:`KILL_LAST_CALL`, which the new round waits out: it never
-reaches max).
+``last_call_timeout`` of :data:`KILL_LAST_CALL`; the new round never reaches max, but forms as
+soon as every survivor has registered again, without waiting out its last call:
+``fast_reform``, the handlers' default).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ JOIN_TIMEOUT = 60.0
 LEASE_TTL = 15.0
 #: the client processes' niceness above the server's (see the module doc)
 CLIENT_NICE = 3
-#: ``--kill``: the handlers' last-call window (the round of N - 1 waits it out)
+#: ``--kill``: the handlers' last-call window (the first round's, min N - 1; the round of N - 1
+#: forms without waiting it out once every survivor registered again: ``fast_reform``)
 KILL_LAST_CALL = 1.0
 #: The sessions' progress interval (s): the server sends each idle watch a progress frame this
 #: often, and a client counts a session silent for three as lost. The default (2 s) costs the

@@ -5,10 +5,11 @@ N handlers (min N - 1, max N) form a round over one memory engine; every member 
 ``wait_for_change``; the engine revokes the last one's lease (what ``aioelastic serve`` does once
 a session's grace has passed after its connection ended, or what a lease's expiry does). Timed
 and counted: from the revoke until every other member has returned ``PARTICIPANT_LOST``, then
-their round of N - 1 (which waits out its last-call window, :data:`LAST_CALL`: it never reaches
-max; the CPU time does not count the wait). What is left is the library's own work on that path
-(the engine's revoke and fan-out, each member's wake-up and its interpretation of the event, the
-rejoin), the part of the http figure that is not the transport's. The work counters are the
+their round of N - 1 (it never reaches max, but forms as soon as every survivor has registered
+again, without waiting out its last call: ``fast_reform``, the handlers' default). What is left
+is the library's own work on that path (the engine's revoke and fan-out, each member's wake-up
+and its interpretation of the event, the rejoin), the part of the http figure that is not the
+transport's. The work counters are the
 engine's (:class:`~aioelastic.store.memory.EngineWork`), per survivor in the report.
 """
 
@@ -25,7 +26,8 @@ from benchmarks.scale import CountingEngine, GcMeter, make_handlers
 
 __all__ = ["LAST_CALL", "LossFigures", "loss_details", "lost_member", "run_loss"]
 
-#: the handlers' last-call window (s): the round of N - 1 waits it out (virtual time: free)
+#: the handlers' last-call window (s), which the first round (min N - 1) must not end before its
+#: N-th node registered; the round of N - 1 does not wait it out (``fast_reform``)
 LAST_CALL = 0.5
 
 
@@ -132,8 +134,8 @@ def loss_details(figures: list[LossFigures]) -> str:
             f"{f.seen_visits / m:.2f} watcher visits per survivor)"
         )
         again = (
-            f"the round of {m} in {f.again_seconds:.3f} s, its {LAST_CALL:g} s last call "
-            f"included ({f.again_cpu_seconds:.3f} s CPU, {f.again_gc_seconds:.3f} s of it in the "
+            f"the round of {m} in {f.again_seconds:.3f} s ({f.again_cpu_seconds:.3f} s CPU, "
+            f"{f.again_gc_seconds:.3f} s of it in the "
             f"collector, {f.again_gc_full} full collections; "
             f"{f.again_cpu_seconds / m * 1e6:.0f} us, {f.again_events / m:.2f} events, "
             f"{f.again_visits / m:.2f} visits and {f.again_writes / m:.2f} writes per member)"
