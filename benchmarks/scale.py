@@ -88,6 +88,9 @@ class RoundFigures:
     #: return of the round of N - 1
     lost_seen_seconds: float | None = None
     new_round_seconds: float | None = None
+    #: http ``--kill``: seconds after the kill of each moment of the loss (the server's, the
+    #: survivors'; ``benchmarks.scale_http.kill_timeline``)
+    kill_timeline: dict[str, float] | None = None
     roster_bytes: int | None = None
     #: memory/simulate: CPU time inside the cyclic garbage collector over the round, that of its
     #: full (generation 2) collections, and how many full collections ran
@@ -366,8 +369,22 @@ def http_details(figures: Sequence[RoundFigures]) -> str:
                 f"{f.new_round_seconds:.3f} s after that (it forms once every survivor registered "
                 "again, without waiting out its last call: fast_reform)"
             )
+        if f.kill_timeline:
+            line += "\n    timeline after the kill: " + timeline_text(f.kill_timeline)
         lines.append(line)
     return "\n".join(lines)
+
+
+def timeline_text(timeline: dict[str, float]) -> str:
+    """The moments of ``--kill``'s loss in order, in seconds after the kill."""
+    order = ("detached", "revoking", "revoked", "written", "first_seen", "last_seen")
+    text = ", ".join(f"{what} {timeline[what]:.3f}" for what in order if what in timeline) + " s"
+    if "written_cpu" in timeline:
+        text += (
+            f" (the server wrote {timeline.get('written_count', 0):.0f} connections with "
+            f"{timeline['written_cpu'] * 1e3:.0f} ms of CPU)"
+        )
+    return text
 
 
 def plot(
