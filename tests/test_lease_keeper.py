@@ -3,10 +3,8 @@ cancels guarded work; in virtual time."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
-from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -14,8 +12,7 @@ import pytest
 
 from aioelastic import open_store
 from aioelastic.errors import LeaseExpiredError, StoreAuthError, StoreConnectionError
-from aioelastic.store import MemoryEngine, MemoryStore
-from aioelastic.store._keeper import first_renewal
+from aioelastic.store import MemoryStore
 from aioelastic.store.http.server import HttpStoreServer
 from aioelastic.testing import FaultInjectingStore, run_virtual
 
@@ -214,50 +211,3 @@ async def test_a_refused_token_after_a_restart_is_a_reported_loss(tmp_path: Path
         if new is not None:
             await new.stop()
         await old.stop()
-
-
-class _RenewalClock(MemoryStore):
-    """A memory store that notes the loop time of every keep-alive."""
-
-    def __init__(self, engine: MemoryEngine, times: list[float]) -> None:
-        super().__init__(engine)
-        self._times = times
-
-    async def lease_keep_alive(self, lease_id: int) -> float:
-        self._times.append(asyncio.get_running_loop().time())
-        return await super().lease_keep_alive(lease_id)
-
-
-async def _renewals_of_keepers_granted_together(n: int) -> tuple[list[float], float]:
-    engine = MemoryEngine()
-    times: list[float] = []
-    stores = [_RenewalClock(engine, times) for _ in range(n)]
-    keepers = [store.lease(ttl=3.0) for store in stores]  # renewed every second
-    start = asyncio.get_running_loop().time()
-    await asyncio.gather(*(k.start() for k in keepers))  # (virtual time: all at once)
-    await asyncio.sleep(3.2)
-    assert not any(k.lost for k in keepers)
-    await asyncio.gather(*(k.aclose() for k in keepers))
-    engine.close()
-    return times, start
-
-
-def test_leases_granted_together_do_not_renew_together() -> None:
-    """A round of N participants grants N leases within a second: their renewals are spread
-    over half an interval from the first one on (each renews at most as often as asked, the
-    first time up to half an interval early), not N keep-alives in the same instant every
-    interval (what they were: 200 in one bucket here)."""
-    n = 200
-    times, start = run_virtual(_renewals_of_keepers_granted_together(n))
-    assert len(times) == 3 * n  # at 0.5-1.0 s, then a second apart: three each in 3.2 s
-    buckets = Counter(int((t - start) * 10) for t in times)  # tenths of the interval
-    assert max(buckets.values()) <= n // 4
-    assert min(times) - start >= 0.5 - 1e-9
-
-
-def test_the_first_renewal_is_at_most_half_an_interval_early_and_fixed_by_the_id() -> None:
-    delays = [first_renewal(lease_id, 6.0) for lease_id in range(1, 1001)]
-    assert all(3.0 <= d <= 6.0 for d in delays)
-    assert first_renewal(7, 6.0) == first_renewal(7, 6.0)
-    # consecutive ids (the memory and http stores hand them out so) fall evenly apart
-    assert max(Counter(int((6.0 - d) / 0.3) for d in delays).values()) <= 110

@@ -5,13 +5,11 @@ virtual time where anything waits."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import gc
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
-from unittest import mock
 from urllib.parse import SplitResult
 
 import anyio
@@ -59,7 +57,6 @@ from aioelastic.store import (
     register_backend,
     supported_schemes,
 )
-from aioelastic.store import _keeper as _keeper_module
 from aioelastic.store._add import CounterAdder
 from aioelastic.store._args import check_int, check_key, check_prefix, check_value, prefix_end
 from aioelastic.store._keeper import LeaseKeeper, LeaseKeeperStatistics
@@ -929,19 +926,8 @@ def _record_keep_alives(store: Store) -> list[float]:
     return times
 
 
-def _first_renewal_on_schedule() -> contextlib.AbstractContextManager[object]:
-    """The first renewal a whole interval after the grant (not spread by the lease id, which
-    ``tests/test_lease_keeper.py`` pins): these tests pin the retries' arithmetic from it."""
-    return mock.patch.object(_keeper_module, "FIRST_RENEWAL_SPREAD", 0.0)
-
-
 @virtual_test
 async def test_a_keeper_retries_at_a_quarter_of_the_time_left_then_renews_on_schedule() -> None:
-    with _first_renewal_on_schedule():
-        await _retries_at_a_quarter_of_the_time_left()
-
-
-async def _retries_at_a_quarter_of_the_time_left() -> None:
     async with FaultInjectingStore(MemoryStore()) as store:
         times = _record_keep_alives(store)
         start = asyncio.get_running_loop().time()
@@ -1109,11 +1095,6 @@ async def test_a_keeper_closed_before_it_started_does_nothing() -> None:
 async def test_a_keeper_retries_until_the_ttl_is_all_but_gone() -> None:
     """Renewals fail from 1 s on, with a TTL of 3: retries at 1.5, 1.875, 2.15625 (0.84 s
     left) and 2.3671875 (0.63 s left), which the healed store answers: the lease is kept."""
-    with _first_renewal_on_schedule():
-        await _retries_until_the_ttl_is_all_but_gone()
-
-
-async def _retries_until_the_ttl_is_all_but_gone() -> None:
     async with FaultInjectingStore(MemoryStore()) as store:
         times = _record_keep_alives(store)
         start = asyncio.get_running_loop().time()

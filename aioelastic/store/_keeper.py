@@ -35,10 +35,6 @@ log = logging.getLogger("aioelastic.store")
 
 #: How long ``aclose`` waits for the revoke of a kept lease before leaving it to expire.
 REVOKE_TIMEOUT = 5.0
-#: A keeper's first renewal comes up to this share of the interval early, by its lease's id
-#: (:func:`first_renewal`): the leases of a round of thousands, granted within a second, then
-#: renew spread over half an interval every interval, not all in the same second.
-FIRST_RENEWAL_SPREAD = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +50,7 @@ class LeaseKeeperStatistics:
 
 
 class LeaseKeeper(AsyncResource):
-    """Grant a lease and keep it alive every ``keep_alive_interval`` (default: TTL / 3; the first
-    renewal up to half an interval early, by the lease id, so that leases granted together do
-    not all renew together, see :func:`first_renewal`).
+    """Grant a lease and keep it alive every ``keep_alive_interval`` (default: TTL / 3).
 
     ``async with store.lease(ttl=5) as lease:`` grants it (``lease.id``) and renews it in a
     background task until the block exits, then revokes it. If the lease is lost — it expired,
@@ -154,7 +148,7 @@ class LeaseKeeper(AsyncResource):
         interval = self._interval if self._interval is not None else self.ttl / 3
         self._interval = interval
         if not self._closed:
-            self._schedule(first_renewal(self._id, interval))
+            self._schedule(interval)
 
     async def aclose(self, *, revoke: bool = True) -> None:
         """Stop renewing; revoke the lease (deleting its keys) unless ``revoke=False``."""
@@ -327,14 +321,6 @@ class LeaseKeeper(AsyncResource):
 
 def _renewal_due(keeper: LeaseKeeper) -> None:
     keeper._renewal_due()
-
-
-def first_renewal(lease_id: int, interval: float) -> float:
-    """The delay of a lease's first renewal: ``interval``, less up to
-    :data:`FIRST_RENEWAL_SPREAD` of it, by a Fibonacci hash of the id (a store's consecutive
-    ids fall evenly apart, random ones at random; the same id always gets the same delay)."""
-    phase = (lease_id * 0x9E3779B97F4A7C15) % (1 << 64) / (1 << 64)  # in [0, 1)
-    return interval * (1.0 - FIRST_RENEWAL_SPREAD * phase)
 
 
 #: the keepers' renewal deadlines, per event loop (one timer per loop, not one per keeper)
