@@ -18,6 +18,7 @@ Modes (``--mode``):
     python -m benchmarks.scale --mode simulate --sizes 100000
     python -m benchmarks.scale --mode http --sizes 1000,2000
     python -m benchmarks.scale --mode http --sizes 10000 --kill
+    python -m benchmarks.scale --sizes 1000,10000 --kill  # the same loss in process
     python -m benchmarks.scale --sizes 1000,10000 --repeat 3 --also-frozen
 
 Prints the median and range of t(N) per size, t(N) / t(first size) beside N / first size, and
@@ -87,6 +88,9 @@ class RoundFigures:
     #: return of the round of N - 1
     lost_seen_seconds: float | None = None
     new_round_seconds: float | None = None
+    #: http ``--kill``: seconds after the kill of each moment of the loss (the server's, the
+    #: survivors'; ``benchmarks.scale_http.kill_timeline``)
+    kill_timeline: dict[str, float] | None = None
     roster_bytes: int | None = None
     #: memory/simulate: CPU time inside the cyclic garbage collector over the round, that of its
     #: full (generation 2) collections, and how many full collections ran
@@ -362,10 +366,25 @@ def http_details(figures: Sequence[RoundFigures]) -> str:
             line += (
                 f"\n  N={f.n} --kill: every other member saw the SIGKILLed one lost "
                 f"{f.lost_seen_seconds:.3f} s after the kill; the round of {f.n - 1} returned "
-                f"{f.new_round_seconds:.3f} s after that (last-call window included)"
+                f"{f.new_round_seconds:.3f} s after that (it forms once every survivor registered "
+                "again, without waiting out its last call: fast_reform)"
             )
+        if f.kill_timeline:
+            line += "\n    timeline after the kill: " + timeline_text(f.kill_timeline)
         lines.append(line)
     return "\n".join(lines)
+
+
+def timeline_text(timeline: dict[str, float]) -> str:
+    """The moments of ``--kill``'s loss in order, in seconds after the kill."""
+    order = ("detached", "revoking", "revoked", "written", "first_seen", "last_seen")
+    text = ", ".join(f"{what} {timeline[what]:.3f}" for what in order if what in timeline) + " s"
+    if "written_cpu" in timeline:
+        text += (
+            f" (the server wrote {timeline.get('written_count', 0):.0f} connections with "
+            f"{timeline['written_cpu'] * 1e3:.0f} ms of CPU)"
+        )
+    return text
 
 
 def plot(
@@ -442,7 +461,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kill",
         action="store_true",
         help="http: SIGKILL one member (a process of its own) after the round; time until every "
-        "other member saw it, then the round of N - 1",
+        "other member saw it, then the round of N - 1; memory/simulate: the same in process, the "
+        "member's lease revoked (benchmarks/scale_loss.py), instead of the rounds' table",
     )
     parser.add_argument(
         "--pause-gc", action="store_true", help="memory/simulate: no cyclic GC during a round"
@@ -535,8 +555,30 @@ def print_frozen(args: argparse.Namespace, sizes: Sequence[int]) -> None:
         print(gc_details(n, frozen[n]))
 
 
+def main_loss(args: argparse.Namespace) -> int:
+    """``--kill`` on the memory store: :mod:`benchmarks.scale_loss`'s runs, their lines."""
+    from benchmarks.scale_loss import loss_details, run_loss
+
+    runs = {}
+    for n in args.sizes:
+        print(f"{args.mode}: N={n} x {args.repeat}, one member lost", file=sys.stderr, flush=True)
+        simulate = args.mode == "simulate"
+        runs[n] = [run_loss(n, args.history_limit, simulate=simulate) for _ in range(args.repeat)]
+        print(loss_details(runs[n]))
+    if args.json is not None:
+        data = {
+            "mode": args.mode,
+            "kill": True,
+            "runs": {n: [asdict(f) for f in runs[n]] for n in runs},
+        }
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kill and args.mode in ("memory", "simulate"):
+        return main_loss(args)
     runs: dict[int, list[RoundFigures]] = {}
     failures: dict[int, str] = {}
     for n in args.sizes:

@@ -18,8 +18,9 @@ SIGKILLed once the round has formed; every other handler waits for ``PARTICIPANT
 (``wait_for_change``, the session's leases revoked after the server's session grace) and then
 joins the next round, of N - 1. Figures: the SIGKILL to the last survivor that saw the loss,
 and from then to the last return of the new round (handlers have min = N - 1, max = N and a
-``last_call_timeout`` of :data:`KILL_LAST_CALL`, which the new round waits out: it never
-reaches max).
+``last_call_timeout`` of :data:`KILL_LAST_CALL`; the new round never reaches max, but forms as
+soon as every survivor has registered again, without waiting out its last call:
+``fast_reform``, the handlers' default).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ JOIN_TIMEOUT = 60.0
 LEASE_TTL = 15.0
 #: the client processes' niceness above the server's (see the module doc)
 CLIENT_NICE = 3
-#: ``--kill``: the handlers' last-call window (the round of N - 1 waits it out)
+#: ``--kill``: the handlers' last-call window (the first round's, min N - 1; the round of N - 1
+#: forms without waiting it out once every survivor registered again: ``fast_reform``)
 KILL_LAST_CALL = 1.0
 #: The sessions' progress interval (s): the server sends each idle watch a progress frame this
 #: often, and a client counts a session silent for three as lost. The default (2 s) costs the
@@ -72,12 +74,16 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve(n: int) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+def serve(
+    n: int, *, timeline: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     """``aioelastic serve`` on a free port for a round of ``n``: (process, URL, the lines it
     printed since). Its history holds 4 N events (the N registrations of a round at once, and
-    room to spare) so that no watcher falls behind a compaction and reads everything again."""
+    room to spare) so that no watcher falls behind a compaction and reads everything again.
+    ``timeline``: run it as :mod:`benchmarks._timeline_serve` (it prints when a session ends)."""
     history = str(max(10_000, 4 * n))
-    with serve_process(["--history-limit", history], _env()) as started:
+    command = [sys.executable, "-m", "benchmarks._timeline_serve"] if timeline else None
+    with serve_process(["--history-limit", history], _env(), command=command) as started:
         yield started
 
 
@@ -102,6 +108,7 @@ def serve_process(
         text=True,
     )
     lines: list[str] = []
+    drain: threading.Thread | None = None
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -118,6 +125,10 @@ def serve_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if drain is not None:
+            drain.join(timeout=5)  # (at the end of the output: the process has exited)
+        if proc.stdout is not None and (drain is None or not drain.is_alive()):
+            proc.stdout.close()
 
 
 def _proc_cpu_rss(pid: int) -> tuple[float, int]:
@@ -183,17 +194,19 @@ async def _joined(
 
 async def _lost_then_again(handlers: list[DynamicRendezvousHandler], join_timeout: float) -> None:
     """``--kill``, a survivor process: when every handler saw the loss, then the next round."""
-    seen = 0.0
+    seen, earliest = 0.0, float("inf")
 
     async def watch(h: DynamicRendezvousHandler) -> str:
-        nonlocal seen
+        nonlocal seen, earliest
         event = await h.wait_for_change()
-        seen = max(seen, time.time())
+        now = time.time()
+        seen, earliest = max(seen, now), min(earliest, now)
         return event.kind.name
 
     kinds = await asyncio.gather(*(watch(h) for h in handlers), return_exceptions=True)
     wrong = [k for k in kinds if k != RendezvousEventKind.PARTICIPANT_LOST.name]
-    _say("LOST", at=seen, wrong=[str(k)[:200] for k in wrong[:3]], wrong_count=len(wrong))
+    wrongs = [str(k)[:200] for k in wrong[:3]]
+    _say("LOST", at=seen, first=earliest, wrong=wrongs, wrong_count=len(wrong))
     last, ranks, first, failed = await _joined(handlers, join_timeout)
     _say("AGAIN", at=last, ranks=ranks, error=first, failed=failed)
 
@@ -308,6 +321,10 @@ class Client:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # (stdin: a broken pipe's last flush)
+                    pipe.close()
 
 
 def _check(answers: list[dict[str, Any]], n: int, server_lines: list[str], what: str) -> None:
@@ -341,7 +358,7 @@ def run_http(
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     spread = n - 1 if kill else n
     counts = [spread // clients + (1 if i < spread % clients else 0) for i in range(clients)]
-    with serve(n) as (server, url, server_lines):
+    with serve(n, timeline=kill) as (server, url, server_lines):
         timing = (str(join_timeout), str(lease_ttl))
         procs = _spawn(url, run_id, n, counts, "survivor" if kill else "all", *timing)
         victim = Client(url, run_id, n, 1, "victim", *timing) if kill else None
@@ -359,6 +376,7 @@ def run_http(
             record_bytes, state_bytes, revision_after = asyncio.run(_record_sizes(url, run_id))
             _check(answers, n, server_lines, "the round")
             lost = _kill_and_rejoin(victim, procs, n, server_lines) if victim else None
+            timeline = None if lost is None else lost[2]
             for proc in everyone:
                 if proc is not victim:
                     proc.tell("go\n")
@@ -383,14 +401,15 @@ def run_http(
         connect_retries=sum(a["connect_retries"] for a in answers),
         lost_seen_seconds=None if lost is None else lost[0],
         new_round_seconds=None if lost is None else lost[1],
+        kill_timeline=timeline,
     )
 
 
 def _kill_and_rejoin(
     victim: Client, survivors: list[Client], n: int, server_lines: list[str]
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     """SIGKILL the victim; (seconds until every survivor saw it lost, then until the round of
-    N - 1 returned everywhere)."""
+    N - 1 returned everywhere, the timeline of the loss: :func:`kill_timeline`)."""
     time.sleep(0.2)  # the survivors are in wait_for_change
     killed = time.time()
     victim.proc.send_signal(signal.SIGKILL)
@@ -402,7 +421,33 @@ def _kill_and_rejoin(
     seen = max(float(a["at"]) for a in lost)
     again = [proc.answer("AGAIN") for proc in survivors]
     _check(again, n - 1, server_lines, "the round after the kill")
-    return seen - killed, max(float(a["at"]) for a in again) - seen
+    first = min(float(a["first"]) for a in lost)
+    timeline = kill_timeline(server_lines, killed, first, seen)
+    return seen - killed, max(float(a["at"]) for a in again) - seen, timeline
+
+
+def kill_timeline(
+    server_lines: list[str], killed: float, first: float, seen: float
+) -> dict[str, float]:
+    """Seconds after the SIGKILL of each moment of the loss: the server saw the connection end
+    (``detached``), its grace ended and it revoked the leases (``revoking``, ``revoked``), wrote
+    the woken connections (``written``; ``written_cpu``: its CPU seconds, ``written_count``: how
+    many), the first and the last survivor returned PARTICIPANT_LOST (``first_seen``,
+    ``last_seen``). The server's moments are the first of each after the kill (its
+    ``TIMELINE`` lines, :mod:`benchmarks._timeline_serve`); one it did not print is missing."""
+    timeline = {"first_seen": first - killed, "last_seen": seen - killed}
+    for line in list(server_lines):
+        said = line.split()
+        if len(said) < 3 or said[0] != "TIMELINE" or float(said[2]) < killed:
+            continue
+        what, at = said[1], float(said[2])
+        if what in timeline:
+            continue
+        timeline[what] = at - killed
+        if what == "written" and len(said) >= 5:
+            timeline["written_count"] = float(said[3])
+            timeline["written_cpu"] = float(said[4])
+    return timeline
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from aioelastic.store.memory import Commit
 from aioelastic.testing import run_virtual
 from benchmarks.scale import RoundFigures, memory_rounds, newcomer_round
 from benchmarks.scale import main as scale_main
+from benchmarks.scale_loss import lost_member
 
 SMALL, LARGE = 100, 400
 #: linear growth is LARGE / SMALL = 4 (plus constant terms); quadratic is 16
@@ -309,3 +310,31 @@ def test_a_static_round_delivers_linearly_many_events() -> None:
     assert large_events <= LINEAR * events
     assert large_visits <= LINEAR * visits  # every rank watching every registration: 16-fold
     assert large_visits <= 3 * LARGE
+
+
+def test_a_lost_member_costs_each_survivor_one_event() -> None:
+    """One member of N lost (its lease revoked, as the server does after a session's grace):
+    each survivor reads one event (the deleted member record) and is visited once, whatever N
+    (a scan of every member, or an event per member to each, would grow with N); the round of
+    N - 1 after it is linear too."""
+    small, large = (run_virtual(lost_member(n)) for n in (SMALL, LARGE))
+    for f in (small, large):
+        assert f.seen_events == f.n - 1
+        assert f.seen_visits == f.n - 1
+        assert 2 * (f.n - 1) <= f.again_events <= 8 * f.n
+    assert large.again_events <= LINEAR * small.again_events
+    assert large.again_visits <= LINEAR * small.again_visits
+    assert large.again_writes <= LINEAR * small.again_writes
+
+
+def test_the_scale_benchmark_times_a_lost_member_in_process(tmp_path: Path) -> None:
+    """``--kill`` on the memory store: the loss and the round after it, per run, in the JSON."""
+    out = tmp_path / "loss.json"
+    argv = ["--mode", "simulate", "--kill", "--sizes", "5,10", "--repeat", "2"]
+    assert scale_main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["kill"] is True
+    assert {n: len(figures) for n, figures in data["runs"].items()} == {"5": 2, "10": 2}
+    for f in data["runs"]["10"]:
+        assert f["seen_events"] == 9
+        assert f["again_seconds"] > 0
