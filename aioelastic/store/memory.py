@@ -29,6 +29,7 @@ from ._memory_txn import evaluate_txn
 from ._memory_types import EVENTS_LOGGED, WRITES, Commit, EngineState, EngineWork, LeaseChange
 from ._memory_watch_hub import WatchHub
 from ._memory_watch_hub import _Watcher as _Watcher  # the served watches annotate with it
+from ._records import new_txn_result
 from ._txn import Txn, TxnResult
 from ._types import (
     CasResult,
@@ -182,7 +183,7 @@ class MemoryEngine(EngineReplay):
                 RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
                 for r in results
             ]
-        return TxnResult(succeeded, revision, tuple(results))
+        return new_txn_result(succeeded, revision, tuple(results))
 
     def add(self, key: str, delta: int) -> int:
         self._check_open()
