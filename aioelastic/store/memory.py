@@ -30,7 +30,7 @@ from ._memory_types import EVENTS_LOGGED, WRITES, Commit, EngineState, EngineWor
 from ._memory_watch_hub import WatchHub
 from ._memory_watch_hub import _Watcher as _Watcher  # the served watches annotate with it
 from ._records import new_txn_result
-from ._txn import Txn, TxnResult
+from ._txn import Compare, Txn, TxnResult
 from ._types import (
     CasResult,
     EventType,
@@ -168,6 +168,12 @@ class MemoryEngine(EngineReplay):
         self._revision += 1
         self._commit((self._keyspace.remove(key, self._revision),))
         return CasResult(True, self._revision, None)
+
+    def compares_hold(self, compares: tuple[Compare, ...]) -> bool:
+        """Whether every one of ``compares`` holds now: the branch :meth:`txn` would run, if
+        nothing writes in between (the session server decodes only that one)."""
+        data = self._data
+        return all(c.holds(data.get(c.key)) for c in compares)
 
     def txn(self, txn: Txn) -> TxnResult:
         """Apply a checked transaction atomically: one revision, one commit of its events."""
