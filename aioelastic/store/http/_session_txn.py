@@ -134,16 +134,14 @@ def plain_txn(
 def _branch(
     items: Any, key_room: int, max_value_bytes: int, *, build: bool = True
 ) -> tuple[tuple[TxnOp, ...], int] | None:
-    """One branch's operations (``()`` unless ``build``: checked only) and their size in bytes,
-    or None (see :func:`plain_txn`)."""
+    """A branch's operations (none unless ``build``) and bytes, or None (see :func:`plain_txn`)."""
     if type(items) is not list or len(items) > MAX_TXN_OPS:
         return None
     ops: list[TxnOp] = []
     size = 0
-    written: set[str] | None = None  # keys put or deleted, once two such ops are seen
-    first_write: str | None = None
+    writes: list[str] = []  # keys put or deleted
     put_keys: list[str] = []
-    prefixes: list[str] | None = None  # deleted ones (a round's garbage, with its puts)
+    prefixes: list[str] = []  # deleted ones (a round's garbage, with its puts)
     for item in items:
         if type(item) is not list or not item:
             return None
@@ -170,10 +168,7 @@ def _branch(
         elif kind == "delete_prefix" and len(item) == 2 and key:
             if build:
                 ops.append(_one_key(DeletePrefix, _DELETE_PREFIX, key))
-            if prefixes is None:
-                prefixes = [key]
-            else:
-                prefixes.append(key)
+            prefixes.append(key)
         elif kind == "range" and len(item) == 3:
             limit = item[2]
             if limit is not None and (type(limit) is not int or limit < 1):
@@ -184,16 +179,10 @@ def _branch(
             return None  # an empty delete_prefix (everything: the full path's), or invalid
         size += len(key)
         if kind == "put" or kind == "delete":
-            # one write per key: a key put twice, or put and deleted (the full path says which)
-            if first_write is None:
-                first_write = key
-            else:
-                if written is None:
-                    written = {first_write}
-                if key in written:
-                    return None
-                written.add(key)
-    if prefixes is not None and _puts_under(put_keys, tuple(prefixes)):
+            writes.append(key)
+    if len(writes) > 1 and len(set(writes)) < len(writes):
+        return None  # one write per key: a key put twice, or put and deleted (the full path's)
+    if prefixes and _puts_under(put_keys, tuple(prefixes)):
         return None  # a key put under a prefix the branch deletes: the full path says so
     return tuple(ops), size
 
