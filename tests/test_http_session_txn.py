@@ -172,3 +172,47 @@ def test_the_one_pass_way_makes_its_operations_without_checking_them_again(
 )
 def test_what_needs_a_closer_look_is_left_to_the_full_path(args: Any) -> None:
     assert plain_txn(args, MAX_KEY, MAX_VALUE) is None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(frames, plain_frames), st.booleans())
+def test_told_which_branch_runs_the_decoder_checks_both_and_builds_that_one(
+    args: Any, taken: bool
+) -> None:
+    """With ``holds`` (the engine's word on the compares), the branch that will not run is
+    checked as fully as before (the same transactions go to the full path) but not built."""
+    asked: list[tuple[Compare, ...]] = []
+
+    def holds(compares: tuple[Compare, ...]) -> bool:
+        asked.append(compares)
+        return taken
+
+    lazy = plain_txn(args, MAX_KEY, MAX_VALUE, holds)
+    both = plain_txn(args, MAX_KEY, MAX_VALUE)
+    assert (lazy is None) == (both is None)
+    if lazy is None or both is None:
+        return
+    assert asked == [both.compare]
+    assert lazy.compare == both.compare
+    assert lazy.success == (both.success if taken else ())
+    assert lazy.failure == (() if taken else both.failure)
+
+
+def test_a_join_that_finds_the_driver_claimed_builds_only_its_registration() -> None:
+    """Every node but the first of a round finds ``c/driver`` claimed: its transaction's
+    success branch (the claim) is checked, and only the registration is built."""
+    lazy = plain_txn(JOIN, 1024, 1 << 20, lambda compares: False)
+    full = _full(JOIN)
+    assert lazy is not None
+    assert full is not None
+    assert lazy.success == ()
+    assert lazy.failure == full.failure
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_branch_not_built_is_still_refused_for_what_the_full_path_refuses(taken: bool) -> None:
+    bad = [["put", "k", b"1", 0], ["put", "k", b"2", 0]]  # a key put twice
+    good = [["put", "j", b"1", 0]]
+    args = [[["k", "version", ">", 0]], good if taken else bad, bad if taken else good]
+    assert plain_txn(args, MAX_KEY, MAX_VALUE, lambda compares: taken) is None
+    assert _full(args) is None

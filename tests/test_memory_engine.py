@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from aioelastic.errors import CompactedError, StoreClosedError
-from aioelastic.store import EventType, MemoryEngine, MemoryStore
+from aioelastic.store import Compare, EventType, MemoryEngine, MemoryStore, Put, Txn
 from aioelastic.testing import run_virtual
 
 
@@ -254,3 +254,24 @@ def test_a_lease_whose_expiry_cannot_be_recorded_lives_until_it_can() -> None:
         assert engine.lease_count == 0
 
     run_virtual(main)
+
+
+def test_compares_hold_says_which_branch_a_transaction_runs() -> None:
+    """``compares_hold`` (the session server decodes only the branch it names) answers what
+    ``txn`` then finds, for every target, an absent key and no compares at all."""
+    engine = MemoryEngine()
+    engine.put("k", b"v")
+    cases = [
+        (Compare.version("k") == 1,),
+        (Compare.version("k") > 1,),
+        (Compare.value("k") == b"v", Compare.mod_revision("k") == 1),
+        (Compare.value("k") == b"v", Compare.mod_revision("k") != 1),
+        (Compare.create_revision("gone") == 0,),
+        (Compare.value("gone") == b"",),
+        (),
+    ]
+    said = [engine.compares_hold(compares) for compares in cases]
+    assert said == [True, False, True, False, True, False, True]
+    for compares, holds in zip(cases, said, strict=True):
+        result = engine.txn(Txn(compares, (Put("s", b"1"),), (Put("f", b"1"),)))
+        assert result.succeeded is holds

@@ -7,7 +7,10 @@ from ._base import prefix_end
 from ._memory_leases import _Lease
 from ._memory_sorted import SortedKeys
 from ._memory_types import KEYS_SCANNED
+from ._records import new_event, new_kv
 from ._types import EventType, KeyValue, WatchEvent
+
+_DELETE = EventType.DELETE
 
 __all__ = ["KeySpace"]
 
@@ -35,11 +38,11 @@ class KeySpace:
         self.undo.append((key, old))
         if old is None:
             self.keys.add(key)
-            kv = KeyValue(key, value, revision, revision, 1, lease)
+            kv = new_kv(key, value, revision, revision, 1, lease)
         else:
             if old.lease and old.lease != lease and (held := self.leases.get(old.lease)):
                 held.keys.discard(key)
-            kv = KeyValue(key, value, old.create_revision, revision, old.version + 1, lease)
+            kv = new_kv(key, value, old.create_revision, revision, old.version + 1, lease)
         if lease:
             self.leases[lease].keys.add(key)
         self.data[key] = kv
@@ -51,7 +54,7 @@ class KeySpace:
         self.keys.remove(key)
         if old.lease and (held := self.leases.get(old.lease)):
             held.keys.discard(key)
-        return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, 0))
+        return new_event(_DELETE, new_kv(key, b"", 0, revision, 0, 0))
 
     def undo_writes(self) -> None:
         """Put back what the current write changed (a hook vetoed it)."""

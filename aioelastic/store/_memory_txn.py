@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from ..errors import LeaseNotFoundError
 from ._memory_keys import KeySpace
+from ._records import new_delete_result, new_event, new_get_result, new_put_result
 from ._txn import (
     Delete,
     DeletePrefix,
-    DeleteResult,
     Get,
-    GetResult,
     OpResult,
     Put,
-    PutResult,
     Range,
     Txn,
 )
@@ -45,20 +43,20 @@ def evaluate_txn(
         if isinstance(op, Put):
             prev = data.get(op.key)
             kv = keys.write(op.key, op.value, op.lease, revision)
-            events.append(WatchEvent(_PUT, kv))
-            results.append(PutResult(kv, prev))
+            events.append(new_event(_PUT, kv))
+            results.append(new_put_result(kv, prev))
         elif isinstance(op, Delete):
             if op.key in data:
                 events.append(keys.remove(op.key, revision))
-                results.append(DeleteResult(1))
+                results.append(new_delete_result(1))
             else:
-                results.append(DeleteResult(0))
+                results.append(new_delete_result(0))
         elif isinstance(op, Get):
-            results.append(GetResult(data.get(op.key)))
+            results.append(new_get_result(data.get(op.key)))
         elif isinstance(op, DeletePrefix):
             gone = [keys.remove(key, revision) for key in keys.range_keys(op.prefix, None)[0]]
             events += gone
-            results.append(DeleteResult(len(gone)))
+            results.append(new_delete_result(len(gone)))
         else:
             assert isinstance(op, Range)
             found, count = keys.range_keys(op.prefix, op.limit)

@@ -272,7 +272,8 @@ class WatchHub:
                 return []
             watcher.hits = _NO_HITS
             events = [log[index - base] for index in hits]
-            if events[0].revision < minimum:  # a watch that starts at a future revision
+            # (kv.mod_revision: the event's revision without its property's call, per read)
+            if events[0].kv.mod_revision < minimum:  # a watch that starts at a future revision
                 events = [e for e in events if e.revision >= minimum]
             work[EVENTS_DELIVERED] += len(events)
             return events

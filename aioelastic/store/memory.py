@@ -29,7 +29,8 @@ from ._memory_txn import evaluate_txn
 from ._memory_types import EVENTS_LOGGED, WRITES, Commit, EngineState, EngineWork, LeaseChange
 from ._memory_watch_hub import WatchHub
 from ._memory_watch_hub import _Watcher as _Watcher  # the served watches annotate with it
-from ._txn import Txn, TxnResult
+from ._records import new_txn_result
+from ._txn import Compare, Txn, TxnResult
 from ._types import (
     CasResult,
     EventType,
@@ -168,6 +169,12 @@ class MemoryEngine(EngineReplay):
         self._commit((self._keyspace.remove(key, self._revision),))
         return CasResult(True, self._revision, None)
 
+    def compares_hold(self, compares: tuple[Compare, ...]) -> bool:
+        """Whether every one of ``compares`` holds now: the branch :meth:`txn` would run, if
+        nothing writes in between (the session server decodes only that one)."""
+        data = self._data
+        return all(c.holds(data.get(c.key)) for c in compares)
+
     def txn(self, txn: Txn) -> TxnResult:
         """Apply a checked transaction atomically: one revision, one commit of its events."""
         self._check_open()
@@ -182,7 +189,7 @@ class MemoryEngine(EngineReplay):
                 RangeResult(r.kvs, revision, r.count, r.more) if isinstance(r, RangeResult) else r
                 for r in results
             ]
-        return TxnResult(succeeded, revision, tuple(results))
+        return new_txn_result(succeeded, revision, tuple(results))
 
     def add(self, key: str, delta: int) -> int:
         self._check_open()

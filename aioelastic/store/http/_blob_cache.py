@@ -40,7 +40,8 @@ class BlobCache:
         if revision != self._revision:
             self._blobs.clear()
             self._revision = revision
-        key = (prefix, events[0].revision, events[-1].revision, len(events))
+        # (kv.mod_revision: each event's revision, without the property's call per pump)
+        key = (prefix, events[0].kv.mod_revision, events[-1].kv.mod_revision, len(events))
         blob = self._blobs.get(key)
         if blob is None:
             blob = self._blobs[key] = self._encode(events)

@@ -19,11 +19,11 @@ the events that several watches of a connection read alike are one frame,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import fields
 from typing import Any
 
 import msgpack
 
+from .._records import new_event, new_kv, new_record, slot_setters
 from .._types import EventType, KeyValue, LeaseStatus, RangeResult, WatchEvent
 
 __all__ = [
@@ -156,46 +156,6 @@ def _checked(frame: Any) -> list[Any]:
     if not isinstance(frame, list) or not frame:
         raise FrameError(f"a frame must be a non-empty array, got {type(frame).__name__}")
     return frame
-
-
-def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
-    """The slot setters of the frozen dataclass ``cls``'s fields, which must be ``names`` in
-    order (checked at import: a field added to ``cls`` must be added here too)."""
-    have = tuple(f.name for f in fields(cls))
-    if have != names:
-        raise AssertionError(f"{cls.__name__}'s fields are {have}, not {names}")
-    return tuple(cls.__dict__[name].__set__ for name in names)
-
-
-# A frozen dataclass's __init__ sets each field through object.__setattr__ (about three times
-# the cost of setting its slots): the records decoded on every answer and event are made here
-# from their slots, with the same fields and the same result.
-_new = new_record = object.__new__
-_KV_SET = slot_setters(
-    KeyValue, ("key", "value", "create_revision", "mod_revision", "version", "lease")
-)
-_EVENT_SET = slot_setters(WatchEvent, ("type", "kv"))
-
-
-def new_kv(key: str, value: bytes, create: int, mod: int, version: int, lease: int) -> KeyValue:
-    """``KeyValue(key, value, create, mod, version, lease)``, made at a third of its cost."""
-    kv: KeyValue = _new(KeyValue)
-    set_key, set_value, set_create, set_mod, set_version, set_lease = _KV_SET
-    set_key(kv, key)
-    set_value(kv, value)
-    set_create(kv, create)
-    set_mod(kv, mod)
-    set_version(kv, version)
-    set_lease(kv, lease)
-    return kv
-
-
-def new_event(kind: EventType, kv: KeyValue) -> WatchEvent:
-    """``WatchEvent(kind, kv)``, made from its slots."""
-    event: WatchEvent = _new(WatchEvent)
-    _EVENT_SET[0](event, kind)
-    _EVENT_SET[1](event, kv)
-    return event
 
 
 def kv_to_wire(kv: KeyValue) -> list[Any]:

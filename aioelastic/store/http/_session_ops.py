@@ -153,10 +153,13 @@ def _add(conn: Connection, rid: int, args: list[Any]) -> Any:
 
 def _txn(conn: Connection, rid: int, args: list[Any]) -> Any:
     hub = conn.hub
-    txn = plain_txn(args, hub.max_key_bytes, hub.max_value_bytes)  # one pass, the usual case
+    engine = hub.engine
+    # one pass, the usual case: the branch that will not run is checked, not built (the engine
+    # applies the transaction at once, as of the same state)
+    txn = plain_txn(args, hub.max_key_bytes, hub.max_value_bytes, engine.compares_hold)
     if txn is None:
         txn = _checked_txn(conn, args)  # the full checks, and their errors
-    return result_to_frame(hub.engine.txn(txn))  # LeaseNotFoundError -> its error frame
+    return result_to_frame(engine.txn(txn))  # LeaseNotFoundError -> its error frame
 
 
 def _checked_txn(conn: Connection, args: list[Any]) -> Txn:

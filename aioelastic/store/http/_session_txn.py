@@ -13,6 +13,7 @@ what is refused and why; this one only accepts what the full path accepts, as th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._txn import (
@@ -79,10 +80,21 @@ def _range(prefix: str, limit: int | None) -> Range:
     return op
 
 
-def plain_txn(args: list[Any], max_key_bytes: int, max_value_bytes: int) -> Txn | None:
+def plain_txn(
+    args: list[Any],
+    max_key_bytes: int,
+    max_value_bytes: int,
+    holds: Callable[[tuple[Compare, ...]], bool] | None = None,
+) -> Txn | None:
     """The :class:`Txn` of a ``txn`` op's arguments when they are plainly valid (every type
     exact, every key and value within the session's limits and the transaction's, no key put
-    twice or put and deleted in one branch); None: let the full path judge."""
+    twice or put and deleted in one branch); None: let the full path judge.
+
+    ``holds(compares)``: whether the compares hold now (the engine's answer, asked once they
+    are decoded). The branch that will not run is then checked as fully but not built (its
+    operations are ``()``): a rendezvous join's registration carries a driver claim whose
+    compare fails for all but the first of N nodes, and its success branch is most of the
+    transaction. Only for a transaction applied at once, before anything else can write."""
     if type(args) is not list or len(args) != 3:
         return None
     compares_in, success_in, failure_in = args
@@ -107,27 +119,29 @@ def plain_txn(args: list[Any], max_key_bytes: int, max_value_bytes: int) -> Txn 
             return None
         size += len(key)
         compares.append(_compare(key, target, op, operand))
-    success = _branch(success_in, key_room, max_value_bytes)
-    failure = _branch(failure_in, key_room, max_value_bytes)
+    checked = tuple(compares)
+    taken = None if holds is None else holds(checked)  # (None: build both branches)
+    success = _branch(success_in, key_room, max_value_bytes, build=taken is not False)
+    failure = _branch(failure_in, key_room, max_value_bytes, build=taken is not True)
     if success is None or failure is None:
         return None
     size += success[1] + failure[1]
     if size > MAX_TXN_BYTES:
         return None
-    return Txn(tuple(compares), success[0], failure[0])
+    return Txn(checked, success[0], failure[0])
 
 
 def _branch(
-    items: Any, key_room: int, max_value_bytes: int
+    items: Any, key_room: int, max_value_bytes: int, *, build: bool = True
 ) -> tuple[tuple[TxnOp, ...], int] | None:
-    """One branch's operations and their size in bytes, or None (see :func:`plain_txn`)."""
+    """A branch's operations (none unless ``build``) and bytes, or None (see :func:`plain_txn`)."""
     if type(items) is not list or len(items) > MAX_TXN_OPS:
         return None
     ops: list[TxnOp] = []
     size = 0
-    written: set[str] | None = None  # keys put or deleted, once two such ops are seen
-    first_write: str | None = None
-    prefixes: list[str] | None = None  # deleted ones (a round's garbage, with its puts)
+    writes: list[str] = []  # keys put or deleted
+    put_keys: list[str] = []
+    prefixes: list[str] = []  # deleted ones (a round's garbage, with its puts)
     for item in items:
         if type(item) is not list or not item:
             return None
@@ -142,40 +156,36 @@ def _branch(
             if type(lease) is not int or lease < 0:
                 return None
             size += len(value)
-            op: TxnOp = _put(key, value, lease)
+            put_keys.append(key)
+            if build:
+                ops.append(_put(key, value, lease))
         elif kind == "delete" and len(item) == 2 and key:
-            op = _one_key(Delete, _DELETE_KEY, key)
+            if build:
+                ops.append(_one_key(Delete, _DELETE_KEY, key))
         elif kind == "get" and len(item) == 2 and key:
-            op = _one_key(Get, _GET_KEY, key)
+            if build:
+                ops.append(_one_key(Get, _GET_KEY, key))
         elif kind == "delete_prefix" and len(item) == 2 and key:
-            op = _one_key(DeletePrefix, _DELETE_PREFIX, key)
-            if prefixes is None:
-                prefixes = [key]
-            else:
-                prefixes.append(key)
+            if build:
+                ops.append(_one_key(DeletePrefix, _DELETE_PREFIX, key))
+            prefixes.append(key)
         elif kind == "range" and len(item) == 3:
             limit = item[2]
             if limit is not None and (type(limit) is not int or limit < 1):
                 return None
-            op = _range(key, limit)
+            if build:
+                ops.append(_range(key, limit))
         else:
             return None  # an empty delete_prefix (everything: the full path's), or invalid
         size += len(key)
         if kind == "put" or kind == "delete":
-            # one write per key: a key put twice, or put and deleted (the full path says which)
-            if first_write is None:
-                first_write = key
-            else:
-                if written is None:
-                    written = {first_write}
-                if key in written:
-                    return None
-                written.add(key)
-        ops.append(op)
-    if prefixes is not None and _puts_under(ops, tuple(prefixes)):
+            writes.append(key)
+    if len(writes) > 1 and len(set(writes)) < len(writes):
+        return None  # one write per key: a key put twice, or put and deleted (the full path's)
+    if prefixes and _puts_under(put_keys, tuple(prefixes)):
         return None  # a key put under a prefix the branch deletes: the full path says so
     return tuple(ops), size
 
 
-def _puts_under(ops: list[TxnOp], prefixes: tuple[str, ...]) -> bool:
-    return any(type(op) is Put and op.key.startswith(prefixes) for op in ops)
+def _puts_under(put_keys: list[str], prefixes: tuple[str, ...]) -> bool:
+    return any(key.startswith(prefixes) for key in put_keys)

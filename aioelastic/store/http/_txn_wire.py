@@ -24,6 +24,7 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
+from .._records import new_get_result, new_kv, new_put_result, new_txn_result
 from .._txn import (
     Compare,
     Delete,
@@ -41,7 +42,6 @@ from .._txn import (
     check_txn,
 )
 from .._types import KeyValue, RangeResult
-from ._frames import new_kv, new_record, slot_setters
 
 __all__ = [
     "result_from_frame",
@@ -304,35 +304,6 @@ def _kv_unframe(item: Any) -> KeyValue | None:
     return None if item is None else new_kv(*item)
 
 
-# The client decodes a result per transaction: its records are made from their slots (as
-# ``_frames.new_kv``; a frozen dataclass's __init__ costs about three times as much).
-_PUT_SET = slot_setters(PutResult, ("kv", "prev_kv"))
-_GET_SET = slot_setters(GetResult, ("kv",))
-_TXN_SET = slot_setters(TxnResult, ("succeeded", "revision", "results"))
-
-
-def _put_result(kv: KeyValue, prev_kv: KeyValue | None) -> PutResult:
-    result: PutResult = new_record(PutResult)
-    _PUT_SET[0](result, kv)
-    _PUT_SET[1](result, prev_kv)
-    return result
-
-
-def _get_result(kv: KeyValue | None) -> GetResult:
-    result: GetResult = new_record(GetResult)
-    _GET_SET[0](result, kv)
-    return result
-
-
-def _txn_result(succeeded: bool, revision: int, results: tuple[OpResult, ...]) -> TxnResult:
-    result: TxnResult = new_record(TxnResult)
-    set_succeeded, set_revision, set_results = _TXN_SET
-    set_succeeded(result, succeeded)
-    set_revision(result, revision)
-    set_results(result, results)
-    return result
-
-
 def result_to_frame(result: TxnResult) -> list[Any]:
     out: list[Any] = []
     for r in result.results:
@@ -357,9 +328,9 @@ def result_from_frame(value: Any) -> TxnResult:
             kv = _kv_unframe(item[1])
             if kv is None:
                 raise ValueError("a put result without its key-value")
-            results.append(_put_result(kv, _kv_unframe(item[2])))
+            results.append(new_put_result(kv, _kv_unframe(item[2])))
         elif kind == "get":
-            results.append(_get_result(_kv_unframe(item[1])))
+            results.append(new_get_result(_kv_unframe(item[1])))
         elif kind == "range":
             kvs = tuple(kv for kv in map(_kv_unframe, item[3]) if kv is not None)
             results.append(RangeResult(kvs, int(revision), int(item[1]), bool(item[2])))
@@ -367,4 +338,4 @@ def result_from_frame(value: Any) -> TxnResult:
             results.append(DeleteResult(int(item[1])))
         else:
             raise ValueError(f"unknown result op {str(kind)[:40]!r}")
-    return _txn_result(bool(succeeded), int(revision), tuple(results))
+    return new_txn_result(bool(succeeded), int(revision), tuple(results))
