@@ -306,6 +306,12 @@ def run_simulated(
 # -- reporting
 
 
+def _ratio(value: float, base: float) -> str:
+    """``value / base`` for the table, "-" when the base is 0 (a CPU time under the clock's
+    tick, as in a tiny run)."""
+    return f"{value / base:.2f}" if base > 0 else "-"
+
+
 def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
     first = sizes[0]
     base = statistics.median(f.seconds for f in runs[first])
@@ -329,7 +335,8 @@ def summary(sizes: Sequence[int], runs: dict[int, list[RoundFigures]]) -> str:
         roster = "-" if f.roster_bytes is None else f"{f.roster_bytes:,}"
         lines.append(
             f"{n:>7} {med:>10.3f}s {min(times):>6.3f}-{max(times):.3f}s {cpu:>9.3f}s "
-            f"{med / base:>5.2f} {cpu / base_cpu:>6.2f} {n / first:>5.1f} {per(f.events):>8} "
+            f"{_ratio(med, base):>5} {_ratio(cpu, base_cpu):>6} {n / first:>5.1f} "
+            f"{per(f.events):>8} "
             f"{per(f.event_bytes):>7} {per(f.writes):>8} {per(f.watcher_visits):>8} "
             f"{f.record_bytes:>9,} {roster:>10} {f.state_bytes:>10,}"
         )
