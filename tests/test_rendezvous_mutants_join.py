@@ -824,16 +824,37 @@ async def test_a_handler_closed_while_its_lease_is_granted_ends_the_join_at_once
 
 @virtual_test
 async def test_a_deadline_passed_during_a_request_ends_the_join_when_it_returns() -> None:
-    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
-    h = handler(store, 2, 2, join_timeout=10.0, lease_ttl=1000.0)
-    store.hang("txn")  # the registration (with the driver claim)
+    # node-b's registration (no driver claim: node-a drives) is answered after its deadline,
+    # and nothing in c/ changes after it: the join must see its deadline without a wake-up
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 3, 3, node_id="node-a")
+    driving = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)
+    store = FaultInjectingStore(MemoryStore(engine))
+    b = handler(store, 3, 3, join_timeout=10.0, lease_ttl=1000.0, node_id="node-b")
+    store.hang("compare_and_swap")
     loop = asyncio.get_running_loop()
     loop.call_later(20.0, store.release)
-    with anyio.fail_after(50.0), pytest.raises(RendezvousTimeoutError) as caught:
-        await h.next_rendezvous()
+    with anyio.fail_after(60.0), pytest.raises(RendezvousTimeoutError) as caught:
+        await b.next_rendezvous()
     assert str(caught.value) == "the rendezvous 'job' did not complete within join_timeout=10.0s"
-    assert loop.time() == pytest.approx(20.0)
+    assert loop.time() == pytest.approx(1.0 + 20.0)
+    await b.aclose()
+    await a.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
+
+
+@virtual_test
+async def test_closing_a_handler_ends_its_parked_join_at_once() -> None:
+    h = handler(MemoryStore(MemoryEngine()), 2, 2)
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)  # parked, waiting for a second node
     await h.aclose()
+    with pytest.raises(RendezvousClosedError, match="was closed while joining"):
+        await joining
+    assert loop.time() == pytest.approx(1.0)
 
 
 @virtual_test
