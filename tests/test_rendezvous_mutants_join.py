@@ -902,3 +902,29 @@ async def test_a_join_after_a_lost_lease_registers_again_for_the_same_round() ->
     assert first.round == second.round == 0
     await a.aclose()
     await b.aclose()
+
+
+@virtual_test
+async def test_a_handler_closed_while_its_lease_is_granted_ends_a_join_it_does_not_drive() -> None:
+    # node-b's registration (node-a drives) changes nothing in c/: no event wakes its wait,
+    # which must see the close by itself
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 3, 3, node_id="node-a")
+    driving = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)
+    store = FaultInjectingStore(MemoryStore(engine))
+    b = handler(store, 3, 3, node_id="node-b")
+    store.hang("lease_grant")
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(b.next_rendezvous())
+    await asyncio.sleep(1.0)
+    closing = asyncio.ensure_future(b.aclose())
+    await asyncio.sleep(1.0)
+    store.release()
+    with pytest.raises(RendezvousClosedError, match="was closed while joining"):
+        await joining
+    assert loop.time() == pytest.approx(3.0)  # not at the join timeout
+    await closing
+    await a.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
