@@ -928,3 +928,14 @@ async def test_a_handler_closed_while_its_lease_is_granted_ends_a_join_it_does_n
     await a.aclose()
     with pytest.raises(RendezvousClosedError):
         await driving
+
+
+@virtual_test
+async def test_a_join_that_fails_leaves_no_task_of_its_own_running() -> None:
+    h = handler(MemoryStore(MemoryEngine()), 2, 2, join_timeout=10.0)
+    before = asyncio.all_tasks()
+    with pytest.raises(RendezvousTimeoutError):
+        await h.next_rendezvous()  # it drove (alone): its driver and watch reader end with it
+    left = [t for t in asyncio.all_tasks() - before if t.get_name().startswith("aioelastic-rdzv")]
+    assert left == []
+    await h.aclose()
