@@ -939,3 +939,29 @@ async def test_a_join_that_fails_leaves_no_task_of_its_own_running() -> None:
     left = [t for t in asyncio.all_tasks() - before if t.get_name().startswith("aioelastic-rdzv")]
     assert left == []
     await h.aclose()
+
+
+@virtual_test
+async def test_a_duplicate_is_refused_when_registering_while_leaving_the_round_before() -> None:
+    # node-a, a member of round 0, registers for round 1 (node-b drives it: no claim) in one
+    # transaction with leaving round 0; another live handler holds node-a's round-1 key
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    theirs = MemoryStore(engine)
+    lease = (await theirs.lease_grant(TTL * 10)).id
+    record = NodeRecord("node-a", "10.0.0.9", 4242).encode()
+    await theirs.put(KEYS.node(1, "node-a"), record, lease=lease)
+    driving = asyncio.ensure_future(b.next_rendezvous())
+    await asyncio.sleep(1.0)  # node-b registered for round 1 and holds its driver claim
+    with pytest.raises(RendezvousError, match="already registered for round 1") as caught:
+        await a.next_rendezvous()
+    assert type(caught.value) is RendezvousError
+    kv = await theirs.get(KEYS.node(1, "node-a"))
+    assert kv is not None
+    assert (kv.value, kv.lease) == (record, lease)
+    await a.aclose()
+    await b.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
