@@ -965,3 +965,40 @@ async def test_a_duplicate_is_refused_when_registering_while_leaving_the_round_b
     await b.aclose()
     with pytest.raises(RendezvousClosedError):
         await driving
+
+
+class _ClaimedFirst(MemoryStore):
+    """A memory store on which another node's driver claim lands (``claim``, once) just before
+    the first transaction that claims the driver: a claim the join's view has not seen yet."""
+
+    def __init__(self, engine: MemoryEngine, claim: Callable[[], Awaitable[object]]) -> None:
+        super().__init__(engine)
+        self._claim: Callable[[], Awaitable[object]] | None = claim
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        claim = self._claim
+        if claim is not None and any(
+            isinstance(op, Put) and op.key == KEYS.driver for op in txn.success
+        ):
+            self._claim = None
+            await claim()
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_registration_claiming_the_driver_does_not_take_a_claim_it_did_not_see() -> None:
+    engine = MemoryEngine()
+    other = MemoryStore(engine)
+    lease = (await other.lease_grant(TTL * 10)).id
+    theirs = DriverRecord(0, "node-x").encode()
+
+    async def claim() -> None:
+        await other.put(KEYS.driver, theirs, lease=lease)
+
+    h = handler(_ClaimedFirst(engine, claim), 2, 2, node_id="node-a")
+    with anyio.move_on_after(5.0):
+        await h.next_rendezvous()
+    kv = await other.get(KEYS.driver)
+    assert kv is not None
+    assert (kv.value, kv.lease) == (theirs, lease)  # node-x's claim stands; ours was refused
+    await h.aclose()
