@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -20,10 +21,11 @@ from aioelastic.errors import (
     LeaseExpiredError,
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, dynamic
+from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, _join, dynamic
 from aioelastic.rendezvous._driver import RoundDriver
 from aioelastic.rendezvous._state import ClosedRecord, DriverRecord, NodeRecord, RunKeys
 from aioelastic.store import (
@@ -496,4 +498,510 @@ async def test_a_driver_cancelled_while_its_watch_opens_still_closes_the_watch()
     assert store.scope.cancelled_caught
     (watch,) = store.watches
     assert watch.released  # closed under a shield: the cancellation does not cut it short
+    await h.aclose()
+
+
+# -- _join.py: the join coordinator -------------------------------------------------------------
+
+
+class _AfterRegistering(MemoryStore):
+    """A memory store that runs ``then`` (once) right after the transaction that registers
+    ``key``: another handler's write landing between a join's registration and its next
+    request."""
+
+    def __init__(
+        self, engine: MemoryEngine, key: str, then: Callable[[], Awaitable[object]]
+    ) -> None:
+        super().__init__(engine)
+        self._key = key
+        self._then: Callable[[], Awaitable[object]] | None = then
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        result = await super()._txn(txn)
+        then = self._then
+        if then is not None and any(
+            isinstance(op, Put) and op.key == self._key for op in txn.success
+        ):
+            self._then = None
+            await then()
+        return result
+
+
+async def _duplicate_registered(
+    then: Callable[[MemoryStore, int], Awaitable[object]],
+) -> tuple[MemoryStore, bytes, int]:
+    """Another live handler registered as node-a for round 0 (its lease, no driver claim): a
+    join as node-a claims the driver in its registration, which replaces that record; ``then``
+    (given the other handler's store and lease) runs right after, before the join puts it back.
+    Returns a store, the other record and its lease, once the join failed as a duplicate."""
+    engine = MemoryEngine()
+    theirs = MemoryStore(engine)
+    lease = (await theirs.lease_grant(TTL * 10)).id
+    key = KEYS.node(0, "node-a")
+    record = NodeRecord("node-a", "10.0.0.9", 4242).encode()
+    await theirs.put(key, record, lease=lease)
+    store = _AfterRegistering(engine, key, lambda: then(theirs, lease))
+    h = handler(store, 2, 3, node_id="node-a")
+    with pytest.raises(RendezvousError, match="already registered for round 0") as caught:
+        await h.next_rendezvous()
+    assert type(caught.value) is RendezvousError
+    await h.aclose()
+    return theirs, record, lease
+
+
+@virtual_test
+async def test_a_duplicates_record_is_not_put_back_over_its_own_later_write() -> None:
+    # the other handler withdrew (or wrote again) after our registration replaced its record:
+    # putting its old record back would resurrect a registration nobody holds
+    async def withdraw(theirs: MemoryStore, _lease: int) -> None:
+        await theirs.delete(KEYS.node(0, "node-a"))
+
+    theirs, _record, _lease = await _duplicate_registered(withdraw)
+    assert await theirs.get(KEYS.node(0, "node-a")) is None
+
+
+@virtual_test
+async def test_a_duplicates_record_whose_lease_is_gone_is_dropped_not_put_back() -> None:
+    async def lose(theirs: MemoryStore, lease: int) -> None:
+        await theirs.lease_revoke(lease)
+
+    theirs, _record, _lease = await _duplicate_registered(lose)
+    assert await theirs.get(KEYS.node(0, "node-a")) is None  # ours is deleted too
+
+
+@virtual_test
+async def test_a_reopen_drops_a_driver_claim_left_from_before_the_close() -> None:
+    # a node that claimed the driver, then the run was closed; its lease outlives the join's
+    # timeout: a reopening handler must clear the claim, or it waits for a driver that is gone
+    store = MemoryStore(MemoryEngine())
+    lease = (await store.lease_grant(1000.0)).id
+    await store.put(KEYS.driver, DriverRecord(0, "gone").encode(), lease=lease)
+    await store.put(KEYS.closed, ClosedRecord(-1).encode())
+    h = handler(store, reopen_closed=True, join_timeout=30.0)
+    result = await h.next_rendezvous()
+    assert (result.round, result.rank) == (0, 0)
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_completed_join_is_its_result_and_its_event_in_full() -> None:
+    engine = MemoryEngine()
+    sink = ListSink()
+    first = handler(MemoryStore(engine), 2, 2, event_sink=sink, node_id="node-a")
+    second = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    await asyncio.sleep(10.0)  # (the join does not start at the clock's 0)
+    joining = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1.2345678)  # the join's duration, until the second node arrives
+    other = await second.next_rendezvous()
+    result = await joining
+    assert (result.run_id, result.round, result.world_size, result.node_id) == (
+        "job",
+        0,
+        2,
+        "node-a",
+    )
+    assert result.participants == other.participants == ("node-a", "node-b")
+    assert (result.rank, other.rank) == (0, 1)
+    assert result.departed == 0
+    info = result.bootstrap_store_info
+    assert info == other.bootstrap_store_info
+    (event,) = sink.of("rendezvous.round_completed")
+    assert event == {
+        "round": 0,
+        "rank": 0,
+        "world_size": 2,
+        "participants": ["node-a", "node-b"],
+        "master_addr": info.master_addr,
+        "master_port": info.master_port,
+        "duration": 1.234568,  # rounded to the microsecond
+    }
+    assert first.statistics().joins == 1
+    await first.aclose()
+    await second.aclose()
+
+
+@virtual_test
+async def test_a_lease_lost_after_two_joins_is_one_loss() -> None:
+    # the first join grants and arms the lease; the second goes on with it, armed once
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), event_sink=sink)
+    await h.next_rendezvous()
+    await h.next_rendezvous()
+    assert h.statistics().joins == 2
+    assert h.lease is not None
+    lost = asyncio.Event()
+    h.lease.on_lost(lambda _error: lost.set())
+    await h.store.lease_revoke(h.lease.id)
+    await lost.wait()
+    assert len(sink.of("rendezvous.lease_lost")) == 1
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_node_of_the_closed_generation_whose_last_join_failed_stays_closed_out() -> None:
+    # node-a completed round 0, then its next join timed out (its registration withdrawn):
+    # after the run's close and a reopen by a new handler, it is still of the closed generation
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 2, 2, join_timeout=20.0, node_id="node-a")
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    await b.aclose()
+    with pytest.raises(RendezvousTimeoutError):
+        await a.next_rendezvous()
+    closer = handler(MemoryStore(engine), 1, 2)
+    await closer.set_closed()
+    reopener = handler(MemoryStore(engine), 1, 2, reopen_closed=True)
+    assert (await reopener.next_rendezvous()).round == 1
+    assert await a.is_closed()
+    with pytest.raises(RendezvousClosedError, match="is closed"):
+        await a.next_rendezvous()
+    for h in (a, closer, reopener):
+        await h.aclose()
+
+
+class _DeleteLog(MemoryStore):
+    """A memory store that logs the keys it is asked to delete (plain deletes), each a round
+    trip of 10 ms as over a network (a cancellation can arrive during it)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.deleted: list[str] = []
+
+    async def _delete(self, key: str, prefix: bool) -> Any:
+        self.deleted.append(key)
+        await asyncio.sleep(0.01)
+        return await super()._delete(key, prefix)
+
+
+@virtual_test
+async def test_a_join_cut_short_by_the_callers_scope_withdraws_in_full() -> None:
+    # anyio's cancellation is level-triggered: the withdrawal's requests run shielded, or they
+    # would be cancelled too and leave the registration and the claim behind
+    store = _DeleteLog(MemoryEngine())
+    h = handler(store, 2, 2)
+    with anyio.move_on_after(5.0) as scope:
+        await h.next_rendezvous()
+    assert scope.cancelled_caught
+    assert store.deleted == [KEYS.node(0, h.node_id)]  # the registration: no other round
+    assert (await store.range(KEYS.nodes)).count == 0
+    assert await store.get(KEYS.driver) is None
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_withdrawal_from_a_later_round_deletes_that_registration() -> None:
+    # node-a's third join (for round 2) is cut short: it withdraws its registration for round 2
+    # and its record of round 1, the round it was leaving
+    engine = MemoryEngine()
+    store = _DeleteLog(engine)
+    a = handler(store, 2, 2, node_id="node-a")
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    for _ in range(2):  # rounds 0 and 1
+        await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    await b.aclose()
+    store.deleted.clear()
+    with anyio.move_on_after(5.0):
+        await a.next_rendezvous()
+    assert sorted(store.deleted) == [KEYS.node(1, "node-a"), KEYS.node(2, "node-a")]
+    assert (await store.range(KEYS.nodes)).count == 0
+    await a.aclose()
+
+
+@virtual_test
+async def test_a_withdrawal_gives_up_after_close_timeout_on_a_store_that_hangs() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store, 2, 2, join_timeout=10.0, close_timeout=3.0, lease_ttl=1000.0)
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)  # registered, waiting for a second node
+    store.hang()
+    loop.call_later(50.0, store.release)  # (a withdrawal without a bound would wait until then)
+    with pytest.raises(RendezvousTimeoutError):
+        await joining
+    assert loop.time() == pytest.approx(10.0 + 3.0)
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_join_whose_lease_is_lost_deletes_nothing() -> None:
+    # its records went with the lease; a blind delete could only remove someone else's, such as
+    # a restarted node's registration under the same id
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)
+    assert h.lease is not None
+    other = MemoryStore(engine)
+    restarted = (await other.lease_grant(TTL)).id
+    record = NodeRecord("node-a", "10.0.0.9", 4242).encode()
+    await other.lease_revoke(h.lease.id)
+    await other.put(KEYS.node(0, "node-a"), record, lease=restarted)
+    with pytest.raises(RendezvousConnectionError, match="lost: expired or revoked"):
+        await joining
+    kv = await other.get(KEYS.node(0, "node-a"))
+    assert kv is not None
+    assert kv.lease == restarted
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_handler_whose_first_join_lost_its_lease_is_still_new_to_a_reopened_run() -> None:
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)
+    assert h.lease is not None
+    await MemoryStore(engine).lease_revoke(h.lease.id)
+    with pytest.raises(RendezvousConnectionError, match="lost: expired or revoked"):
+        await joining
+    closer = handler(MemoryStore(engine), 1, 2)
+    await closer.set_closed()
+    reopener = handler(MemoryStore(engine), 1, 2, reopen_closed=True)
+    await reopener.next_rendezvous()
+    assert not await h.is_closed()  # it took part in no round of the closed generation
+    for each in (h, closer, reopener):
+        await each.aclose()
+
+
+@virtual_test
+async def test_a_reopening_handler_whose_first_join_timed_out_may_still_reopen() -> None:
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine), 2, 2, reopen_closed=True, join_timeout=10.0)
+    with pytest.raises(RendezvousTimeoutError):
+        await h.next_rendezvous()
+    closer = handler(MemoryStore(engine), 1, 2)
+    await closer.set_closed()
+    with pytest.raises(RendezvousTimeoutError):  # it reopened the run, then waited alone
+        await h.next_rendezvous()
+    kv = await closer.store.get(KEYS.closed)
+    assert kv is not None
+    assert ClosedRecord.decode(kv.key, kv.value).reopened
+    await h.aclose()
+    await closer.aclose()
+
+
+@virtual_test
+async def test_preparing_a_handler_spends_at_most_its_budget_on_a_store_that_hangs() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store, local_addr="10.0.0.1")
+    store.hang()
+    loop = asyncio.get_running_loop()
+    loop.call_later(30.0, store.release)  # (an unbounded prepare would wait until then)
+    await h._prepare()
+    assert loop.time() == pytest.approx(_join.PREPARE_BUDGET)
+    store.release()
+    await h.aclose()
+
+
+@virtual_test
+async def test_preparing_a_handler_whose_view_fails_leaves_no_lease_grant_running() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    await store.put(KEYS.round, b"not json")  # the view's load fails at once
+    h = handler(store, local_addr="10.0.0.1")
+    store.hang("lease_grant")
+    await h._prepare()
+    assert h.lease is None
+    store.release()
+    await asyncio.sleep(1.0)
+    assert h.lease is None  # the grant was cancelled, not left to finish behind prepare
+    assert store.granted_leases == frozenset()
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_handler_closed_while_its_lease_is_granted_ends_the_join_at_once() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store, 2, 2)
+    store.hang("lease_grant")
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)
+    closing = asyncio.ensure_future(h.aclose())
+    await asyncio.sleep(1.0)
+    store.release()
+    with pytest.raises(RendezvousClosedError, match="was closed while joining"):
+        await joining
+    assert loop.time() == pytest.approx(2.0)  # not at the join timeout
+    await closing
+
+
+@virtual_test
+async def test_a_deadline_passed_during_a_request_ends_the_join_when_it_returns() -> None:
+    # node-b's registration (no driver claim: node-a drives) is answered after its deadline,
+    # and nothing in c/ changes after it: the join must see its deadline without a wake-up
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 3, 3, node_id="node-a")
+    driving = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)
+    store = FaultInjectingStore(MemoryStore(engine))
+    b = handler(store, 3, 3, join_timeout=10.0, lease_ttl=1000.0, node_id="node-b")
+    store.hang("compare_and_swap")
+    loop = asyncio.get_running_loop()
+    loop.call_later(20.0, store.release)
+    with anyio.fail_after(60.0), pytest.raises(RendezvousTimeoutError) as caught:
+        await b.next_rendezvous()
+    assert str(caught.value) == "the rendezvous 'job' did not complete within join_timeout=10.0s"
+    assert loop.time() == pytest.approx(1.0 + 20.0)
+    await b.aclose()
+    await a.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
+
+
+@virtual_test
+async def test_closing_a_handler_ends_its_parked_join_at_once() -> None:
+    h = handler(MemoryStore(MemoryEngine()), 2, 2)
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)  # parked, waiting for a second node
+    await h.aclose()
+    with pytest.raises(RendezvousClosedError, match="was closed while joining"):
+        await joining
+    assert loop.time() == pytest.approx(1.0)
+
+
+@virtual_test
+async def test_a_standby_waits_past_its_join_timeout_for_the_next_round() -> None:
+    engine = MemoryEngine()
+    member = handler(MemoryStore(engine), node_id="node-a")
+    await member.next_rendezvous()
+    standby = handler(MemoryStore(engine), join_timeout=10.0, node_id="node-b")
+    waiting = asyncio.ensure_future(standby.next_rendezvous())
+    await asyncio.sleep(30.0)  # past its join timeout: a standby has none
+    assert not waiting.done()
+    await member.aclose()  # the round's member leaves: the standby's round forms
+    result = await waiting
+    assert (result.round, result.participants) == (1, ("node-b",))
+    await standby.aclose()
+
+
+@virtual_test
+async def test_a_member_that_finds_the_run_closed_is_closed_not_a_standby_exiting() -> None:
+    engine = MemoryEngine()
+    h = handler(MemoryStore(engine))
+    await h.next_rendezvous()  # a member of round 0, not a standby
+    closer = handler(MemoryStore(engine))
+    await closer.set_closed()
+    with pytest.raises(RendezvousClosedError) as caught:
+        await h.next_rendezvous()
+    assert type(caught.value) is RendezvousClosedError
+    await h.aclose()
+    await closer.aclose()
+
+
+@virtual_test
+async def test_a_join_after_a_lost_lease_registers_again_for_the_same_round() -> None:
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    joining = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)  # registered for round 0 under its lease
+    assert a.lease is not None
+    await MemoryStore(engine).lease_revoke(a.lease.id)
+    with pytest.raises(RendezvousConnectionError, match="lost: expired or revoked"):
+        await joining
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    with anyio.fail_after(50.0):  # round 0 again: a's new lease needs a new registration
+        first, second = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    assert first.round == second.round == 0
+    await a.aclose()
+    await b.aclose()
+
+
+@virtual_test
+async def test_a_handler_closed_while_its_lease_is_granted_ends_a_join_it_does_not_drive() -> None:
+    # node-b's registration (node-a drives) changes nothing in c/: no event wakes its wait,
+    # which must see the close by itself
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 3, 3, node_id="node-a")
+    driving = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)
+    store = FaultInjectingStore(MemoryStore(engine))
+    b = handler(store, 3, 3, node_id="node-b")
+    store.hang("lease_grant")
+    loop = asyncio.get_running_loop()
+    joining = asyncio.ensure_future(b.next_rendezvous())
+    await asyncio.sleep(1.0)
+    closing = asyncio.ensure_future(b.aclose())
+    await asyncio.sleep(1.0)
+    store.release()
+    with pytest.raises(RendezvousClosedError, match="was closed while joining"):
+        await joining
+    assert loop.time() == pytest.approx(3.0)  # not at the join timeout
+    await closing
+    await a.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
+
+
+@virtual_test
+async def test_a_join_that_fails_leaves_no_task_of_its_own_running() -> None:
+    h = handler(MemoryStore(MemoryEngine()), 2, 2, join_timeout=10.0)
+    before = asyncio.all_tasks()
+    with pytest.raises(RendezvousTimeoutError):
+        await h.next_rendezvous()  # it drove (alone): its driver and watch reader end with it
+    left = [t for t in asyncio.all_tasks() - before if t.get_name().startswith("aioelastic-rdzv")]
+    assert left == []
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_duplicate_is_refused_when_registering_while_leaving_the_round_before() -> None:
+    # node-a, a member of round 0, registers for round 1 (node-b drives it: no claim) in one
+    # transaction with leaving round 0; another live handler holds node-a's round-1 key
+    engine = MemoryEngine()
+    a = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    theirs = MemoryStore(engine)
+    lease = (await theirs.lease_grant(TTL * 10)).id
+    record = NodeRecord("node-a", "10.0.0.9", 4242).encode()
+    await theirs.put(KEYS.node(1, "node-a"), record, lease=lease)
+    driving = asyncio.ensure_future(b.next_rendezvous())
+    await asyncio.sleep(1.0)  # node-b registered for round 1 and holds its driver claim
+    with pytest.raises(RendezvousError, match="already registered for round 1") as caught:
+        await a.next_rendezvous()
+    assert type(caught.value) is RendezvousError
+    kv = await theirs.get(KEYS.node(1, "node-a"))
+    assert kv is not None
+    assert (kv.value, kv.lease) == (record, lease)
+    await a.aclose()
+    await b.aclose()
+    with pytest.raises(RendezvousClosedError):
+        await driving
+
+
+class _ClaimedFirst(MemoryStore):
+    """A memory store on which another node's driver claim lands (``claim``, once) just before
+    the first transaction that claims the driver: a claim the join's view has not seen yet."""
+
+    def __init__(self, engine: MemoryEngine, claim: Callable[[], Awaitable[object]]) -> None:
+        super().__init__(engine)
+        self._claim: Callable[[], Awaitable[object]] | None = claim
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        claim = self._claim
+        if claim is not None and any(
+            isinstance(op, Put) and op.key == KEYS.driver for op in txn.success
+        ):
+            self._claim = None
+            await claim()
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_registration_claiming_the_driver_does_not_take_a_claim_it_did_not_see() -> None:
+    engine = MemoryEngine()
+    other = MemoryStore(engine)
+    lease = (await other.lease_grant(TTL * 10)).id
+    theirs = DriverRecord(0, "node-x").encode()
+
+    async def claim() -> None:
+        await other.put(KEYS.driver, theirs, lease=lease)
+
+    h = handler(_ClaimedFirst(engine, claim), 2, 2, node_id="node-a")
+    with anyio.move_on_after(5.0):
+        await h.next_rendezvous()
+    kv = await other.get(KEYS.driver)
+    assert kv is not None
+    assert (kv.value, kv.lease) == (theirs, lease)  # node-x's claim stands; ours was refused
     await h.aclose()
