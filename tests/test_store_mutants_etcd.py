@@ -1373,3 +1373,81 @@ async def test_a_cancelled_watch_creation_ends_without_waiting() -> None:
                 break
             await asyncio.sleep(0)
         assert task.cancelled()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_not_started_or_refused_before_creation_closes_quietly() -> None:
+    """A caller closes a watch whose start failed (or that it never started) in a ``finally``:
+    with no stream to cancel, closing it does nothing."""
+    async with scripted_store(watch=_watches([grpc.StatusCode.UNAVAILABLE])) as (store, _):
+        await store.watch("w/").aclose()
+        watch = store.watch("w/")
+        with pytest.raises(StoreConnectionError):
+            await watch.start()
+        await watch.aclose()
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_being_created_whose_channel_is_replaced_fails_as_its_member_hung() -> None:
+    """Another call's verdict that the member hung replaces its channel (closing the old one
+    cancels every stream on it): a watch being created there fails as a lost connection to that
+    member (a reconnect's caller tries again), not as a cancellation nobody asked for."""
+    async with scripted_store(watch=_watches([])) as (store, script):
+        task = asyncio.ensure_future(store.watch("w/").start())
+        with anyio.fail_after(10):
+            await script.arrived.wait()  # its create request is at the server: it waits
+        channels = store.client._channels
+        member = channels.current()
+        channels.mark_hung(member, member.generation)
+        expected = f"etcd Watch at {script.endpoint}: hung"
+        with (
+            anyio.fail_after(10),
+            pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"),
+        ):
+            await task
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
+async def test_a_watchs_creation_answer_is_heard_from_its_member_with_its_raft_term() -> None:
+    """The answer that creates a watch tells the member is alive and in which raft term: a later
+    call bound to the leader compares its term with it."""
+    created = rpc_pb2.WatchResponse(created=True, header=rpc_pb2.ResponseHeader(raft_term=7))
+    async with scripted_store(watch=_watches([created])) as (store, _):
+        member = store.client._channels.current()
+        async with store.watch("w/"):
+            assert member.liveness.term == 7
+
+
+@pytest.mark.asyncio
+async def test_a_watch_being_created_through_a_leader_change_is_still_created() -> None:
+    """A watch is not bound to the leader (any member serves it): a silent member whose ping
+    answers from a newer raft term is alive, and the creation goes on waiting for its answer
+    (a call bound to the leader would be given up there)."""
+    ranges = itertools.count(1)
+    pinged = asyncio.Event()
+
+    async def range_(request: Any, context: Any) -> Any:
+        n = next(ranges)  # 1: the current revision, then the pings, each from a newer term
+        if n >= 4:
+            pinged.set()
+        header = rpc_pb2.ResponseHeader(revision=10, raft_term=n)
+        return rpc_pb2.RangeResponse(header=header)
+
+    async def late(requests: Any, context: Any) -> AsyncIterator[Any]:
+        await requests.__anext__()  # the create request
+        await pinged.wait()  # created only after three pings, each from a newer term
+        yield CREATED
+        yield _events(11)
+        await asyncio.Event().wait()
+
+    async with (
+        scripted_etcd(watch=late, unary={"Range": range_}) as script,
+        EtcdStore(
+            [script.endpoint, f"127.0.0.1:{free_port()}"], ping_after=0.1, ping_timeout=2
+        ) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 1)) == [11]
+        assert len(script.opened) == 1
