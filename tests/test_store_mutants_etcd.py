@@ -903,6 +903,24 @@ async def test_compaction_errors_name_the_revisions(etcd: EtcdServer) -> None:
 
 
 @pytest.mark.asyncio
+async def test_compacting_again_at_compact_revision_1_names_it_without_waiting() -> None:
+    """etcd cancels a watch from revision 1 for compaction only once revision 1 is gone: at
+    compact revision 1 (a fresh cluster compacted at once) the probe of the compact revision
+    that a refused compaction names waited forever."""
+    async with EtcdServer() as server, EtcdStore(server.endpoints) as store:
+        assert await store.current_revision() == 1
+        await store.compact(1)
+        with anyio.fail_after(10), pytest.raises(CompactedError) as info:
+            await store.compact(1)
+        assert (info.value.requested_revision, info.value.compact_revision) == (1, 1)
+        await store.put("k", b"v")
+        await store.compact(2)
+        with anyio.fail_after(10), pytest.raises(CompactedError) as info:
+            await store.compact(1)
+        assert (info.value.requested_revision, info.value.compact_revision) == (1, 2)
+
+
+@pytest.mark.asyncio
 async def test_lease_errors_name_the_unknown_lease(etcd: EtcdServer) -> None:
     async with EtcdStore(etcd.endpoints) as store:
         grant = await store.lease_grant(5)
