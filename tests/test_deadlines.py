@@ -4,6 +4,7 @@ expiries and the lease keepers' renewals are entries of a heap on one loop timer
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 from aioelastic.store._deadlines import Deadlines
@@ -110,3 +111,26 @@ def test_an_item_added_by_a_due_item_is_called_at_its_own_time() -> None:
         return called
 
     assert run_virtual(main) == [(1.0, "again"), (3.0, "then")]
+
+
+def test_items_are_called_in_a_context_of_their_own_not_an_adders() -> None:
+    """The shared timer runs in a context of its own: a due item sees none of the context
+    variables of whoever added it or another item (nor keeps that context alive while it
+    waits), as a timer set with its adder's context would."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def main() -> list[tuple[str, str]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, str]] = []
+        deadlines: Deadlines[str] = Deadlines(lambda item: seen.append((item, var.get())))
+
+        def add(item: str, when: float) -> None:
+            var.set(f"{item}'s adder")
+            deadlines.add(loop, loop.time() + when, item)
+
+        contextvars.copy_context().run(add, "a", 1.0)
+        contextvars.copy_context().run(add, "b", 0.5)  # moves the timer: set in b's context
+        await asyncio.sleep(2)
+        return seen
+
+    assert run_virtual(main) == [("b", "unset"), ("a", "unset")]

@@ -267,6 +267,14 @@ async def test_url_members_blank_ones_skipped() -> None:
 
 
 @pytest.mark.asyncio
+async def test_url_query_empty_fields_are_skipped() -> None:
+    """A query joined carelessly (a stray ``&``) opens as the same options, as ``parse_qsl``
+    reads it by default, not refused as malformed."""
+    store = await _opened("etcd://127.0.0.1:1?&timeout=2.5&&ping_after=0.5&")
+    assert (store.client.timeout, store.client.ping_after) == (2.5, 0.5)
+
+
+@pytest.mark.asyncio
 async def test_url_seconds_are_numbers_and_an_argument_wins_over_the_query() -> None:
     query = (
         "timeout=2.5&connect_timeout=1.5&ping_after=0.5&ping_timeout=0.25&watch_reconnect_timeout=7"
