@@ -393,6 +393,7 @@ _SERVICES = {
     "Range": "KV",
     "Txn": "KV",
     "Compact": "KV",
+    "DeleteRange": "KV",
     "LeaseGrant": "Lease",
     "LeaseTimeToLive": "Lease",
     "Authenticate": "Auth",
@@ -1057,6 +1058,25 @@ async def test_a_transaction_of_reads_only_is_a_read_any_other_a_write() -> None
             await store.txn(success=[Put("k", b"v", lease=7)])
         with pytest.raises(WriteOutcomeUnknownError):
             await store.compact(3)
+
+
+@pytest.mark.asyncio
+async def test_a_delete_whose_connection_is_lost_is_sent_once_its_outcome_unknown() -> None:
+    """A delete is a write: after a lost connection it may have been applied, so it is neither
+    retried nor reported as a plain connection error (the issue-22 shape: a write taken for a
+    read is sent again)."""
+    sent: list[Any] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        sent.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"DeleteRange": lost}) as (store, _):
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.delete("k")
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.delete_prefix("p/")
+    assert [(r.key, r.range_end) for r in sent] == [(b"k", b""), (b"p/", b"p0")]
 
 
 @pytest.mark.asyncio
