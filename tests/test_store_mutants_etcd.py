@@ -1062,21 +1062,25 @@ async def test_a_transaction_of_reads_only_is_a_read_any_other_a_write() -> None
 
 @pytest.mark.asyncio
 async def test_a_delete_whose_connection_is_lost_is_sent_once_its_outcome_unknown() -> None:
-    """A delete is a write: after a lost connection it may have been applied, so it is neither
-    retried nor reported as a plain connection error (the issue-22 shape: a write taken for a
-    read is sent again)."""
+    """A delete, or a compare-and-delete, is a write: after a lost connection it may have been
+    applied, so it is neither retried nor reported as a plain connection error (the issue-22
+    shape: a write taken for a read is sent again)."""
     sent: list[Any] = []
 
     async def lost(request: Any, context: Any) -> Any:
         sent.append(request)
         await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
 
-    async with scripted_store(unary={"DeleteRange": lost}) as (store, _):
+    async with scripted_store(unary={"DeleteRange": lost, "Txn": lost}) as (store, _):
         with pytest.raises(WriteOutcomeUnknownError):
             await store.delete("k")
         with pytest.raises(WriteOutcomeUnknownError):
             await store.delete_prefix("p/")
-    assert [(r.key, r.range_end) for r in sent] == [(b"k", b""), (b"p/", b"p0")]
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.compare_and_delete("k", 5)
+    deletes = [(r.key, r.range_end) for r in sent[:2]]
+    assert deletes == [(b"k", b""), (b"p/", b"p0")]
+    assert len(sent) == 3  # the compare-and-delete's transaction, once
 
 
 @pytest.mark.asyncio
