@@ -395,6 +395,7 @@ _SERVICES = {
     "Compact": "KV",
     "DeleteRange": "KV",
     "LeaseGrant": "Lease",
+    "LeaseRevoke": "Lease",
     "LeaseTimeToLive": "Lease",
     "Authenticate": "Auth",
 }
@@ -1062,25 +1063,48 @@ async def test_a_transaction_of_reads_only_is_a_read_any_other_a_write() -> None
 
 @pytest.mark.asyncio
 async def test_a_delete_whose_connection_is_lost_is_sent_once_its_outcome_unknown() -> None:
-    """A delete, or a compare-and-delete, is a write: after a lost connection it may have been
-    applied, so it is neither retried nor reported as a plain connection error (the issue-22
-    shape: a write taken for a read is sent again)."""
+    """A delete, a compare-and-delete or a lease's revocation is a write: after a lost
+    connection it may have been applied, so it is neither retried nor reported as a plain
+    connection error (the issue-22 shape: a write taken for a read is sent again)."""
     sent: list[Any] = []
 
     async def lost(request: Any, context: Any) -> Any:
         sent.append(request)
         await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
 
-    async with scripted_store(unary={"DeleteRange": lost, "Txn": lost}) as (store, _):
+    unary: dict[str, Unary] = {"DeleteRange": lost, "Txn": lost, "LeaseRevoke": lost}
+    async with scripted_store(unary=unary) as (store, _):
         with pytest.raises(WriteOutcomeUnknownError):
             await store.delete("k")
         with pytest.raises(WriteOutcomeUnknownError):
             await store.delete_prefix("p/")
         with pytest.raises(WriteOutcomeUnknownError):
             await store.compare_and_delete("k", 5)
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.lease_revoke(7)
     deletes = [(r.key, r.range_end) for r in sent[:2]]
     assert deletes == [(b"k", b""), (b"p/", b"p0")]
-    assert len(sent) == 3  # the compare-and-delete's transaction, once
+    assert len(sent) == 4  # the compare-and-delete's transaction and the revoke, once each
+    assert sent[3].ID == 7
+
+
+@pytest.mark.asyncio
+async def test_a_range_whose_connection_is_lost_fails_as_a_read() -> None:
+    """A range only reads: after a lost connection it may be sent again (to another member),
+    and fails as a connection error, not as a write whose outcome is unknown."""
+    ranges: list[Any] = []
+
+    async def range_(request: Any, context: Any) -> Any:
+        if request.key != b"p/":  # the store's own reads (its current revision) are answered
+            return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=10))
+        ranges.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Range": range_}) as (store, _):
+        with pytest.raises(StoreConnectionError) as info:
+            await store.range("p/")
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert ranges  # it reached etcd: lost after sending, not before
 
 
 @pytest.mark.asyncio
