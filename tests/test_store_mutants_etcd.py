@@ -1525,3 +1525,35 @@ async def test_a_watch_being_created_through_a_leader_change_is_still_created() 
     ):
         assert _revisions(await _take(watch, 1)) == [11]
         assert len(script.opened) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_watch_creation_refused_for_auth_takes_a_new_token_and_nothing_else_does() -> None:
+    """Re-creating a lost watch: a creation refused as unauthenticated gets a fresh token for the
+    next try; one refused for another reason (unavailable) keeps the token it had."""
+    tokens = itertools.count(1)
+    seen: list[str] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        return rpc_pb2.AuthenticateResponse(token=f"t{next(tokens)}")
+
+    play = _watches(
+        [CREATED, _events(11), "end"],
+        [grpc.StatusCode.UNAVAILABLE],
+        [grpc.StatusCode.UNAUTHENTICATED],
+        [CREATED, _events(12)],
+    )
+
+    async def watching(requests: Any, context: Any) -> AsyncIterator[Any]:
+        seen.append(dict(context.invocation_metadata())["token"])
+        async for response in play(requests, context):
+            yield response
+
+    unary: dict[str, Unary] = {"Authenticate": authenticate}
+    async with (
+        scripted_etcd(watch=watching, unary=unary) as script,
+        EtcdStore([script.endpoint], username="u", password="p") as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+    assert seen == ["t1", "t1", "t1", "t2"]
