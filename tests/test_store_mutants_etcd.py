@@ -1557,3 +1557,20 @@ async def test_a_watch_creation_refused_for_auth_takes_a_new_token_and_nothing_e
     ):
         assert _revisions(await _take(watch, 2)) == [11, 12]
     assert seen == ["t1", "t1", "t1", "t2"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("refusal", ["unavailable", "not created in time"])
+async def test_a_lost_watch_refused_or_not_created_moves_to_the_next_member(refusal: str) -> None:
+    """Re-creating a lost watch: a member that refuses the creation as unavailable, or does not
+    create it within the store's timeout, is left for the next one on the next try."""
+    refused: list[Any] = [grpc.StatusCode.UNAVAILABLE] if refusal == "unavailable" else []
+    first_streams = _watches([CREATED, _events(11), "end"], refused, *[[CREATED, _events(99)]] * 5)
+    async with (
+        scripted_etcd(watch=first_streams) as first,
+        scripted_etcd(watch=_watches([CREATED, _events(12)])) as second,
+        EtcdStore([first.endpoint, second.endpoint], timeout=0.5) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert (len(first.opened), len(second.opened)) == (2, 1)
