@@ -134,3 +134,27 @@ def test_items_are_called_in_a_context_of_their_own_not_an_adders() -> None:
         return seen
 
     assert run_virtual(main) == [("b", "unset"), ("a", "unset")]
+
+
+def test_the_heap_is_rebuilt_only_past_twice_its_live_items_and_64() -> None:
+    """Cancelled entries stay in the heap (skipped when they come up) until they are more than
+    half of it and it holds more than 64: it never holds more than max(64, 2 x live) entries, and
+    a rebuild (O(n)) comes only after as many cancels as live items, not at every cancel."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        sizes: list[int] = []
+        for count, cancels in ((100, 51), (65, 33), (64, 33)):
+            deadlines: Deadlines[int] = Deadlines(lambda item: None)
+            tokens = [deadlines.add(loop, loop.time() + 1.0 + i, i) for i in range(count)]
+            for token in tokens[: cancels - 1]:
+                deadlines.cancel(token)
+            sizes.append(len(deadlines._heap))
+            deadlines.cancel(tokens[cancels - 1])
+            sizes.append(len(deadlines._heap))
+            deadlines.clear()
+        return sizes
+
+    # 100 entries: still 100 with 50 live (not more than half stale), 49 after one more cancel;
+    # 65 entries: rebuilt with 32 live; 64 entries: never rebuilt (at most 64)
+    assert run_virtual(main) == [100, 49, 65, 32, 64, 64]
