@@ -4,6 +4,7 @@ expiries and the lease keepers' renewals are entries of a heap on one loop timer
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 from aioelastic.store._deadlines import Deadlines
@@ -110,3 +111,50 @@ def test_an_item_added_by_a_due_item_is_called_at_its_own_time() -> None:
         return called
 
     assert run_virtual(main) == [(1.0, "again"), (3.0, "then")]
+
+
+def test_items_are_called_in_a_context_of_their_own_not_an_adders() -> None:
+    """The shared timer runs in a context of its own: a due item sees none of the context
+    variables of whoever added it or another item (nor keeps that context alive while it
+    waits), as a timer set with its adder's context would."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def main() -> list[tuple[str, str]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, str]] = []
+        deadlines: Deadlines[str] = Deadlines(lambda item: seen.append((item, var.get())))
+
+        def add(item: str, when: float) -> None:
+            var.set(f"{item}'s adder")
+            deadlines.add(loop, loop.time() + when, item)
+
+        contextvars.copy_context().run(add, "a", 1.0)
+        contextvars.copy_context().run(add, "b", 0.5)  # moves the timer: set in b's context
+        await asyncio.sleep(2)
+        return seen
+
+    assert run_virtual(main) == [("b", "unset"), ("a", "unset")]
+
+
+def test_the_heap_is_rebuilt_only_past_twice_its_live_items_and_64() -> None:
+    """Cancelled entries stay in the heap (skipped when they come up) until they are more than
+    half of it and it holds more than 64: it never holds more than max(64, 2 x live) entries, and
+    a rebuild (O(n)) comes only after as many cancels as live items, not at every cancel."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        sizes: list[int] = []
+        for count, cancels in ((100, 51), (65, 33), (64, 33)):
+            deadlines: Deadlines[int] = Deadlines(lambda item: None)
+            tokens = [deadlines.add(loop, loop.time() + 1.0 + i, i) for i in range(count)]
+            for token in tokens[: cancels - 1]:
+                deadlines.cancel(token)
+            sizes.append(len(deadlines._heap))
+            deadlines.cancel(tokens[cancels - 1])
+            sizes.append(len(deadlines._heap))
+            deadlines.clear()
+        return sizes
+
+    # 100 entries: still 100 with 50 live (not more than half stale), 49 after one more cancel;
+    # 65 entries: rebuilt with 32 live; 64 entries: never rebuilt (at most 64)
+    assert run_virtual(main) == [100, 49, 65, 32, 64, 64]

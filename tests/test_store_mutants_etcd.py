@@ -267,6 +267,14 @@ async def test_url_members_blank_ones_skipped() -> None:
 
 
 @pytest.mark.asyncio
+async def test_url_query_empty_fields_are_skipped() -> None:
+    """A query joined carelessly (a stray ``&``) opens as the same options, as ``parse_qsl``
+    reads it by default, not refused as malformed."""
+    store = await _opened("etcd://127.0.0.1:1?&timeout=2.5&&ping_after=0.5&")
+    assert (store.client.timeout, store.client.ping_after) == (2.5, 0.5)
+
+
+@pytest.mark.asyncio
 async def test_url_seconds_are_numbers_and_an_argument_wins_over_the_query() -> None:
     query = (
         "timeout=2.5&connect_timeout=1.5&ping_after=0.5&ping_timeout=0.25&watch_reconnect_timeout=7"
@@ -385,7 +393,9 @@ _SERVICES = {
     "Range": "KV",
     "Txn": "KV",
     "Compact": "KV",
+    "DeleteRange": "KV",
     "LeaseGrant": "Lease",
+    "LeaseRevoke": "Lease",
     "LeaseTimeToLive": "Lease",
     "Authenticate": "Auth",
 }
@@ -903,6 +913,24 @@ async def test_compaction_errors_name_the_revisions(etcd: EtcdServer) -> None:
 
 
 @pytest.mark.asyncio
+async def test_compacting_again_at_compact_revision_1_names_it_without_waiting() -> None:
+    """etcd cancels a watch from revision 1 for compaction only once revision 1 is gone: at
+    compact revision 1 (a fresh cluster compacted at once) the probe of the compact revision
+    that a refused compaction names waited forever."""
+    async with EtcdServer() as server, EtcdStore(server.endpoints) as store:
+        assert await store.current_revision() == 1
+        await store.compact(1)
+        with anyio.fail_after(10), pytest.raises(CompactedError) as info:
+            await store.compact(1)
+        assert (info.value.requested_revision, info.value.compact_revision) == (1, 1)
+        await store.put("k", b"v")
+        await store.compact(2)
+        with anyio.fail_after(10), pytest.raises(CompactedError) as info:
+            await store.compact(1)
+        assert (info.value.requested_revision, info.value.compact_revision) == (1, 2)
+
+
+@pytest.mark.asyncio
 async def test_lease_errors_name_the_unknown_lease(etcd: EtcdServer) -> None:
     async with EtcdStore(etcd.endpoints) as store:
         grant = await store.lease_grant(5)
@@ -1031,6 +1059,52 @@ async def test_a_transaction_of_reads_only_is_a_read_any_other_a_write() -> None
             await store.txn(success=[Put("k", b"v", lease=7)])
         with pytest.raises(WriteOutcomeUnknownError):
             await store.compact(3)
+
+
+@pytest.mark.asyncio
+async def test_a_delete_whose_connection_is_lost_is_sent_once_its_outcome_unknown() -> None:
+    """A delete, a compare-and-delete or a lease's revocation is a write: after a lost
+    connection it may have been applied, so it is neither retried nor reported as a plain
+    connection error (the issue-22 shape: a write taken for a read is sent again)."""
+    sent: list[Any] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        sent.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    unary: dict[str, Unary] = {"DeleteRange": lost, "Txn": lost, "LeaseRevoke": lost}
+    async with scripted_store(unary=unary) as (store, _):
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.delete("k")
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.delete_prefix("p/")
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.compare_and_delete("k", 5)
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.lease_revoke(7)
+    deletes = [(r.key, r.range_end) for r in sent[:2]]
+    assert deletes == [(b"k", b""), (b"p/", b"p0")]
+    assert len(sent) == 4  # the compare-and-delete's transaction and the revoke, once each
+    assert sent[3].ID == 7
+
+
+@pytest.mark.asyncio
+async def test_a_range_whose_connection_is_lost_fails_as_a_read() -> None:
+    """A range only reads: after a lost connection it may be sent again (to another member),
+    and fails as a connection error, not as a write whose outcome is unknown."""
+    ranges: list[Any] = []
+
+    async def range_(request: Any, context: Any) -> Any:
+        if request.key != b"p/":  # the store's own reads (its current revision) are answered
+            return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=10))
+        ranges.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Range": range_}) as (store, _):
+        with pytest.raises(StoreConnectionError) as info:
+            await store.range("p/")
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert ranges  # it reached etcd: lost after sending, not before
 
 
 @pytest.mark.asyncio
@@ -1373,3 +1447,130 @@ async def test_a_cancelled_watch_creation_ends_without_waiting() -> None:
                 break
             await asyncio.sleep(0)
         assert task.cancelled()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_not_started_or_refused_before_creation_closes_quietly() -> None:
+    """A caller closes a watch whose start failed (or that it never started) in a ``finally``:
+    with no stream to cancel, closing it does nothing."""
+    async with scripted_store(watch=_watches([grpc.StatusCode.UNAVAILABLE])) as (store, _):
+        await store.watch("w/").aclose()
+        watch = store.watch("w/")
+        with pytest.raises(StoreConnectionError):
+            await watch.start()
+        await watch.aclose()
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_being_created_whose_channel_is_replaced_fails_as_its_member_hung() -> None:
+    """Another call's verdict that the member hung replaces its channel (closing the old one
+    cancels every stream on it): a watch being created there fails as a lost connection to that
+    member (a reconnect's caller tries again), not as a cancellation nobody asked for."""
+    async with scripted_store(watch=_watches([])) as (store, script):
+        task = asyncio.ensure_future(store.watch("w/").start())
+        with anyio.fail_after(10):
+            await script.arrived.wait()  # its create request is at the server: it waits
+        channels = store.client._channels
+        member = channels.current()
+        channels.mark_hung(member, member.generation)
+        expected = f"etcd Watch at {script.endpoint}: hung"
+        with (
+            anyio.fail_after(10),
+            pytest.raises(StoreConnectionError, match=f"^{re.escape(expected)}$"),
+        ):
+            await task
+        assert store._watches == set()
+
+
+@pytest.mark.asyncio
+async def test_a_watchs_creation_answer_is_heard_from_its_member_with_its_raft_term() -> None:
+    """The answer that creates a watch tells the member is alive and in which raft term: a later
+    call bound to the leader compares its term with it."""
+    created = rpc_pb2.WatchResponse(created=True, header=rpc_pb2.ResponseHeader(raft_term=7))
+    async with scripted_store(watch=_watches([created])) as (store, _):
+        member = store.client._channels.current()
+        async with store.watch("w/"):
+            assert member.liveness.term == 7
+
+
+@pytest.mark.asyncio
+async def test_a_watch_being_created_through_a_leader_change_is_still_created() -> None:
+    """A watch is not bound to the leader (any member serves it): a silent member whose ping
+    answers from a newer raft term is alive, and the creation goes on waiting for its answer
+    (a call bound to the leader would be given up there)."""
+    ranges = itertools.count(1)
+    pinged = asyncio.Event()
+
+    async def range_(request: Any, context: Any) -> Any:
+        n = next(ranges)  # 1: the current revision, then the pings, each from a newer term
+        if n >= 4:
+            pinged.set()
+        header = rpc_pb2.ResponseHeader(revision=10, raft_term=n)
+        return rpc_pb2.RangeResponse(header=header)
+
+    async def late(requests: Any, context: Any) -> AsyncIterator[Any]:
+        await requests.__anext__()  # the create request
+        await pinged.wait()  # created only after three pings, each from a newer term
+        yield CREATED
+        yield _events(11)
+        await asyncio.Event().wait()
+
+    async with (
+        scripted_etcd(watch=late, unary={"Range": range_}) as script,
+        EtcdStore(
+            [script.endpoint, f"127.0.0.1:{free_port()}"], ping_after=0.1, ping_timeout=2
+        ) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 1)) == [11]
+        assert len(script.opened) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_watch_creation_refused_for_auth_takes_a_new_token_and_nothing_else_does() -> None:
+    """Re-creating a lost watch: a creation refused as unauthenticated gets a fresh token for the
+    next try; one refused for another reason (unavailable) keeps the token it had."""
+    tokens = itertools.count(1)
+    seen: list[str] = []
+
+    async def authenticate(request: Any, context: Any) -> Any:
+        return rpc_pb2.AuthenticateResponse(token=f"t{next(tokens)}")
+
+    play = _watches(
+        [CREATED, _events(11), "end"],
+        [grpc.StatusCode.UNAVAILABLE],
+        [grpc.StatusCode.UNAUTHENTICATED],
+        [CREATED, _events(12)],
+    )
+
+    async def watching(requests: Any, context: Any) -> AsyncIterator[Any]:
+        seen.append(dict(context.invocation_metadata())["token"])
+        async for response in play(requests, context):
+            yield response
+
+    unary: dict[str, Unary] = {"Authenticate": authenticate}
+    async with (
+        scripted_etcd(watch=watching, unary=unary) as script,
+        EtcdStore([script.endpoint], username="u", password="p") as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+    assert seen == ["t1", "t1", "t1", "t2"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("refusal", ["unavailable", "not created in time"])
+async def test_a_lost_watch_refused_or_not_created_moves_to_the_next_member(refusal: str) -> None:
+    """Re-creating a lost watch: a member that refuses the creation as unavailable, or does not
+    create it within the store's timeout, is left for the next one on the next try."""
+    refused: list[Any] = [grpc.StatusCode.UNAVAILABLE] if refusal == "unavailable" else []
+    first_streams = _watches([CREATED, _events(11), "end"], refused, *[[CREATED, _events(99)]] * 5)
+    async with (
+        scripted_etcd(watch=first_streams) as first,
+        scripted_etcd(watch=_watches([CREATED, _events(12)])) as second,
+        EtcdStore([first.endpoint, second.endpoint], timeout=0.5) as store,
+        store.watch("w/") as watch,
+    ):
+        assert _revisions(await _take(watch, 2)) == [11, 12]
+        assert (len(first.opened), len(second.opened)) == (2, 1)

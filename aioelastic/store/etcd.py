@@ -264,7 +264,21 @@ class EtcdStore(Store):
             raise
 
     async def _compact_revision(self) -> int:
-        """The cluster's compact revision, learnt from a watch that asks for revision 1."""
+        """The cluster's compact revision (called once etcd said a revision is compacted: at
+        least 1), learnt from a watch that asks for revision 1. etcd cancels that watch only when
+        revision 1 is compacted away, not at compact revision 1 itself (it would wait forever):
+        a read at revision 1, refused unless the compact revision is 1, tells that case."""
+        try:
+            await self.client.call(
+                "Range",
+                rpc_pb2.RangeRequest(key=ALL_KEYS, count_only=True, revision=1),
+                write=False,
+            )
+        except StoreError as exc:
+            if "compacted" not in str(exc):
+                raise
+        else:
+            return 1
         watch = EtcdWatch(self, "\0aioelastic-compact-probe", 1)
         try:
             await watch.start()
