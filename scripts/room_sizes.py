@@ -7,6 +7,7 @@ class and function found; generated code (``_pb/``) is skipped. ``tests/test_che
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from collections.abc import Iterator
@@ -50,7 +51,11 @@ def oversized(paths: list[Path]) -> list[tuple[str, str, int]]:
 
 
 def main(argv: list[str]) -> int:
-    paths = [Path(p) for p in argv] or [Path("aioelastic")]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="files or folders (aioelastic)")
+    paths = parser.parse_args(argv).paths or [Path("aioelastic")]
+    if missing := [str(p) for p in paths if not p.exists()]:
+        parser.error(f"no such file or folder: {', '.join(missing)}")
     for kind, where, n in oversized(paths):
         print(f"{kind:9s}{n:5d}  {where}")
     for kind in ("class", "function"):
