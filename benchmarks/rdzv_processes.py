@@ -1,7 +1,7 @@
 """Rendezvous as torch runs it: one OS process per participant, handlers from torch's registry.
 
 ``PYTHONPATH=. python benchmarks/rdzv_processes.py [--sizes 2,4,8,16,32,64] [--repeat 3]
-[--no-torch] [--warm K]``
+[--no-torch | --torch-only] [--warm K] [--node-logs DIR]``
 
 For every N and repetition, torch's ``c10d`` backend and ``aioelastic`` (an ``aioelastic serve``
 process as the store) are alternated, each with N fresh processes that create their handler with
@@ -18,7 +18,13 @@ time t0 (the same window for both sides). Figures:
 
 Every process is fresh, so the first join of a process is what is measured (the adapter does its
 one-time work when the handler is created). ``--no-torch`` runs the aioelastic rounds only (the
-handlers still come from torch's registry; torch's c10d rounds and the ratio are skipped).
+handlers still come from torch's registry; torch's c10d rounds and the ratio are skipped);
+``--torch-only`` the c10d rounds only. ``--node-logs DIR``: each node's
+``torch.distributed.elastic`` log at DEBUG in DIR (diagnosis; it costs the nodes CPU).
+
+Each node is ``python -m benchmarks._rdzv_node`` (a module file, as torchrun's agent is a script):
+under ``python -c`` torch's c10d handler spent 29 ms of CPU per recorded event in
+``inspect.stack()``, and its N=64 round did not form (``benchmarks/_rdzv_node.py``).
 
 ``--warm K``: after that first (fresh) round, the same aioelastic processes join K more rounds,
 each at a shared t0 of its own (every member rejoins; most members are not the driver), and a
@@ -43,32 +49,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-
-NODE = r"""
-import json, sys, time
-from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-backend, endpoint, run_id, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-if backend == "aioelastic":
-    from aioelastic.torchrun import register
-    register()
-# torch's default join timeout (600 s): at N=64 on 2 cores torch's round has taken 64 s to over
-# 120 s (the old bound here, which made it fail rather than be measured)
-params = RendezvousParameters(backend, endpoint, run_id, n, n, join_timeout="600")
-handler = get_rendezvous_handler(params)
-print("ready", flush=True)
-while line := sys.stdin.readline().strip():  # a t0 per round; an empty line: the end
-    t0 = float(line)
-    time.sleep(max(0.0, t0 - time.time()))
-    cpu = time.process_time()
-    info = handler.next_rendezvous()
-    done = time.time()
-    cpu = time.process_time() - cpu
-    print(json.dumps({"done": done, "cpu": cpu, "rank": info.rank, "world": info.world_size}),
-          flush=True)
-handler.shutdown() if backend == "aioelastic" else None
-"""
 
 
 def _free_port() -> int:
@@ -120,10 +100,16 @@ class Server:
 
 
 def one_round(
-    side: str, n: int, server: Server | None, timeout: float, warm: int = 0
+    side: str,
+    n: int,
+    server: Server | None,
+    timeout: float,
+    warm: int = 0,
+    logs: Path | None = None,
 ) -> list[dict[str, Any]]:
     """N fresh processes join one exact round at a shared t0, then ``warm`` more (each at a
-    t0 of its own); returns the figures of each round, the fresh one first."""
+    t0 of its own); returns the figures of each round, the fresh one first. ``logs``: a folder
+    for each node's torch.distributed.elastic debug log."""
     if side == "aioelastic":
         assert server is not None
         backend, endpoint = "aioelastic", f"http://127.0.0.1:{server.port}"
@@ -131,16 +117,21 @@ def one_round(
         backend, endpoint = "c10d", f"127.0.0.1:{_free_port()}"
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     errors = [tempfile.TemporaryFile("w+") for _ in range(n)]  # noqa: SIM115 (closed below)
+    # from a module file, as torchrun's agent runs (see _rdzv_node's docstring: not ``-c``)
+    node = [sys.executable, "-m", "benchmarks._rdzv_node", backend, endpoint, run_id, str(n)]
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", NODE, backend, endpoint, run_id, str(n)],
+            node + ([str(logs / f"{side}-{n}-{run_id}-{i:02d}.log")] if logs else []),
             env=_env(),
+            cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
         )
-        for err in errors
+        for i, err in enumerate(errors)
     ]
     try:
         for proc in procs:
@@ -221,13 +212,50 @@ def _warm_row(n: int, warm: list[dict[str, Any]], fresh: list[dict[str, Any]]) -
     )
 
 
+def _row(n: int, got: dict[str, list[dict[str, Any]]], no_torch: bool) -> str | None:
+    """The main table's row of N (None when no round of either side formed)."""
+    if not got["aioelastic"]:
+        if not got["torch"]:
+            return None
+        # --torch-only: torch's round and its nodes' CPU per join in the client column
+        t = [g["round"] for g in got["torch"]]
+        cpu = [g["cpu"] for g in got["torch"]]
+        cpu_col = f"torch {_fmt(cpu, 1000, 'ms')}"
+        return f"| {n} | {_fmt(t)} | (not run) | (--torch-only) | {cpu_col} | - |"
+    a = [g["round"] for g in got["aioelastic"]]
+    torch_round, ratio = "(not run)", "(--no-torch)"
+    if not no_torch and not got["torch"]:
+        # every torch round failed (listed above): aioelastic's figures all the same
+        torch_round, ratio = "(failed)", "(none)"
+    elif not no_torch:
+        t = [g["round"] for g in got["torch"]]
+        ratios = [x / y for x, y in zip(t, a, strict=False)]
+        torch_round = _fmt(t)
+        ratio = f"{statistics.median(ratios):.1f}x (min {min(ratios):.1f}x)"
+    return (
+        f"| {n} | {torch_round} | {_fmt(a, 1000, 'ms')} | {ratio} | "
+        f"{_fmt([g['cpu'] for g in got['aioelastic']], 1000, 'ms')} | "
+        f"{_fmt([g['server_cpu_per_join'] for g in got['aioelastic']], 1e6, 'us')} |"
+    )
+
+
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2,4,8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument(
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
         "--no-torch", action="store_true", help="aioelastic rounds only (no c10d side)"
+    )
+    only.add_argument(
+        "--torch-only", action="store_true", help="torch c10d rounds only (no aioelastic side)"
+    )
+    parser.add_argument(
+        "--node-logs",
+        type=Path,
+        default=None,
+        help="a folder for each node's torch.distributed.elastic DEBUG log (diagnosis only)",
     )
     parser.add_argument(
         "--warm", type=int, default=0, help="warm aioelastic rounds after the fresh one"
@@ -237,7 +265,9 @@ def _parse() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse()
-    sides = ["aioelastic"] if args.no_torch else ["torch", "aioelastic"]
+    sides = ["torch", "aioelastic"]
+    if args.no_torch or args.torch_only:
+        sides = ["aioelastic"] if args.no_torch else ["torch"]
     sizes = [int(x) for x in args.sizes.split(",")]
     server = Server()
     rows, warm_rows = [], []
@@ -252,7 +282,12 @@ def main() -> None:
                     aio = side != "torch"
                     try:
                         first, *more = one_round(
-                            side, n, server if aio else None, args.timeout, args.warm if aio else 0
+                            side,
+                            n,
+                            server if aio else None,
+                            args.timeout,
+                            args.warm if aio else 0,
+                            args.node_logs,
                         )
                     except RoundFailed as exc:
                         failed.append(str(exc))
@@ -266,23 +301,9 @@ def main() -> None:
             if warm:
                 warm_rows.append(_warm_row(n, warm, got["aioelastic"]))
                 print(warm_rows[-1], flush=True)
-            if not got["aioelastic"]:
+            row = _row(n, got, args.no_torch)
+            if row is None:
                 continue
-            a = [g["round"] for g in got["aioelastic"]]
-            torch_round, ratio = "(not run)", "(--no-torch)"
-            if not args.no_torch and not got["torch"]:
-                # every torch round failed (listed above): aioelastic's figures all the same
-                torch_round, ratio = "(failed)", "(none)"
-            elif not args.no_torch:
-                t = [g["round"] for g in got["torch"]]
-                ratios = [x / y for x, y in zip(t, a, strict=False)]
-                torch_round = _fmt(t)
-                ratio = f"{statistics.median(ratios):.1f}x (min {min(ratios):.1f}x)"
-            row = (
-                f"| {n} | {torch_round} | {_fmt(a, 1000, 'ms')} | {ratio} | "
-                f"{_fmt([g['cpu'] for g in got['aioelastic']], 1000, 'ms')} | "
-                f"{_fmt([g['server_cpu_per_join'] for g in got['aioelastic']], 1e6, 'us')} |"
-            )
             rows.append(row)
             print(row, flush=True)
     finally:
