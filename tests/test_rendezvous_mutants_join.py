@@ -22,6 +22,7 @@ from aioelastic.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
     WriteOutcomeUnknownError,
@@ -1164,4 +1165,64 @@ async def test_a_join_that_times_out_while_its_driver_writes_the_round_fails_at_
     with pytest.raises(RendezvousTimeoutError):
         await h.next_rendezvous()
     assert loop.time() - start == pytest.approx(5.0)
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_closed_run_is_named_in_the_members_and_the_standbys_errors() -> None:
+    engine = MemoryEngine()
+    member = handler(MemoryStore(engine), node_id="node-a")
+    await member.next_rendezvous()
+    standby = handler(MemoryStore(engine), node_id="node-b")
+    waiting = asyncio.ensure_future(standby.next_rendezvous())
+    await asyncio.sleep(1.0)  # the round is full: node-b waits as a standby
+    closer = handler(MemoryStore(engine))
+    await closer.set_closed()
+    with pytest.raises(RendezvousGracefulExitError) as exited:
+        await waiting
+    assert str(exited.value) == "the rendezvous 'job' closed while this node was a standby"
+    with pytest.raises(RendezvousClosedError) as closed:
+        await member.next_rendezvous()
+    assert str(closed.value) == "the rendezvous 'job' is closed"
+    for h in (member, standby, closer):
+        await h.aclose()
+
+
+@virtual_test
+async def test_a_first_join_whose_view_fails_leaves_no_lease_grant_running() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    await store.put(KEYS.round, b"not json")  # the view's load fails at once
+    h = handler(store, local_addr="10.0.0.1")
+    store.hang("lease_grant")
+    with pytest.raises(RendezvousStateError):
+        await h.next_rendezvous()
+    store.release()
+    await asyncio.sleep(1.0)
+    assert h.lease is None  # the grant was cancelled, not left to finish behind the join
+    assert store.granted_leases == frozenset()
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_join_after_a_lost_lease_drops_and_closes_the_lost_keeper_first() -> None:
+    # while the new lease is granted, the handler has none (not the lost one, whose id would
+    # be reported as live); the lost keeper is closed, not left behind
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store)
+    await h.next_rendezvous()
+    lost = h.lease
+    assert lost is not None
+    await store.lease_revoke(lost.id)
+    await lost.wait_lost()
+    store.hang("lease_grant")
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)
+    assert h.lease is None
+    assert h.statistics().lease_id == 0
+    assert lost._closed
+    store.release()
+    result = await joining
+    assert result.round == 1
+    assert h.lease is not None
+    assert h.lease is not lost
     await h.aclose()
