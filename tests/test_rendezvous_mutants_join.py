@@ -22,8 +22,10 @@ from aioelastic.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    WriteOutcomeUnknownError,
 )
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, _join, dynamic
 from aioelastic.rendezvous._driver import RoundDriver
@@ -32,6 +34,7 @@ from aioelastic.store import (
     MemoryEngine,
     MemoryStore,
     Put,
+    RangeResult,
     Store,
     Txn,
     TxnResult,
@@ -1004,4 +1007,222 @@ async def test_a_registration_claiming_the_driver_does_not_take_a_claim_it_did_n
     kv = await other.get(KEYS.driver)
     assert kv is not None
     assert (kv.value, kv.lease) == (theirs, lease)  # node-x's claim stands; ours was refused
+    await h.aclose()
+
+
+class _AnswerLost(MemoryStore):
+    """A memory store that applies the first transaction registering ``key``, then loses its
+    answer (``WriteOutcomeUnknownError``), as a network store does when the connection drops
+    after the request was sent."""
+
+    def __init__(self, engine: MemoryEngine, key: str) -> None:
+        super().__init__(engine)
+        self._key: str | None = key
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        result = await super()._txn(txn)
+        if self._key is not None and any(
+            isinstance(op, Put) and op.key == self._key for op in txn.success
+        ):
+            self._key = None
+            raise WriteOutcomeUnknownError("injected: the answer was lost")
+        return result
+
+
+@virtual_test
+async def test_a_registration_whose_answer_was_lost_is_withdrawn() -> None:
+    # the registration may have landed: the failed join's withdrawal deletes it, or it stays
+    # under the live lease and counts the node for a round it is not joining
+    store = _AnswerLost(MemoryEngine(), KEYS.node(0, "node-a"))
+    h = handler(store, 2, 2, node_id="node-a")
+    with pytest.raises(RendezvousConnectionError):
+        await h.next_rendezvous()
+    assert await store.get(KEYS.node(0, "node-a")) is None
+    assert await store.get(KEYS.driver) is None
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_registration_our_own_lease_holds_already_leaves_the_old_round() -> None:
+    """Registering for round 1 finds the key held by this node's own lease (a registration that
+    landed although its join was cut short before the answer, whose withdrawal did not reach
+    the store): it is ours, not a duplicate's; the node is registered, and leaves round 0."""
+    store = MemoryStore(MemoryEngine())
+    h = handler(store, node_id="node-a")
+    keeper = store.lease(TTL)
+    await keeper.start()
+    record = NodeRecord("node-a", "h", 1).encode()
+    await store.put(KEYS.node(0, "node-a"), record, lease=keeper.id)
+    mine = await store.put(KEYS.node(1, "node-a"), record, lease=keeper.id)
+    await store.put(KEYS.node(0, "node-b"), record)  # (not ours: stays)
+    joiner = h._joiner
+    joiner.record_round = 0
+    assert await _join._register(joiner, 1, keeper) is None
+    assert joiner.record_round == 1
+    assert await store.get(KEYS.node(0, "node-a")) is None
+    kv = await store.get(KEYS.node(1, "node-a"))
+    assert kv is not None
+    assert (kv.mod_revision, kv.lease) == (mine, keeper.id)  # not written again
+    assert await store.get(KEYS.node(0, "node-b")) is not None
+    await keeper.aclose()
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_lease_granted_early_is_armed_once_by_the_first_join() -> None:
+    # prepare() grants the lease unarmed (its loss before a registration is nobody's); the
+    # first join arms it, once: its loss after two joins is the handler's error, one event
+    sink = ListSink()
+    h = handler(MemoryStore(MemoryEngine()), event_sink=sink)
+    await h._prepare()
+    keeper = h.lease
+    assert keeper is not None
+    await h.next_rendezvous()
+    await h.next_rendezvous()
+    assert h.lease is keeper
+    lost = asyncio.Event()
+    keeper.on_lost(lambda _error: lost.set())
+    await h.store.lease_revoke(keeper.id)
+    await lost.wait()
+    assert isinstance(h.error, LeaseExpiredError)
+    assert len(sink.of("rendezvous.lease_lost")) == 1
+    await h.aclose()
+
+
+class _CtlWatches(MemoryStore):
+    """Records the watches of ``c/`` opened (the control view's)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.ctl_watches: list[Watch] = []
+
+    async def range_and_watch(self, prefix: str) -> tuple[RangeResult, Watch]:
+        snapshot, watch = await super().range_and_watch(prefix)
+        if prefix == KEYS.ctl:
+            self.ctl_watches.append(watch)
+        return snapshot, watch
+
+
+@virtual_test
+async def test_a_completed_join_keeps_its_view_and_a_failed_one_closes_it() -> None:
+    store = _CtlWatches(MemoryEngine())
+    h = handler(store, 1, 2, last_call_timeout=1.0, join_timeout=5.0)
+    await h.next_rendezvous()
+    await h.next_rendezvous()
+    (kept,) = store.ctl_watches  # the second join went on from the first one's view
+    assert not kept._closed
+    h._min = 2  # (the next round cannot form: its join times out)
+    with pytest.raises(RendezvousTimeoutError):
+        await h.next_rendezvous()
+    assert kept._closed  # a failed join's view is not kept
+    h._min = 1
+    await h.next_rendezvous()
+    assert len(store.ctl_watches) == 2
+    assert not store.ctl_watches[1]._closed
+    await h.aclose()
+    assert store.ctl_watches[1]._closed
+
+
+class _SlowRoundWrite(MemoryStore):
+    """The answer to the transaction that writes the round record arrives 10 ms after it is
+    applied (as over a network): the joiner sees the round on its watch first."""
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        result = await super()._txn(txn)
+        if any(isinstance(op, Put) and op.key == KEYS.round for op in txn.success):
+            await asyncio.sleep(0.01)
+        return result
+
+
+@virtual_test
+async def test_a_driver_whose_round_write_answers_after_the_event_is_let_finish() -> None:
+    sink = ListSink()
+    h = handler(_SlowRoundWrite(MemoryEngine()), event_sink=sink)
+    result = await h.next_rendezvous()
+    assert result.round == 0
+    assert h.statistics().rounds_driven == 1  # counted: not cancelled mid-write
+    assert sink.of("rendezvous.round_finalized") == [{"round": 0, "world_size": 1}]
+    await h.aclose()
+
+
+class _StuckRoundWrite(MemoryStore):
+    """The transaction that writes the round record takes 100 s to reach the store (it is
+    applied then): a driver stays in ``finalize`` that long."""
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        if any(isinstance(op, Put) and op.key == KEYS.round for op in txn.success):
+            await asyncio.sleep(100.0)
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_join_that_times_out_while_its_driver_writes_the_round_fails_at_once() -> None:
+    # only a completed join lets its driver finish the write; a failed one cancels it and
+    # fails at its deadline, not after the write (or close_timeout)
+    h = handler(_StuckRoundWrite(MemoryEngine()), join_timeout=5.0, last_call_timeout=0.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(RendezvousTimeoutError):
+        await h.next_rendezvous()
+    assert loop.time() - start == pytest.approx(5.0)
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_closed_run_is_named_in_the_members_and_the_standbys_errors() -> None:
+    engine = MemoryEngine()
+    member = handler(MemoryStore(engine), node_id="node-a")
+    await member.next_rendezvous()
+    standby = handler(MemoryStore(engine), node_id="node-b")
+    waiting = asyncio.ensure_future(standby.next_rendezvous())
+    await asyncio.sleep(1.0)  # the round is full: node-b waits as a standby
+    closer = handler(MemoryStore(engine))
+    await closer.set_closed()
+    with pytest.raises(RendezvousGracefulExitError) as exited:
+        await waiting
+    assert str(exited.value) == "the rendezvous 'job' closed while this node was a standby"
+    with pytest.raises(RendezvousClosedError) as closed:
+        await member.next_rendezvous()
+    assert str(closed.value) == "the rendezvous 'job' is closed"
+    for h in (member, standby, closer):
+        await h.aclose()
+
+
+@virtual_test
+async def test_a_first_join_whose_view_fails_leaves_no_lease_grant_running() -> None:
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    await store.put(KEYS.round, b"not json")  # the view's load fails at once
+    h = handler(store, local_addr="10.0.0.1")
+    store.hang("lease_grant")
+    with pytest.raises(RendezvousStateError):
+        await h.next_rendezvous()
+    store.release()
+    await asyncio.sleep(1.0)
+    assert h.lease is None  # the grant was cancelled, not left to finish behind the join
+    assert store.granted_leases == frozenset()
+    await h.aclose()
+
+
+@virtual_test
+async def test_a_join_after_a_lost_lease_drops_and_closes_the_lost_keeper_first() -> None:
+    # while the new lease is granted, the handler has none (not the lost one, whose id would
+    # be reported as live); the lost keeper is closed, not left behind
+    store = FaultInjectingStore(MemoryStore(MemoryEngine()))
+    h = handler(store)
+    await h.next_rendezvous()
+    lost = h.lease
+    assert lost is not None
+    await store.lease_revoke(lost.id)
+    await lost.wait_lost()
+    store.hang("lease_grant")
+    joining = asyncio.ensure_future(h.next_rendezvous())
+    await asyncio.sleep(1.0)
+    assert h.lease is None
+    assert h.statistics().lease_id == 0
+    assert lost._closed
+    store.release()
+    result = await joining
+    assert result.round == 1
+    assert h.lease is not None
+    assert h.lease is not lost
     await h.aclose()
