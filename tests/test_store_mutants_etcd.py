@@ -1643,3 +1643,57 @@ async def test_a_compare_and_swap_of_a_key_onto_a_lease_reports_that_lease(
         stored = await store.get(key)
         assert stored == moved.kv
         await store.lease_revoke(grant.id)
+
+
+@pytest.mark.asyncio
+async def test_the_stores_defaults_are_the_documented_ones() -> None:
+    """docs/etcd.md's option table: a call's deadline 10 s, a member's connection 3 s, a watch's
+    reconnection 60 s, a silent member pinged after 0.75 s and taken as hung 0.75 s later."""
+    async with EtcdStore(["127.0.0.1:1"]) as store:
+        client = store.client
+        assert (client.timeout, client.connect_timeout) == (10.0, 3.0)
+        assert store.watch_reconnect_timeout == 60.0
+        assert (client.ping_after, client.ping_timeout) == (0.75, 0.75)
+
+
+@pytest.mark.asyncio
+async def test_the_current_revision_whose_connection_is_lost_fails_as_a_read() -> None:
+    """The current revision is a read (connect's check): a lost connection is a plain
+    connection error, not a write whose outcome is unknown."""
+    asked: list[Any] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        asked.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Range": lost}) as (store, _):
+        with pytest.raises(StoreConnectionError, match=r"etcd Range at ") as info:
+            await store.connect()
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert asked  # it reached etcd: lost after sending, not before
+    assert all((r.key, r.count_only) == (ALL_KEYS, True) for r in asked)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_compaction_whose_probe_is_lost_fails_as_a_read() -> None:
+    """A compaction etcd refused (its revision compacted already) changed nothing; the read of
+    the compact revision that follows is a read: its lost connection is a plain connection
+    error, not a write whose outcome is unknown."""
+    probes: list[Any] = []
+
+    async def compact(request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted"
+        )
+
+    async def range_(request: Any, context: Any) -> Any:
+        if request.revision != 1:
+            return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=10))
+        probes.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Compact": compact, "Range": range_}) as (store, _):
+        with pytest.raises(StoreConnectionError, match=r"etcd Range at ") as info:
+            await store.compact(3)
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert probes  # it reached etcd: lost after sending, not before
