@@ -1574,3 +1574,126 @@ async def test_a_lost_watch_refused_or_not_created_moves_to_the_next_member(refu
     ):
         assert _revisions(await _take(watch, 2)) == [11, 12]
         assert (len(first.opened), len(second.opened)) == (2, 1)
+
+
+# -- session 11: etcd.py's survivors -----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_lease_grant_whose_connection_is_lost_is_sent_once_its_outcome_unknown() -> None:
+    """A grant is a write: after a lost connection etcd may have granted the lease (one nobody
+    holds, alive for its TTL), so it is not sent again, nor reported as a plain connection
+    error (a grant taken for a read is retried, granting a lease each time)."""
+    sent: list[Any] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        sent.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"LeaseGrant": lost}) as (store, _):
+        with pytest.raises(WriteOutcomeUnknownError):
+            await store.lease_grant(5)
+    assert [request.TTL for request in sent] == [5]
+
+
+@pytest.mark.asyncio
+async def test_a_leases_time_to_live_whose_connection_is_lost_fails_as_a_read() -> None:
+    """A lease's time-to-live only reads: a lost connection is a plain connection error (it may
+    be asked again), not a write whose outcome is unknown, and the error is the call's own."""
+    asked: list[int] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        asked.append(request.ID)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"LeaseTimeToLive": lost}) as (store, _):
+        with pytest.raises(StoreConnectionError, match=r"etcd LeaseTimeToLive at ") as info:
+            await store.lease_time_to_live(9)
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert asked  # it reached etcd: lost after sending, not before
+    assert set(asked) == {9}
+
+
+@pytest.mark.asyncio
+async def test_a_time_to_live_refused_as_lease_not_found_names_the_lease() -> None:
+    """etcd's own word for an unknown lease (TTL -1 from its gRPC layer, or the error
+    `requested lease not found` from the layer below it) is a LeaseNotFoundError naming it."""
+
+    async def refused(request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
+
+    async with scripted_store(unary={"LeaseTimeToLive": refused}) as (store, _):
+        with pytest.raises(LeaseNotFoundError) as info:
+            await store.lease_time_to_live(9)
+    assert info.value.lease_id == 9
+
+
+@pytest.mark.asyncio
+async def test_a_compare_and_swap_of_a_key_onto_a_lease_reports_that_lease(
+    etcd: EtcdServer,
+) -> None:
+    """The key-value a swap of an existing key returns carries the lease it was written with,
+    as etcd stores it (not the key's old lease, nor none)."""
+    async with EtcdStore(etcd.endpoints) as store:
+        key = f"cas-lease/{uuid.uuid4().hex}"
+        grant = await store.lease_grant(5)
+        created = await store.compare_and_swap(key, 0, b"1")
+        moved = await store.compare_and_swap(key, created.revision, b"2", lease=grant.id)
+        assert moved.kv == KeyValue(key, b"2", created.revision, moved.revision, 2, grant.id)
+        stored = await store.get(key)
+        assert stored == moved.kv
+        await store.lease_revoke(grant.id)
+
+
+@pytest.mark.asyncio
+async def test_the_stores_defaults_are_the_documented_ones() -> None:
+    """docs/etcd.md's option table: a call's deadline 10 s, a member's connection 3 s, a watch's
+    reconnection 60 s, a silent member pinged after 0.75 s and taken as hung 0.75 s later."""
+    async with EtcdStore(["127.0.0.1:1"]) as store:
+        client = store.client
+        assert (client.timeout, client.connect_timeout) == (10.0, 3.0)
+        assert store.watch_reconnect_timeout == 60.0
+        assert (client.ping_after, client.ping_timeout) == (0.75, 0.75)
+
+
+@pytest.mark.asyncio
+async def test_the_current_revision_whose_connection_is_lost_fails_as_a_read() -> None:
+    """The current revision is a read (connect's check): a lost connection is a plain
+    connection error, not a write whose outcome is unknown."""
+    asked: list[Any] = []
+
+    async def lost(request: Any, context: Any) -> Any:
+        asked.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Range": lost}) as (store, _):
+        with pytest.raises(StoreConnectionError, match=r"etcd Range at ") as info:
+            await store.connect()
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert asked  # it reached etcd: lost after sending, not before
+    assert all((r.key, r.count_only) == (ALL_KEYS, True) for r in asked)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_compaction_whose_probe_is_lost_fails_as_a_read() -> None:
+    """A compaction etcd refused (its revision compacted already) changed nothing; the read of
+    the compact revision that follows is a read: its lost connection is a plain connection
+    error, not a write whose outcome is unknown."""
+    probes: list[Any] = []
+
+    async def compact(request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted"
+        )
+
+    async def range_(request: Any, context: Any) -> Any:
+        if request.revision != 1:
+            return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=10))
+        probes.append(request)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted")
+
+    async with scripted_store(unary={"Compact": compact, "Range": range_}) as (store, _):
+        with pytest.raises(StoreConnectionError, match=r"etcd Range at ") as info:
+            await store.compact(3)
+    assert not isinstance(info.value, WriteOutcomeUnknownError)
+    assert probes  # it reached etcd: lost after sending, not before
