@@ -2,6 +2,7 @@
 
     PYTHONPATH=. nice -n 5 python benchmarks/join_cpu.py [--joins 300] [--repeat 5]
         [--sizes 1,64] [--store memory|http|adapter] [--against /path/to/other/checkout]
+        [--instructions]
 
 Each round is a fresh process (this checkout's code, or ``--against``'s) that makes N dynamic
 handlers over one store, warms them up with a few rounds, then times ``time.thread_time()`` over
@@ -19,6 +20,13 @@ the adapter's loop thread, uvloop when installed): ``time.process_time()`` per w
 ``--sizes`` is ignored). Rounds alternate between the checkouts, so the before/after figures
 come from one run on a loaded host: the table shows the median and range of the rounds'
 figures, and the ratio of the medians.
+
+``--instructions`` (``memory`` or ``http``): the client process's instructions per warm join,
+counted by ``valgrind --tool=callgrind`` (the same figure for the same code whatever the host's
+load; the server, a process of its own, is not counted). Each checkout's node runs twice under
+callgrind, with no timed rounds and with ``--joins / N``, and the difference of the two counts
+divided by those joins is the figure (start-up, imports, the warm-up and the close cancel out).
+About a minute per checkout and N; ``--repeat`` runs each pair that many times (default 1 here).
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +49,8 @@ from aioelastic.store import MemoryEngine
 from benchmarks.scale import make_handlers
 
 n, joins, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+#: --instructions: this many rounds after the warm-up, nothing timed or counted in Python
+plain = int(sys.argv[4]) if len(sys.argv) > 4 else -1
 
 
 def http_handlers():
@@ -63,6 +75,11 @@ async def main() -> dict[str, float]:
         handlers = make_handlers(MemoryEngine(), n, last_call_timeout=0)
     for _ in range(3):
         await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+    if plain >= 0:  # (callgrind counts the process: the difference of two round counts)
+        for _ in range(plain):
+            await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+        await asyncio.gather(*(h.aclose() for h in handlers))
+        return {}
     rounds = max(1, joins // n)
     calls = 0
     call_soon = loop.call_soon
@@ -123,27 +140,48 @@ print(json.dumps({"cpu_us": cpu / joins * 1e6, "callbacks": 0.0, "calls": 0.0}),
 def one_round(
     code: Path, n: int, joins: int, store: str = "memory", url: str = ""
 ) -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(code)
-    env.pop("AIOELASTIC_EVENTS", None)
     if store == "adapter":
         argv = ["-c", ADAPTER, str(joins), url]
     else:
         argv = ["-c", NODE, str(n), str(joins), url if store == "http" else ""]
-    out = subprocess.run(
-        [sys.executable, *argv],
-        env=env,
-        cwd=code,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    out = _run(code, [sys.executable, *argv])
     if out.returncode != 0:  # say why (the node's last lines), not only that it failed
         tail = "\n".join(out.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"{code} N={n} ({store}): exit {out.returncode}:\n{tail}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def _run(code: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(code), PYTHONHASHSEED="0")
+    env.pop("AIOELASTIC_EVENTS", None)
+    return subprocess.run(
+        command,
+        env=env,
+        cwd=code,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+
+
+def instructions(code: Path, n: int, joins: int, url: str) -> float:
+    """callgrind's count of the client process's instructions per warm join of ``code``'s
+    node: two runs, with 0 and ``joins // n`` rounds after the warm-up, subtracted."""
+    rounds = max(1, joins // n)
+    counts = []
+    for extra in (0, rounds):
+        with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
+            argv = ["-c", NODE, str(n), "0", url, str(extra)]
+            grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}"]
+            done = _run(code, [*grind, sys.executable, *argv])
+        match = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode or match is None:
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"{code} N={n} under callgrind: exit {done.returncode}:\n{tail}")
+        counts.append(int(match[1]))
+    return (counts[1] - counts[0]) / (rounds * n)
 
 
 def _fmt(values: list[float], digits: int = 0) -> str:
@@ -154,11 +192,20 @@ def _fmt(values: list[float], digits: int = 0) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joins", type=int, default=300, help="timed joins per round")
-    parser.add_argument("--repeat", type=int, default=5, help="rounds per checkout and N")
+    parser.add_argument(
+        "--repeat", type=int, help="rounds per checkout and N (5; with --instructions 1)"
+    )
     parser.add_argument("--sizes", default="1,64")
     parser.add_argument("--store", choices=("memory", "http", "adapter"), default="memory")
     parser.add_argument("--against", type=Path, help="another checkout, alternated (before)")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions with callgrind"
+    )
     args = parser.parse_args(argv)
+    if args.instructions and args.store == "adapter":
+        parser.error("--instructions counts --store memory or http")
+    if args.repeat is None:
+        args.repeat = 1 if args.instructions else 5
     codes = [ROOT] + ([args.against.resolve()] if args.against else [])
     server = None
     if args.store != "memory":
@@ -168,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
 
         server = Server()
     try:
-        return _table(args, codes, "" if server is None else f"http://127.0.0.1:{server.port}")
+        url = "" if server is None else f"http://127.0.0.1:{server.port}"
+        if args.instructions:
+            return _instructions_table(args, codes, url)
+        return _table(args, codes, url)
     finally:
         if server is not None:
             server.close()
@@ -197,6 +247,24 @@ def _table(args: argparse.Namespace, codes: list[Path], url: str) -> int:
                 g["cpu_us"] for g in got[codes[1]]
             )
             print(f"| {n} | ratio this / against (CPU medians) | {ratio:.3f} | | |", flush=True)
+    return 0
+
+
+def _instructions_table(args: argparse.Namespace, codes: list[Path], url: str) -> int:
+    print(f"store: {args.store}, callgrind, {args.joins} joins")
+    print("| N | checkout | client instructions per warm join |")
+    print("|---|---|---|")
+    for n in (int(x) for x in args.sizes.split(",")):
+        got: dict[Path, list[float]] = {code: [] for code in codes}
+        for rep in range(args.repeat):
+            for code in codes if rep % 2 == 0 else codes[::-1]:
+                got[code].append(instructions(code, n, args.joins, url))
+        for code in codes:
+            counts = got[code]
+            print(f"| {n} | {code} | {_fmt(counts)} |", flush=True)
+        if len(codes) > 1:
+            ratio = statistics.median(got[codes[0]]) / statistics.median(got[codes[1]])
+            print(f"| {n} | ratio this / against | {ratio:.3f} |", flush=True)
     return 0
 
 

@@ -11,12 +11,15 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from msgpack import ExtraData
+
 from .._types import WatchEvent
 from ._client_requests import Requests
 from ._frames import (
     ERROR,
     EVENTS,
     EVENTS_MANY,
+    NOT_ONE,
     PROGRESS,
     REQUEST,
     RESULT,
@@ -25,6 +28,8 @@ from ._frames import (
     decode_events,
     pack_bound,
     unpack_all,
+    unpack_one,
+    unpack_rest,
 )
 from ._session_errors import Refused
 from ._session_stream import MessageLengthError, MessageReader, message_header
@@ -184,14 +189,32 @@ class Connection(asyncio.Protocol):
         """Hand ``message``'s frames to the session; False once the connection is ending."""
         answered = 0
         try:
-            for frame in unpack_all(message, max_len=MAX_MESSAGE):
-                if frame[0] == RESULT:  # (the common frame, inline)
-                    entry = self.pending.pop(frame[1], None)
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_result(frame[2])
-                        answered += 1
-                    continue
+            # the first frame with one call, inline (most messages are one answer, or an answer
+            # and a watch's events); the others, and every error, as unpack_all has them
+            try:
+                frame, rest = unpack_one(message, MAX_MESSAGE), b""
+            except ExtraData as extra:
+                frame, rest = extra.unpacked, extra.extra
+            except NOT_ONE:
+                frame, rest = None, b""
+            if type(frame) is not list or not frame:  # not valid: unpack_all raises, saying why
+                frame = next(unpack_all(message, max_len=MAX_MESSAGE))
+            if frame[0] == RESULT:  # (the common frame, inline)
+                entry = self.pending.pop(frame[1], None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(frame[2])
+                    answered += 1
+            else:
                 self._dispatch(frame)
+            if rest:
+                for frame in unpack_rest(rest, MAX_MESSAGE):
+                    if frame[0] == RESULT:
+                        entry = self.pending.pop(frame[1], None)
+                        if entry is not None and not entry[0].done():
+                            entry[0].set_result(frame[2])
+                            answered += 1
+                        continue
+                    self._dispatch(frame)
         except (FrameError, ValueError, TypeError, LookupError) as exc:
             self.abort(f"a malformed frame from the server: {exc}")
         if answered > 1 and not self._flush_due:

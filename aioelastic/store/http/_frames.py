@@ -51,6 +51,7 @@ __all__ = [
     "slot_setters",
     "unpack_all",
     "unpack_one",
+    "unpack_rest",
 ]
 
 #: Versions of the session protocol this package speaks, newest last.
@@ -114,7 +115,7 @@ def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]
     if not data:
         return
     # The first frame with one call (most messages are one frame: a sequential caller's request
-    # and its answer); only a message of several pays for an Unpacker over the rest.
+    # and its answer); see unpack_rest for the others.
     rest = b""
     try:
         frame = unpack_one(data, max_len)
@@ -124,7 +125,32 @@ def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]
         raise FrameError(f"the message is not valid msgpack: {exc or type(exc).__name__}") from None
     yield _checked(frame)
     if rest:
-        yield from _unpack_rest(rest, max_len)
+        yield from unpack_rest(rest, max_len)
+
+
+def unpack_rest(rest: bytes, max_len: int) -> Iterator[list[Any]]:
+    """The frames of a message after its first (``rest``: what :func:`unpack_one` left, its
+    ``ExtraData``'s ``extra``), as :func:`unpack_all` yields them.
+
+    A few with one call each (an answer and a watch's events, as a rule): an Unpacker zeroes
+    about 40 KB when it is made, more than decoding such a message costs. Past a few (a long
+    message: its tail is not copied again for each frame), or at anything not valid (it says
+    what, as it always has), an Unpacker takes the rest."""
+    for _ in range(_FEW_FRAMES):
+        try:
+            frame, rest = unpack_one(rest, max_len), b""
+        except msgpack.ExtraData as extra:
+            frame, rest = extra.unpacked, extra.extra
+        except NOT_ONE:
+            break
+        yield _checked(frame)
+        if not rest:
+            return
+    yield from _unpack_rest(rest, max_len)
+
+
+#: Frames after a message's first that :func:`unpack_rest` decodes with one call each.
+_FEW_FRAMES = 4
 
 
 def _unpack_rest(data: bytes, max_len: int) -> Iterator[list[Any]]:
