@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.server_call_cpu import _Drop
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: ``aioelastic`` with its session reads recorded to argv[1]; SIGUSR1 and SIGUSR2 mark a warm
@@ -96,28 +98,6 @@ def _segments(path: Path) -> list[list[list[Any]]]:
                 item[2] = base64.b64decode(item[2])
             segments[-1].append(item)
     return segments
-
-
-class _Drop:
-    """A transport that takes every write and is never full."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def writelines(self, parts: list[bytes]) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
 
 
 async def _replay(segments: list[list[list[Any]]], joins: int, engine: Any = None) -> list[float]:
