@@ -263,6 +263,11 @@ class MemoryEngine(EngineReplay):
         """Every event for ``watcher`` not yet read (advances its cursor)."""
         return self._hub.read(watcher)
 
+    def events_reader(self) -> Callable[[_Watcher], list[WatchEvent]]:
+        """:meth:`read_events` itself, for a reader that calls it for every event of many
+        watchers (the session server): the same reads, without this facade's call each."""
+        return self._hub.read
+
     def fail_watchers_of(self, owner: object, error: BaseException) -> None:
         """Fail every watcher registered by ``owner`` (its own only: O(its watchers))."""
         self._hub.fail_owned(owner, error)
