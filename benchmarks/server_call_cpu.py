@@ -11,7 +11,12 @@ engine's fan-out, each connection's pump and frame, the call of its transport's 
 
 Prints the median and range of ``time.thread_time()`` per call over ``--repeat`` runs;
 ``--against`` runs the same in a subprocess on another checkout's code, alternated with this
-one's (twice each), and prints the ratios of the medians.
+one's (twice each), and prints the ratios of the medians. ``--instructions`` counts the event
+row exactly instead (callgrind, whatever the load): the instructions per delivery, the
+difference of a run of one put and one of more, each into ``--sessions`` watching sessions.
+
+    PYTHONPATH=. python -m benchmarks.server_call_cpu --instructions --sessions 10000 \
+        [--against /path/to/other/checkout]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -112,7 +118,9 @@ async def _deliveries(
     for _ in range(watchers):
         session = RawSession(hub, lambda exc: None, _Drop())
         session.start()
-        session.data_received(_message([REQUEST, 0, "hello", {"versions": [1, 2]}]))
+        # (no progress tick within a run, however slow: callgrind's runs are 50 times slower)
+        hello = {"versions": [1, 2], "progress_interval": 300.0}
+        session.data_received(_message([REQUEST, 0, "hello", hello]))
         session.data_received(_message([REQUEST, 1, "watch", ["c/", None, False]]))
         sessions.append(session)
     if hub.watches != watchers:  # (a refused watch would make the figure a fraction of itself)
@@ -129,6 +137,38 @@ async def _deliveries(
     for session in sessions:
         session.connection_lost(None)
     return runs
+
+
+async def _events_only(sessions: int, puts: int) -> None:
+    """The event row's fan-out alone: ``puts`` puts into ``sessions`` watching sessions."""
+    from aioelastic.store.http._metrics import RequestMeter
+    from aioelastic.store.http._session_server import SessionHub
+    from aioelastic.store.memory import MemoryEngine
+
+    engine = MemoryEngine()
+    hub = SessionHub(engine, max_key_bytes=1024, max_value_bytes=1 << 20, max_watches=1 << 20)
+    hub.observe = RequestMeter().observe
+    await _deliveries(hub, engine, puts, 1, sessions)
+
+
+def _event_instructions(checkout: Path, sessions: int, puts: int) -> float:
+    """callgrind's instructions per event delivery of ``checkout``'s code: a run of ``1 + puts``
+    puts less one of 1, over ``puts * sessions`` deliveries."""
+    counts = []
+    for n in (1, 1 + puts):
+        args = [sys.executable, __file__, "--events-child", str(n), "--sessions", str(sessions)]
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *args],
+            env=dict(os.environ, PYTHONPATH=str(checkout), PYTHONHASHSEED="0"),
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+        )
+        match = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode or match is None:
+            raise RuntimeError(done.stderr[-800:])
+        counts.append(int(match[1]))
+    return (counts[1] - counts[0]) / (puts * sessions)
 
 
 def _other(checkout: Path, calls: int, repeat: int, sessions: int) -> dict[str, list[float]]:
@@ -165,14 +205,34 @@ def _line(label: str, runs: dict[str, list[float]]) -> str:
     )
 
 
+def _print_instructions(sessions: int, against: Path | None) -> None:
+    sides = [ROOT] + ([against.resolve()] if against else [])
+    puts = max(2, 40_000 // sessions)
+    got = {side: _event_instructions(side, sessions, puts) for side in sides}
+    for side, count in got.items():
+        print(f"{side}: event {count:,.0f} instructions per delivery ({sessions} sessions)")
+    if against:
+        print(f"this / {sides[1]}: {got[ROOT] / got[sides[1]]:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--sessions", type=int, default=64, help="sessions of the event row")
     parser.add_argument("--against", type=Path, help="another checkout, alternated with this")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count the event row with callgrind"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--events-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.events_child is not None:  # (a callgrind run: no teardown counted)
+        asyncio.run(_events_only(args.sessions, args.events_child))
+        os._exit(0)
+    if args.instructions:
+        _print_instructions(args.sessions, args.against)
+        return
     if args.child:  # (for --against: the figures as JSON)
         print(json.dumps(asyncio.run(_measure(args.calls, args.repeat, args.sessions))))
         return

@@ -8,6 +8,8 @@ import base64
 import json
 from pathlib import Path
 
+import msgpack
+
 from aioelastic.store.http._frames import REQUEST, pack
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
@@ -34,6 +36,10 @@ def test_a_recording_is_replayed_in_order_into_the_server(tmp_path: Path) -> Non
     path = tmp_path / "round.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert [len(segment) for segment in _segments(path)] == [3, 2, 1]
+    # each hello asks for progress ticks too slow to fire within a replay (callgrind's included)
+    first = _segments(path)[0][0][2]
+    assert msgpack.unpackb(first[4:])[3] == {"versions": [1, 2], "progress_interval": 300.0}
+    assert int.from_bytes(first[:4], "big") == len(first) - 4
 
     async def main() -> tuple[MemoryEngine, list[float]]:
         engine = MemoryEngine()

@@ -30,7 +30,11 @@ def evaluate_txn(
     writes, each operation's result, and whether there is a range among them (whose
     ``revision`` the engine sets: the transaction's, known once it is applied)."""
     data = keys.data
-    succeeded = all(c.holds(data.get(c.key)) for c in txn.compare) if txn.compare else True
+    succeeded = True
+    for c in txn.compare:  # (a loop, not all() of a generator: one compare, as a rule)
+        if not c.holds(data.get(c.key)):
+            succeeded = False
+            break
     ops = txn.success if succeeded else txn.failure
     leases = keys.leases
     for op in ops:  # refuse before applying anything, as etcd does

@@ -146,7 +146,15 @@ class WatchHub:
                         watcher.hits = (index,)
                         first_unread.append(index)
                         first_unread_of.append(watcher)
-                        watcher.wake()
+                        # (wake, inline: one write wakes N watchers)
+                        on_wake = watcher.on_wake
+                        if on_wake is not None:
+                            on_wake()
+                        waiter = watcher.waiter
+                        if waiter is not None:
+                            watcher.waiter = None
+                            if not waiter.done():
+                                waiter.set_result(None)
 
     def drop_before(self, revision: int) -> None:
         """Discard the events before ``revision``; fail the watchers that had not read them."""
@@ -271,9 +279,15 @@ class WatchHub:
             if not hits:
                 return []
             watcher.hits = _NO_HITS
-            events = [log[index - base] for index in hits]
             # (kv.mod_revision: the event's revision without its property's call, per read)
-            if events[0].kv.mod_revision < minimum:  # a watch that starts at a future revision
+            if len(hits) == 1:  # the usual read: one event since the last
+                event = log[hits[0] - base]
+                if event.kv.mod_revision < minimum:  # a watch that starts at a future revision
+                    return []
+                work[EVENTS_DELIVERED] += 1
+                return [event]
+            events = [log[index - base] for index in hits]
+            if events[0].kv.mod_revision < minimum:
                 events = [e for e in events if e.revision >= minimum]
             work[EVENTS_DELIVERED] += len(events)
             return events

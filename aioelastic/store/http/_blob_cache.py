@@ -25,18 +25,31 @@ class BlobCache:
     current revision's entries only, at most :data:`MAX_BLOBS` of them.
     """
 
-    __slots__ = ("_blobs", "_encode", "_revision")
+    __slots__ = ("_blobs", "_encode", "_last", "_revision")
 
     def __init__(self, encode: Callable[[list[WatchEvent]], bytes]) -> None:
         self._encode = encode
         self._blobs: dict[tuple[str, int, int, int], bytes] = {}
         self._revision = -1
+        #: the last answer: (first event, last event, count, prefix, blob); the N watchers one
+        #: write wakes read the same event objects, one after the other
+        self._last: tuple[WatchEvent, WatchEvent, int, str, bytes] | None = None
 
     def __len__(self) -> int:
         return len(self._blobs)
 
     def get(self, prefix: str, events: list[WatchEvent], revision: int) -> bytes:
         """The encoding of ``events`` (not empty), read from ``prefix`` at ``revision``."""
+        last = self._last
+        if (
+            last is not None
+            and last[0] is events[0]
+            and last[1] is events[-1]
+            and last[2] == len(events)
+            and last[3] == prefix
+            and revision == self._revision
+        ):
+            return last[4]
         if revision != self._revision:
             self._blobs.clear()
             self._revision = revision
@@ -47,4 +60,5 @@ class BlobCache:
             blob = self._blobs[key] = self._encode(events)
             if len(self._blobs) > MAX_BLOBS:
                 self._blobs.clear()
+        self._last = (events[0], events[-1], len(events), prefix, blob)
         return blob

@@ -119,7 +119,7 @@ class Connection:
         if self._closing:
             return
         self._outbox += (head, shared)
-        if not self._dispatching:
+        if not self._dispatching and not self._flush_queued:  # (queued: a pump's own events)
             self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -131,8 +131,12 @@ class Connection:
         """Pump the watches that woke and write what is queued (the hub's flush queue calls
         it; so does ``benchmarks/fanout.py``, of this checkout and of older ones)."""
         # (still queued meanwhile: frames the pump queues ride along, no second call)
-        if self._ready and not self._paused and not self._closing:
-            self._pump()
+        ready = self._ready
+        if ready and not self._paused and not self._closing:
+            if len(ready) == 1:  # (_pump's lone watch, inline: each event's way out)
+                ready.pop().pump()
+            else:
+                self._pump()
         self._write_outbox()
         self._flush_queued = False
 
@@ -150,10 +154,11 @@ class Connection:
         """Every watch that has something: its frames, written in chunks as they come (from
         version 2 on, the watches that read the same events share a frame: EventGroups; a lone
         watch's events are an ``EVENTS`` frame, which every version reads, with no grouping)."""
-        ready, self._ready = self._ready, []
+        ready = self._ready
         if len(ready) == 1:  # a lone watch (a node's control watch, as a rule): a frame of its own
-            ready[0].pump()
+            ready.pop().pump()  # (the list kept: no new one per event)
             return
+        self._ready = []
         if self.version >= EVENTS_MANY_VERSION:
             self._pump_grouped(ready)
             return
@@ -184,8 +189,10 @@ class Connection:
     def watch_ready(self, served: ServedWatch) -> None:
         """``served`` has something to send: pump it with the others (one wake-up for all)."""
         self._ready.append(served)
-        if not self._dispatching:
-            self._schedule_flush()
+        # (_schedule_flush, inline: this is each event's way to each connection it wakes)
+        if not self._dispatching and not self._flush_queued and not self._closing:
+            self._flush_queued = True
+            self.hub.flushes.add(self)
 
     def pause_writing(self) -> None:
         self._paused = True

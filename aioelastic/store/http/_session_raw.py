@@ -31,7 +31,13 @@ from aiohttp import web
 
 from ._frames import ERROR, SESSION_PATH, pack
 from ._session_conn import Connection
-from ._session_stream import UPGRADE, MessageLengthError, MessageReader, message_header
+from ._session_stream import (
+    HEADER_BYTES,
+    UPGRADE,
+    MessageLengthError,
+    MessageReader,
+    message_header,
+)
 
 if TYPE_CHECKING:
     from ._session_server import SessionHub
@@ -49,6 +55,8 @@ _HEADER_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t\
 #: Headers that take a request off the direct path: a body or a coding (the middleware refuses
 #: or reads them), an expectation.
 _NOT_DIRECT = frozenset({"content-length", "transfer-encoding", "content-encoding", "expect"})
+#: A message of two parts up to this size is written as one buffer (a copy of its shared part).
+_JOIN_BYTES = 4096
 #: The answer that switches the connection to the session stream.
 SWITCHING = (
     f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {UPGRADE}\r\nConnection: Upgrade\r\n\r\n"
@@ -251,13 +259,21 @@ class RawSession(asyncio.Protocol):
     def write(self, parts: list[bytes]) -> None:
         if self._ended:
             return
-        if len(parts) == 1:  # one answer: one buffer (its header joined to it), one write
+        count = len(parts)
+        if count == 1:  # one answer: one buffer (its header joined to it), one write
             part = parts[0]
-            self.transport.write(message_header(len(part)) + part)
+            self.transport.write(len(part).to_bytes(HEADER_BYTES, "big") + part)
             return
-        size = 0
-        for part in parts:
-            size += len(part)
+        if count == 2:  # one events frame: its head and its blob, shared by many sessions
+            head, blob = parts
+            size = len(head) + len(blob)
+            if size <= _JOIN_BYTES:  # (copying a small blob costs less than a list of three)
+                self.transport.write(b"".join((size.to_bytes(HEADER_BYTES, "big"), head, blob)))
+                return
+        else:
+            size = 0
+            for part in parts:
+                size += len(part)
         self.transport.writelines([message_header(size), *parts])
 
     def buffered(self) -> int:

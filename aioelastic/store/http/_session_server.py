@@ -110,6 +110,8 @@ class SessionHub:
         # Encoded event blobs (their msgpack, bin headers included) of the current revision,
         # shared by watchers at the same position.
         self._blobs = BlobCache(_packed_events)
+        #: ``blob(prefix, events, revision)``: the events' encoded blob (the cache's own get)
+        self.blob: Callable[[str, list[Any], int], bytes] = self._blobs.get
         self.flushes = FlushQueue()  # the connections' writes, one callback for those that woke
         engine.on_lease.append(self._on_lease)
 
@@ -284,9 +286,6 @@ class SessionHub:
             await asyncio.wait(pending, timeout=timeout)
         for session in list(self.raw_sessions):
             session.abort()
-
-    def blob(self, prefix: str, events: list[Any], revision: int) -> bytes:
-        return self._blobs.get(prefix, events, revision)
 
 
 def _packed_events(events: list[Any]) -> bytes:

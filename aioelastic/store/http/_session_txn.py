@@ -44,18 +44,17 @@ _PUT_KEY, _PUT_VALUE, _PUT_LEASE = slot_setters(Put, ("key", "value", "lease"))
 (_GET_KEY,) = slot_setters(Get, ("key",))
 (_DELETE_KEY,) = slot_setters(Delete, ("key",))
 (_DELETE_PREFIX,) = slot_setters(DeletePrefix, ("prefix",))
+#: The operations of two items, ``[name, key]``, by name: the class and its key's setter.
+_ONE_KEY: dict[str, tuple[type[Get] | type[Delete] | type[DeletePrefix], Callable[..., None]]] = {
+    "get": (Get, _GET_KEY),
+    "delete": (Delete, _DELETE_KEY),
+    "delete_prefix": (DeletePrefix, _DELETE_PREFIX),
+}
 _RANGE_PREFIX, _RANGE_LIMIT = slot_setters(Range, ("prefix", "limit"))
 _CMP_KEY, _CMP_TARGET, _CMP_OP, _CMP_OPERAND = slot_setters(
     Compare, ("key", "target", "op", "operand")
 )
-
-
-def _put(key: str, value: bytes, lease: int) -> Put:
-    op: Put = _new(Put)
-    _PUT_KEY(op, key)
-    _PUT_VALUE(op, value)
-    _PUT_LEASE(op, lease)
-    return op
+_TXN_COMPARE, _TXN_SUCCESS, _TXN_FAILURE = slot_setters(Txn, ("compare", "success", "failure"))
 
 
 def _compare(key: str, target: str, op: str, operand: int | bytes) -> Compare:
@@ -65,19 +64,6 @@ def _compare(key: str, target: str, op: str, operand: int | bytes) -> Compare:
     _CMP_OP(compare, op)
     _CMP_OPERAND(compare, operand)
     return compare
-
-
-def _one_key(cls: type[Get] | type[Delete] | type[DeletePrefix], setter: Any, key: str) -> Any:
-    op = _new(cls)
-    setter(op, key)
-    return op
-
-
-def _range(prefix: str, limit: int | None) -> Range:
-    op: Range = _new(Range)
-    _RANGE_PREFIX(op, prefix)
-    _RANGE_LIMIT(op, limit)
-    return op
 
 
 def plain_txn(
@@ -94,7 +80,10 @@ def plain_txn(
     are decoded). The branch that will not run is then checked as fully but not built (its
     operations are ``()``): a rendezvous join's registration carries a driver claim whose
     compare fails for all but the first of N nodes, and its success branch is most of the
-    transaction. Only for a transaction applied at once, before anything else can write."""
+    transaction. Only for a transaction applied at once, before anything else can write.
+
+    A transaction's size is bounded here as 4 bytes a key's code point (UTF-8's most) plus its
+    values' bytes: within the limit, the exact size is too; over it, the full path counts."""
     if type(args) is not list or len(args) != 3:
         return None
     compares_in, success_in, failure_in = args
@@ -107,7 +96,7 @@ def plain_txn(
         if type(item) is not list or len(item) != 4:
             return None
         key, target, op, operand = item
-        if type(key) is not str or not key or len(key) > key_room or not key.isascii():
+        if type(key) is not str or not key or len(key) > key_room:
             return None
         if target not in _TARGETS or op not in _OPS:
             return None
@@ -117,75 +106,90 @@ def plain_txn(
             size += len(operand)
         elif type(operand) is not int or operand < 0:
             return None
-        size += len(key)
+        size += 4 * len(key)
         compares.append(_compare(key, target, op, operand))
     checked = tuple(compares)
     taken = None if holds is None else holds(checked)  # (None: build both branches)
-    success = _branch(success_in, key_room, max_value_bytes, build=taken is not False)
-    failure = _branch(failure_in, key_room, max_value_bytes, build=taken is not True)
-    if success is None or failure is None:
+    success = _branch(success_in, key_room, max_value_bytes, taken is not False)
+    if success is None:
         return None
-    size += success[1] + failure[1]
-    if size > MAX_TXN_BYTES:
+    failure = _branch(failure_in, key_room, max_value_bytes, taken is not True)
+    if failure is None or size + success[1] + failure[1] > MAX_TXN_BYTES:
         return None
-    return Txn(checked, success[0], failure[0])
+    txn: Txn = _new(Txn)
+    _TXN_COMPARE(txn, checked)
+    _TXN_SUCCESS(txn, success[0])
+    _TXN_FAILURE(txn, failure[0])
+    return txn
 
 
 def _branch(
-    items: Any, key_room: int, max_value_bytes: int, *, build: bool = True
+    items: Any, key_room: int, max_value_bytes: int, build: bool
 ) -> tuple[tuple[TxnOp, ...], int] | None:
-    """A branch's operations (none unless ``build``) and bytes, or None (see :func:`plain_txn`)."""
+    """A branch's operations (none unless ``build``) and bytes (keys at 4 a code point), or
+    None (see :func:`plain_txn`). An item is told by its length, then by its name."""
     if type(items) is not list or len(items) > MAX_TXN_OPS:
         return None
     ops: list[TxnOp] = []
     size = 0
     writes: list[str] = []  # keys put or deleted
-    put_keys: list[str] = []
-    prefixes: list[str] = []  # deleted ones (a round's garbage, with its puts)
+    deletes_prefix = False
+    op: TxnOp
     for item in items:
-        if type(item) is not list or not item:
+        if type(item) is not list:
             return None
-        kind = item[0]
-        key = item[1] if len(item) > 1 else None
-        if type(key) is not str or len(key) > key_room or not key.isascii():
-            return None
-        if kind == "put" and len(item) == 4:
-            value, lease = item[2], item[3]
-            if not key or type(value) is not bytes or len(value) > max_value_bytes:
+        n = len(item)
+        if n == 4:
+            kind, key, value, lease = item
+            if kind != "put" or type(value) is not bytes or len(value) > max_value_bytes:
                 return None
             if type(lease) is not int or lease < 0:
                 return None
             size += len(value)
-            put_keys.append(key)
+            writes.append(key)
             if build:
-                ops.append(_put(key, value, lease))
-        elif kind == "delete" and len(item) == 2 and key:
+                op = _new(Put)
+                _PUT_KEY(op, key)
+                _PUT_VALUE(op, value)
+                _PUT_LEASE(op, lease)
+                ops.append(op)
+        elif n == 2:
+            kind, key = item
+            made = _ONE_KEY.get(kind) if type(kind) is str else None
+            if made is None:
+                return None
+            cls = made[0]
+            if cls is Delete:
+                writes.append(key)
+            elif cls is DeletePrefix:
+                deletes_prefix = True
             if build:
-                ops.append(_one_key(Delete, _DELETE_KEY, key))
-        elif kind == "get" and len(item) == 2 and key:
-            if build:
-                ops.append(_one_key(Get, _GET_KEY, key))
-        elif kind == "delete_prefix" and len(item) == 2 and key:
-            if build:
-                ops.append(_one_key(DeletePrefix, _DELETE_PREFIX, key))
-            prefixes.append(key)
-        elif kind == "range" and len(item) == 3:
-            limit = item[2]
-            if limit is not None and (type(limit) is not int or limit < 1):
+                op = _new(cls)
+                made[1](op, key)
+                ops.append(op)
+        elif n == 3:
+            kind, key, limit = item
+            if kind != "range" or (limit is not None and (type(limit) is not int or limit < 1)):
                 return None
             if build:
-                ops.append(_range(key, limit))
+                op = _new(Range)
+                _RANGE_PREFIX(op, key)
+                _RANGE_LIMIT(op, limit)
+                ops.append(op)
         else:
-            return None  # an empty delete_prefix (everything: the full path's), or invalid
-        size += len(key)
-        if kind == "put" or kind == "delete":
-            writes.append(key)
+            return None
+        if type(key) is not str or len(key) > key_room or (not key and n != 3):
+            return None  # (an empty key: a range's only; delete_prefix "" is the full path's)
+        size += 4 * len(key)
     if len(writes) > 1 and len(set(writes)) < len(writes):
         return None  # one write per key: a key put twice, or put and deleted (the full path's)
-    if prefixes and _puts_under(put_keys, tuple(prefixes)):
+    if deletes_prefix and _puts_under(items):
         return None  # a key put under a prefix the branch deletes: the full path says so
     return tuple(ops), size
 
 
-def _puts_under(put_keys: list[str], prefixes: tuple[str, ...]) -> bool:
-    return any(key.startswith(prefixes) for key in put_keys)
+def _puts_under(items: list[list[Any]]) -> bool:
+    """Whether a key put by ``items`` (checked by :func:`_branch`) is under a prefix they
+    delete."""
+    prefixes = tuple(item[1] for item in items if len(item) == 2 and item[0] == "delete_prefix")
+    return any(item[1].startswith(prefixes) for item in items if len(item) == 4)

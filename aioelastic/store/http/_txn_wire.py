@@ -307,8 +307,10 @@ def _kv_unframe(item: Any) -> KeyValue | None:
 def result_to_frame(result: TxnResult) -> list[Any]:
     out: list[Any] = []
     for r in result.results:
-        if isinstance(r, PutResult):
-            out.append(["put", _kv_frame(r.kv), _kv_frame(r.prev_kv)])
+        if isinstance(r, PutResult):  # (the key-values' frames inline: most results are puts)
+            kv, prev = r.kv, r.prev_kv
+            kv_frame = [kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease]
+            out.append(["put", kv_frame, None if prev is None else _kv_frame(prev)])
         elif isinstance(r, GetResult):
             out.append(["get", _kv_frame(r.kv)])
         elif isinstance(r, RangeResult):
