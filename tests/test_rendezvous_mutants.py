@@ -1042,6 +1042,50 @@ def test_static_names_the_key_of_a_corrupt_record(which: str) -> None:
 
 
 @virtual_test
+async def test_static_rank_0_names_the_key_of_a_corrupt_close_record() -> None:
+    # rank 0 reads the close record in its watch of the whole run (the other ranks in c/'s)
+    engine = MemoryEngine()
+    key = RunKeys("job").closed
+    await MemoryStore(engine).put(key, b"not json")
+    h = _static(engine, 0)
+    with pytest.raises(RendezvousError, match=f"^rendezvous state at {key!r} is not JSON"):
+        await h.next_rendezvous()
+    await h.aclose()
+
+
+@virtual_test
+async def test_static_rank_0_arriving_last_still_watches_for_losses() -> None:
+    # every other rank registered before rank 0: its snapshot completes the round at once,
+    # and a rank lost after the round is still reported to it
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    waiting = asyncio.ensure_future(hs[1].next_rendezvous())
+    await asyncio.sleep(1.0)  # (virtual time: rank 1 registered and waits for the round)
+    await hs[0].next_rendezvous()
+    await waiting
+    await hs[1].aclose()
+    event = await hs[0].wait_for_change()
+    assert (event.kind, event.node_id) == (RendezvousEventKind.PARTICIPANT_LOST, "rank1")
+    await hs[0].aclose()
+
+
+@virtual_test
+async def test_static_round_record_goes_with_rank_0s_lease() -> None:
+    # a rank joining after rank 0 left must not find its old round (a master that is gone):
+    # it waits for a new rank 0 instead
+    engine = MemoryEngine()
+    hs = [_static(engine, rank) for rank in range(2)]
+    await asyncio.gather(*(h.next_rendezvous() for h in hs))
+    for h in hs:
+        await h.aclose()
+    assert await MemoryStore(engine).get(RunKeys("job").round) is None
+    late = _static(engine, 1, join_timeout=5.0)
+    with pytest.raises(RendezvousTimeoutError):
+        await late.next_rendezvous()
+    await late.aclose()
+
+
+@virtual_test
 async def test_static_close_and_its_events_in_full() -> None:
     engine = MemoryEngine()
     hs = [_static(engine, rank) for rank in range(2)]

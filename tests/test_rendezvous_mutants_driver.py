@@ -230,3 +230,25 @@ def test_a_roster_is_cut_into_transactions_of_at_most_the_op_limit() -> None:
     puts = _puts(_BATCH_OPS + 1, 7)
     assert [len(batch) for batch in _batches(puts)] == [_BATCH_OPS, 1]
     assert _batches([]) == [[]]
+
+
+@virtual_test
+async def test_a_newcomer_that_left_does_not_hold_up_a_fast_reform() -> None:
+    """With ``fast_reform``, a round of the last round's members only forms at once: a newcomer
+    that registered and withdrew before the members were all back is not waited for (a count
+    that kept it as a newcomer would wait the whole last call)."""
+    store = MemoryStore(MemoryEngine())
+    prev = await _previous_round(store, ("node-a", "node-b"))
+    h = DynamicRendezvousHandler(store, "job", 2, 3, node_id="node-a", last_call_timeout=30.0)
+    claim = await _claim(store, h, 1)
+    await _register(store, 1, "node-a")
+    driver = RoundDriver(h, 1, prev, claim)
+    task = asyncio.ensure_future(driver.run())
+    await asyncio.sleep(1.0)  # (virtual time: its watch of n/ is open, one registration counted)
+    assert not task.done()
+    await _register(store, 1, "node-n")  # a newcomer: min_nodes reached, the last call starts
+    await store.delete(KEYS.node(1, "node-n"))  # ... and it leaves again
+    await _register(store, 1, "node-b")  # the last round's members are all back
+    await asyncio.wait_for(task, 5)  # at once, not at the last call's end (30 s)
+    assert driver.members == ("node-a", "node-b")
+    await h.aclose()

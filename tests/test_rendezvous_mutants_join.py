@@ -25,6 +25,7 @@ from aioelastic.errors import (
     RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    StoreConnectionError,
     WriteOutcomeUnknownError,
 )
 from aioelastic.rendezvous import DynamicRendezvousHandler, RendezvousStatus, _join, dynamic
@@ -1226,3 +1227,135 @@ async def test_a_join_after_a_lost_lease_drops_and_closes_the_lost_keeper_first(
     assert h.lease is not None
     assert h.lease is not lost
     await h.aclose()
+
+
+@virtual_test
+async def test_a_join_resumes_driving_under_its_claim_left_by_the_last_join() -> None:
+    # node-a's first join claimed the driver of round 0 and timed out; its withdrawal could not
+    # delete the claim (a store error), which its lease still holds. Its next join registers
+    # (the view shows the claim: no new one) and drives again under it: nobody else can.
+    engine = MemoryEngine()
+    store = FaultInjectingStore(MemoryStore(engine))
+    a = handler(store, 2, 2, node_id="node-a", join_timeout=10.0)
+    store.fail_next("compare_and_delete", StoreConnectionError("the store is unreachable"))
+    with pytest.raises(RendezvousTimeoutError):
+        await a.next_rendezvous()
+    kv = await store.get(KEYS.driver)
+    assert kv is not None
+    assert DriverRecord.decode(kv.key, kv.value) == DriverRecord(0, "node-a")
+    b = handler(MemoryStore(engine), 2, 2, node_id="node-b")
+    with anyio.fail_after(5.0):  # (without a driver both would wait out their join timeouts)
+        first, second = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    assert first.round == second.round == 0
+    assert a.statistics().rounds_driven == 1
+    await a.aclose()
+    await b.aclose()
+
+
+@virtual_test
+async def test_a_join_after_a_lost_lease_finds_a_reopened_run_still_closed_to_it() -> None:
+    # node-a took part in round 0; the run was closed, then reopened by a new node (round 1):
+    # node-a, of the closed generation, rejoining under a new lease after losing its own, is
+    # told the run is closed (its lost registration is gone, not a round of its own). A short
+    # history: its kept view's watch falls behind a compaction, so it reads c/ afresh and sees
+    # the reopened close, not the close before it
+    engine = MemoryEngine(history_limit=4)
+    a = handler(MemoryStore(engine), node_id="node-a")
+    assert (await a.next_rendezvous()).round == 0
+    closer = handler(MemoryStore(engine), 1, 2)
+    await closer.set_closed()
+    reopener = handler(MemoryStore(engine), reopen_closed=True, node_id="node-r")
+    assert (await reopener.next_rendezvous()).round == 1
+    lost = a.lease
+    assert lost is not None
+    await MemoryStore(engine).lease_revoke(lost.id)
+    await lost.wait_lost()
+    with pytest.raises(RendezvousClosedError, match="is closed"):
+        await a.next_rendezvous()
+    for h in (a, closer, reopener):
+        await h.aclose()
+
+
+@virtual_test
+async def test_a_standby_past_its_join_timeout_not_chosen_again_waits_for_the_round_after() -> None:
+    # node-b, a standby past its join timeout, is not chosen in round 1 (node-c registered
+    # first): it registers for round 2 and waits on, without a deadline (a wait that still
+    # watched its passed deadline would return at once, again and again, never yielding)
+    engine = MemoryEngine()
+    member = handler(MemoryStore(engine), node_id="node-a")
+    await member.next_rendezvous()
+    first = handler(MemoryStore(engine), node_id="node-c")
+    waiting_first = asyncio.ensure_future(first.next_rendezvous())
+    await asyncio.sleep(1.0)  # node-c: a standby for round 1, registered first
+    standby = handler(MemoryStore(engine), join_timeout=10.0, node_id="node-b")
+    waiting = asyncio.ensure_future(standby.next_rendezvous())
+    await asyncio.sleep(30.0)  # past node-b's join timeout
+    await member.aclose()  # round 1 forms: node-c only (max_nodes=1)
+    assert (await waiting_first).participants == ("node-c",)
+    await asyncio.sleep(30.0)
+    assert not waiting.done()
+    await first.aclose()  # round 2 forms: node-b
+    result = await waiting
+    assert (result.round, result.participants) == (2, ("node-b",))
+    await standby.aclose()
+
+
+class _ClaimLog(MemoryStore):
+    """A memory store whose watches hand their events over through a reader task (as etcd's
+    do: no waker), and which counts the transactions that claim the driver (compare
+    ``c/driver``)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        super().__init__(engine)
+        self.claims = 0
+
+    def _watch(self, prefix: str, start_revision: int | None) -> Watch:
+        watch = super()._watch(prefix, start_revision)
+        watch._set_waker = lambda wake: wake is None  # type: ignore[method-assign]
+        return watch
+
+    async def _txn(self, txn: Txn) -> TxnResult:
+        if any(compare.key == KEYS.driver for compare in txn.compare):
+            self.claims += 1
+        return await super()._txn(txn)
+
+
+@virtual_test
+async def test_a_join_applies_a_buffered_claim_before_registering_with_its_own() -> None:
+    # node-b's view was opened early (prepare), then node-a claimed the driver: node-b's first
+    # step finds that claim buffered in its watch (its reader task takes a loop turn to hand
+    # it over) and registers without a claim of its own, which would be doomed to fail
+    engine = MemoryEngine()
+    b_store = _ClaimLog(engine)
+    b = handler(b_store, 2, 2, node_id="node-b", local_addr="10.0.0.2")
+    await b._prepare()
+    a = handler(MemoryStore(engine), 2, 2, node_id="node-a")
+    a_joining = asyncio.ensure_future(a.next_rendezvous())
+    await asyncio.sleep(1.0)  # node-a registered and claimed the driver
+    first, second = await asyncio.gather(a_joining, b.next_rendezvous())
+    assert first.round == second.round == 0
+    assert b_store.claims == 0
+    await a.aclose()
+    await b.aclose()
+
+
+@virtual_test
+async def test_only_a_reopening_handler_reopens_a_closed_run_and_new_nodes_then_join() -> None:
+    engine = MemoryEngine()
+    closer = handler(MemoryStore(engine), 2, 2)
+    await closer.set_closed()
+    plain = handler(MemoryStore(engine), 2, 2, node_id="node-p")  # (reopen_closed=False)
+    with pytest.raises(RendezvousClosedError, match="is closed"):
+        await plain.next_rendezvous()
+    kv = await MemoryStore(engine).get(KEYS.closed)
+    assert kv is not None
+    assert not ClosedRecord.decode(kv.key, kv.value).reopened
+    reopener = handler(MemoryStore(engine), 2, 2, reopen_closed=True, node_id="node-r")
+    reopening = asyncio.ensure_future(reopener.next_rendezvous())
+    await asyncio.sleep(1.0)  # the run is reopened; node-r waits for a second node
+    newcomer = handler(MemoryStore(engine), 2, 2, node_id="node-n")  # new to the run
+    with anyio.fail_after(5.0):
+        first, second = await asyncio.gather(reopening, newcomer.next_rendezvous())
+    assert first.round == second.round == 0
+    for h in (closer, plain, reopener, newcomer):
+        await h.aclose()
