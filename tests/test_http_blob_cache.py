@@ -3,7 +3,10 @@ per position within a revision, a fresh cache at the next revision, at most MAX_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgpack
+import pytest
 
 from aioelastic.store import EventType, KeyValue, MemoryEngine, WatchEvent
 from aioelastic.store.http._blob_cache import MAX_BLOBS, BlobCache
@@ -57,3 +60,54 @@ def test_the_session_hub_shares_its_blobs_through_the_cache() -> None:
     blob = hub.blob("p/", events, 1)
     assert msgpack.unpackb(blob) == encode_events(events)  # a bin object, spliced into frames
     assert hub.blob("p/", [_event(1)], 1) is blob
+
+
+def test_the_watchers_one_write_woke_get_the_last_answer_without_a_lookup() -> None:
+    """The N watchers one write wakes read the same event objects one after the other: the
+    cache answers them from its last answer, not its table (which it does not look at)."""
+    encode = _Counting()
+    cache = BlobCache(encode)
+    events = [_event(3), _event(4)]
+    first = cache.get("p/", events, 4)
+    cache._blobs.clear()  # (the table forgotten: only the last answer can give it again)
+    assert cache.get("p/", list(events), 4) is first
+    assert encode.calls == 1
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(lambda e: ("q/", e, 4), id="another prefix"),
+        pytest.param(lambda e: ("p/", e, 5), id="the next revision"),
+        pytest.param(lambda e: ("p/", e[1:], 4), id="another first event"),
+        pytest.param(lambda e: ("p/", [e[0], e[1], _event(6)], 4), id="another last event"),
+        pytest.param(lambda e: ("p/", [e[0], e[1], e[1], e[2]], 4), id="another count"),
+        pytest.param(lambda e: ("p/", [_event(3), e[1], _event(5)], 4), id="equal, not the same"),
+    ],
+)
+def test_the_last_answer_is_given_only_for_the_same_events_prefix_and_revision(
+    other: Callable[[list[WatchEvent]], tuple[str, list[WatchEvent], int]],
+) -> None:
+    encode = _Counting()
+    cache = BlobCache(encode)
+    events = [_event(3), _event(4), _event(5)]
+    first = cache.get("p/", events, 4)
+    cache._blobs.clear()
+    assert cache.get(*other(events)) != first  # encoded again: another answer
+    assert encode.calls == 2
+
+
+def test_the_watchers_one_write_woke_read_the_same_event_objects() -> None:
+    """What the last answer relies on: the engine's reader gives every watcher the log's own
+    event objects, so the N watchers of a prefix ask the cache with the same first and last."""
+    engine = MemoryEngine()
+    read = engine.events_reader()
+    watchers = [engine.add_watcher("p/", None, owner=None) for _ in range(3)]
+    engine.put("p/a", b"x")
+    batches = [read(w) for w in watchers]
+    assert all(len(b) == 1 and b[0] is batches[0][0] for b in batches)
+    encode = _Counting()
+    cache = BlobCache(encode)
+    blobs = [cache.get("p/", b, engine.revision) for b in batches]
+    assert all(blob is blobs[0] for blob in blobs)
+    assert encode.calls == 1

@@ -32,6 +32,7 @@ from aioelastic.store.http._frames import (
     WATCH_END,
     decode_events,
     pack,
+    unpack_all,
 )
 from aioelastic.store.http._session_server import SessionHub
 from aioelastic.store.http._session_stream import UPGRADE, message_header
@@ -462,3 +463,55 @@ async def test_a_session_over_max_connections_is_refused_503_and_its_slot_is_fre
         await eventually(lambda: not runner_server.connections, 10, "aiohttp forgot them")
         async with session_wire(server.url) as again:  # the slot is free again
             assert (await again.hello())["resumed"] is False
+
+
+class _Writes:
+    """A transport's writes, recorded (and passed on)."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.calls: list[tuple[str, bytes]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", bytes(data)))
+        self._transport.write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.calls.append(("writelines", b"".join(parts)))
+        self._transport.writelines(parts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("size", "calls"), [(10, "write"), (8000, "writelines")], ids=["small", "large"]
+)
+async def test_an_events_frame_goes_out_in_one_transport_write_when_small(
+    size: int, calls: str
+) -> None:
+    """An events frame is two parts (its watch's head, the blob it shares with other sessions):
+    a small one is joined and written as one buffer, a large one handed on as its parts; the
+    client reads the same message either way."""
+    async with (
+        HttpStoreServer(port=0) as server,
+        session_wire(server.url) as watcher,
+        session_wire(server.url) as writer,
+    ):
+        await watcher.hello()
+        [raw] = [s for s in _hub(server).raw_sessions if s.connection is not None]
+        writes = raw.transport = _Writes(raw.transport)
+        await watcher.send([[REQUEST, 7, "watch", ["w/", None, False]]])
+        [created] = await watcher.recv()
+        assert created[:2] == [RESULT, 7]
+        await writer.hello()
+        writes.calls.clear()
+        await writer.send([[REQUEST, 1, "put", ["w/a", b"x" * size, 0]]])
+        await writer.recv()
+        message = await watcher.recv_message()
+        assert writes.calls == [(calls, message_header(len(message)) + message)]
+        [frame] = list(unpack_all(message, max_len=1 << 30))
+        assert frame[:2] == [EVENTS, 7]
+        [event] = decode_events(frame[2])
+        assert event.kv.value == b"x" * size

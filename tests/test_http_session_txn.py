@@ -11,9 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioelastic.store._txn import Compare, Delete, DeletePrefix, Get, Put, Range, Txn
+from aioelastic.store import KeyValue
+from aioelastic.store._txn import (
+    MAX_TXN_BYTES,
+    Compare,
+    Delete,
+    DeletePrefix,
+    Get,
+    Put,
+    PutResult,
+    Range,
+    Txn,
+    TxnResult,
+)
 from aioelastic.store.http._session_ops import OpError, _checked_txn
 from aioelastic.store.http._session_txn import plain_txn
+from aioelastic.store.http._txn_wire import _kv_frame, result_to_frame
 
 MAX_KEY, MAX_VALUE = 64, 32
 CONN: Any = SimpleNamespace(hub=SimpleNamespace(max_key_bytes=MAX_KEY, max_value_bytes=MAX_VALUE))
@@ -216,3 +229,46 @@ def test_a_branch_not_built_is_still_refused_for_what_the_full_path_refuses(take
     args = [[["k", "version", ">", 0]], good if taken else bad, bad if taken else good]
     assert plain_txn(args, MAX_KEY, MAX_VALUE, lambda compares: taken) is None
     assert _full(args) is None
+
+
+def test_a_transaction_with_keys_beyond_ascii_takes_the_one_pass_way() -> None:
+    """Keys are bounded at 4 bytes a code point (UTF-8's most), not refused for not being
+    ASCII: a join whose run id is not ASCII is still one pass, as the same Txn."""
+    args = [
+        [["r/é/c/driver", "mod_revision", "==", 12]],
+        [["put", "r/é/n/1/node", b"{}", 3], ["get", "r/é/ü"], ["range", "r/é/", None]],
+        [["delete", "r/é/n/0/node"], ["delete_prefix", "r/é/m/"]],
+    ]
+    fast = plain_txn(args, 1024, 1 << 20)
+    assert fast is not None
+    assert fast == _full(args)
+
+
+def test_a_txn_over_the_bound_at_4_bytes_a_code_point_is_left_to_the_full_path() -> None:
+    """Three keys of 1,000 two-byte code points and a value that takes the exact UTF-8 size
+    just over MAX_TXN_BYTES: counted a byte a code point the one pass would accept it; at 4 it
+    leaves it to the full path, which refuses it as too large."""
+    key_bytes = 4096
+    keys = [f"{i}" + "é" * 1000 for i in range(3)]
+    exact = sum(len(k.encode()) for k in keys)
+    value = b"v" * (MAX_TXN_BYTES - exact + 1)
+    args = [[], [["put", k, value if i == 0 else b"", 0] for i, k in enumerate(keys)], []]
+    assert plain_txn(args, key_bytes, 1 << 21) is None
+    conn: Any = SimpleNamespace(
+        hub=SimpleNamespace(max_key_bytes=key_bytes, max_value_bytes=1 << 21)
+    )
+    with pytest.raises(OpError) as refused:
+        _checked_txn(conn, args)
+    assert refused.value.code == "txn_too_large"
+
+
+def test_a_put_results_frame_is_its_key_values_frames() -> None:
+    """``result_to_frame`` makes a put's key-value frame inline: the same as ``_kv_frame``."""
+    kv = KeyValue("k", b"new", 3, 9, 4, 7)
+    prev = KeyValue("k", b"old", 3, 8, 3, 7)
+    frames = result_to_frame(TxnResult(True, 9, (PutResult(kv, prev), PutResult(kv, None))))
+    assert frames == [
+        True,
+        9,
+        [["put", _kv_frame(kv), _kv_frame(prev)], ["put", _kv_frame(kv), None]],
+    ]

@@ -275,3 +275,24 @@ def test_compares_hold_says_which_branch_a_transaction_runs() -> None:
     for compares, holds in zip(cases, said, strict=True):
         result = engine.txn(Txn(compares, (Put("s", b"1"),), (Put("f", b"1"),)))
         assert result.succeeded is holds
+
+
+def test_the_events_reader_is_read_events_itself() -> None:
+    """``events_reader()`` (the session server's per-event read, without the facade's call):
+    the same events, the same cursor, the same CompactedError as :meth:`read_events`."""
+    engine = MemoryEngine(history_limit=4)
+    read = engine.events_reader()
+    watcher = engine.add_watcher("a/", None, owner=None)
+    engine.put("a/1", b"x")
+    engine.put("b/1", b"y")  # not its prefix
+    engine.put("a/2", b"x")
+    assert [e.kv.key for e in read(watcher)] == ["a/1", "a/2"]
+    assert engine.read_events(watcher) == []  # one cursor: the reader advanced it
+    engine.put("a/3", b"x")
+    assert [e.kv.key for e in engine.read_events(watcher)] == ["a/3"]
+    assert read(watcher) == []
+    lagging = engine.add_watcher("a/", 1, owner=None)
+    for i in range(10):
+        engine.put(f"a/{i}", b"z")
+    with pytest.raises(CompactedError):
+        read(lagging)

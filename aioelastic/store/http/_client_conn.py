@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from msgpack import ExtraData
 
 from .._types import WatchEvent
+from ._client_dialer_wait import DialerWait
 from ._client_requests import Requests
 from ._frames import (
     ERROR,
@@ -33,7 +34,7 @@ from ._frames import (
 )
 from ._session_errors import Refused
 from ._session_stream import MessageLengthError, MessageReader, message_header
-from ._upgrade_answer import Answer, AnswerReader, HeadError
+from ._upgrade_answer import AnswerReader, HeadError
 
 if TYPE_CHECKING:
     from ._client_watchdog import Watchdog
@@ -48,7 +49,7 @@ class ConnectionLost(Exception):
     """The connection ended with the request pending (it had been sent)."""
 
 
-class Connection(asyncio.Protocol):
+class Connection(DialerWait, asyncio.Protocol):
     """A session's connection, from the TCP connect to its end (see the module's docstring).
 
     Until :meth:`attach`, the dialer reads it with :meth:`answer` and :meth:`next_message`;
@@ -87,35 +88,6 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
         self.transport = cast("asyncio.Transport", transport)
-
-    async def answer(self) -> Answer:
-        """The server's answer to the upgrade request (written by the dialer)."""
-        answer: Answer = await self._wait()
-        return answer
-
-    async def next_message(self) -> bytes:
-        """The next message (the hello's answer), before :meth:`attach`."""
-        if self._early:
-            return self._early.pop(0)
-        message: bytes = await self._wait()
-        return message
-
-    async def _wait(self) -> Any:
-        if self.lost:
-            raise ConnectionResetError(self.reason or "the server closed the connection")
-        self._waiter = waiter = self.loop.create_future()
-        try:
-            return await waiter
-        finally:
-            self._waiter = None
-
-    def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(value)
 
     def attach(self, on_lost: Callable[[Connection], None], max_message: int) -> None:
         """From now on the frames go to the requests and watches, and the end to ``on_lost``."""

@@ -26,13 +26,13 @@ from ._frames import (
     RESULT,
     WATCH_END,
     FrameError,
-    kv_to_wire,
     pack,
     unpack_all,
     unpack_one,
 )
 from ._persist import LogWriteError
-from ._session_ops import OPS, OpError, bad
+from ._session_conn_watches import ConnectionWatches
+from ._session_ops import OPS, OpError
 from ._session_watch import GROUP_WATCHES, EventGroups, ServedWatch
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Sender(Protocol):
         last message and end the connection; ``abort``: drop what is unsent instead."""
 
 
-class Connection:
+class Connection(ConnectionWatches):
     """One connection of a session: its batches of answers, its watches, its end."""
 
     def __init__(
@@ -310,48 +310,6 @@ class Connection:
         self._closing = True
         self._outbox = []
         self.sender.close(code, pack([ERROR, 0, code, message, {}]), abort=abort)
-
-    # -- watches
-
-    def open_watch(self, wid: int, prefix: str, start: int | None, snapshot: bool) -> Any:
-        hub = self.hub
-        if hub.watches + hub.other_watches() >= hub.max_watches:
-            raise OpError(
-                "too_many_watches", f"this server serves at most {hub.max_watches} watches"
-            )
-        if wid in self._watches:
-            raise bad(f"watch id {wid} is already in use")
-        engine = hub.engine
-        result = engine.range(prefix, None) if snapshot else None
-        watcher = engine.add_watcher(prefix, start, self)  # CompactedError -> an error answer
-        served = ServedWatch(self, wid, prefix, watcher)
-        self._watches[wid] = served
-        hub.watches += 1
-        served.woken()  # a start in the past has events to send (after this answer)
-        created: list[Any] = [watcher.min_revision, engine.revision, None]
-        if result is not None:
-            created[2] = [result.count, [kv_to_wire(kv) for kv in result.kvs]]
-        return created
-
-    def close_watch(self, wid: int) -> None:
-        served = self._watches.pop(wid, None)
-        if served is not None:
-            served.release()
-
-    def forget_watch(self, served: ServedWatch) -> None:
-        if self._watches.get(served.wid) is served:
-            del self._watches[served.wid]
-
-    def _tick(self) -> None:
-        """Every progress interval: a progress frame for each watch idle since the last tick."""
-        if self._closing:
-            return
-        for served in self._watches.values():
-            if served.idle:
-                served.progress_due = True
-                served.woken()
-            served.idle = True
-        self._ticker = self._loop.call_later(self.progress_interval, self._tick)
 
     # -- the end
 

@@ -126,8 +126,7 @@ def plain_txn(
 def _branch(
     items: Any, key_room: int, max_value_bytes: int, build: bool
 ) -> tuple[tuple[TxnOp, ...], int] | None:
-    """A branch's operations (none unless ``build``) and bytes (keys at 4 a code point), or
-    None (see :func:`plain_txn`). An item is told by its length, then by its name."""
+    """A branch's operations (none unless ``build``) and bytes, or None (see plain_txn)."""
     if type(items) is not list or len(items) > MAX_TXN_OPS:
         return None
     ops: list[TxnOp] = []
@@ -139,7 +138,7 @@ def _branch(
         if type(item) is not list:
             return None
         n = len(item)
-        if n == 4:
+        if n == 4:  # (an item is told by its length, then by its name)
             kind, key, value, lease = item
             if kind != "put" or type(value) is not bytes or len(value) > max_value_bytes:
                 return None
@@ -181,15 +180,20 @@ def _branch(
         if type(key) is not str or len(key) > key_room or (not key and n != 3):
             return None  # (an empty key: a range's only; delete_prefix "" is the full path's)
         size += 4 * len(key)
-    if len(writes) > 1 and len(set(writes)) < len(writes):
-        return None  # one write per key: a key put twice, or put and deleted (the full path's)
-    if deletes_prefix and _puts_under(items):
-        return None  # a key put under a prefix the branch deletes: the full path says so
+    if (len(writes) > 1 or deletes_prefix) and not _one_write_each(writes, deletes_prefix, items):
+        return None  # the full path says why
     return tuple(ops), size
 
 
+def _one_write_each(writes: list[str], deletes_prefix: bool, items: list[list[Any]]) -> bool:
+    """Whether the branch ``items`` (checked by :func:`_branch`) writes each key once (no key
+    put twice, or put and deleted) and puts no key under a prefix it deletes."""
+    if len(writes) > 1 and len(set(writes)) < len(writes):
+        return False
+    return not deletes_prefix or not _puts_under(items)
+
+
 def _puts_under(items: list[list[Any]]) -> bool:
-    """Whether a key put by ``items`` (checked by :func:`_branch`) is under a prefix they
-    delete."""
+    """Whether a key put by ``items`` is under a prefix they delete."""
     prefixes = tuple(item[1] for item in items if len(item) == 2 and item[0] == "delete_prefix")
     return any(item[1].startswith(prefixes) for item in items if len(item) == 4)
