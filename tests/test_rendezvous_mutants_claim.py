@@ -370,6 +370,77 @@ async def test_join_tasks_close_closes_a_driver_that_never_started() -> None:
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
 
 
+async def _taken_watch(store: MemoryStore, prefix: str = "k/") -> Watch:
+    """A started memory watch of ``prefix``: one whose events a join takes (no reader task)."""
+    watch = store.watch(prefix)
+    await watch.start()
+    return watch
+
+
+@virtual_test
+async def test_join_tasks_on_a_watch_that_wakes_them_start_no_reader_task() -> None:
+    """A watch that wakes its reader itself is read without a task, also after a retarget: a
+    join parked on it is woken by the write, and no task is made, stepped and woken per event
+    (the cost the waker is for)."""
+    store = MemoryStore(MemoryEngine())
+    old, new = await _taken_watch(store), await _taken_watch(store)
+    before = len(asyncio.all_tasks())
+    tasks = JoinTasks(old, asyncio.get_running_loop())
+    assert len(asyncio.all_tasks()) == before
+    tasks.retarget(new)
+    assert len(asyncio.all_tasks()) == before
+    waiting = asyncio.ensure_future(tasks.wait())
+    await _turns()
+    assert not waiting.done()
+    await store.put("k/a", b"v")
+    await _within(waiting)  # woken by the new watch, not the old one
+    assert len(asyncio.all_tasks()) == before
+    event = tasks.event()
+    assert event is not None
+    assert event.kv.key == "k/a"
+    assert await tasks.aclose(let_driver_finish=None) is None
+    await old.aclose()
+    await new.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_join_tasks_close_hands_back_the_next_event_a_taken_watch_holds() -> None:
+    """At a join's end the next event ready in a watch whose events are taken is returned (for
+    the kept view to apply), not dropped; the rest stay in the watch for the next join, and the
+    closed tasks take no more of them."""
+    store = MemoryStore(MemoryEngine())
+    watch = await _taken_watch(store)
+    tasks = JoinTasks(watch, asyncio.get_running_loop())
+    await store.put("k/a", b"1")
+    await store.put("k/b", b"2")
+    unread = await tasks.aclose(let_driver_finish=None)
+    assert isinstance(unread, WatchEvent)
+    assert unread.kv.key == "k/a"
+    assert not tasks.event_ready()
+    assert tasks.event() is None  # closed: it no longer takes the watch's events
+    following = JoinTasks(watch, asyncio.get_running_loop())
+    event = following.event()
+    assert event is not None
+    assert event.kv.key == "k/b"
+    assert await following.aclose(let_driver_finish=None) is None
+    await watch.aclose()
+    await store.aclose()
+
+
+@virtual_test
+async def test_join_tasks_close_hands_back_a_taken_watchs_end_not_raises_it() -> None:
+    """The watch's end ready at a join's end (the store closed under it) is returned, so the
+    kept view is marked unusable, not raised from the close nor dropped."""
+    store = MemoryStore(MemoryEngine())
+    watch = await _taken_watch(store)
+    tasks = JoinTasks(watch, asyncio.get_running_loop())
+    await store.aclose()
+    unread = await tasks.aclose(let_driver_finish=None)
+    assert isinstance(unread, StoreClosedError)
+    await watch.aclose()
+
+
 # -- _claim: what claims c/driver, and what goes with it -----------------------------------------
 
 KEYS = RunKeys("job")
