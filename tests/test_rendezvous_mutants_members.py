@@ -31,6 +31,7 @@ from aioelastic.rendezvous import (
     read_standby_round,
 )
 from aioelastic.rendezvous._state import (
+    SCHEMA_VERSION,
     ClosedRecord,
     DriverRecord,
     DueRecord,
@@ -615,3 +616,49 @@ async def test_num_nodes_waiting_counts_without_reading_the_records() -> None:
     with pytest.raises(RendezvousStateError, match=re.escape(repr(KEYS.round))):
         await h.num_nodes_waiting()
     await h.aclose()
+
+
+# -- session 12: `_load`'s, `NodeRecord.decode`'s and `parse_node_key`'s survivors ---------------
+
+_NODE_KEY = KEYS.nodes + "3/node-a"
+
+
+def _node_value(**fields: Any) -> bytes:
+    obj: dict[str, Any] = {"v": SCHEMA_VERSION, "kind": "node", "id": "node-a", "a": "h", "p": 1}
+    obj.update(fields)
+    return json.dumps(obj).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "got"),
+    [({"kind": "member"}, "kind 'member' schema 1"), ({"v": 99}, "kind 'node' schema 99")],
+)
+def test_a_record_of_another_kind_or_schema_is_refused_naming_both(
+    fields: dict[str, Any], got: str
+) -> None:
+    # a record of the right schema but another kind is foreign too (not only a wrong schema
+    # *and* kind), and the error says what was found, field by field
+    expected = f"expected kind 'node' schema {SCHEMA_VERSION}, got {got}"
+    with pytest.raises(RendezvousStateError, match=re.escape(expected) + "$"):
+        NodeRecord.decode(_NODE_KEY, _node_value(**fields))
+
+
+def test_a_value_that_is_not_json_is_quoted_to_its_first_60_bytes() -> None:
+    value = b"{" + b"x" * 99
+    with pytest.raises(RendezvousStateError) as caught:
+        NodeRecord.decode(_NODE_KEY, value)
+    assert str(caught.value).endswith(f"is not JSON: {value[:60]!r}")
+
+
+def test_a_node_record_takes_ports_0_to_65535_and_names_its_key_otherwise() -> None:
+    assert NodeRecord.decode(_NODE_KEY, _node_value(p=0)).port == 0
+    assert NodeRecord.decode(_NODE_KEY, _node_value(p=65535)).port == 65535
+    for bad in (65536, -1):
+        with pytest.raises(RendezvousStateError, match=re.escape(f"state at {_NODE_KEY!r}: ")):
+            NodeRecord.decode(_NODE_KEY, _node_value(p=bad))
+
+
+@pytest.mark.parametrize("tail", ["3/", "x/node-a", "3", "/node-a"])
+def test_a_key_under_nodes_that_is_not_round_slash_node_is_not_a_node_key(tail: str) -> None:
+    assert KEYS.parse_node_key(KEYS.nodes + tail) is None
+    assert KEYS.parse_node_key(KEYS.nodes + "3/node-a") == (3, "node-a")
