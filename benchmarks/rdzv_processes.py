@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -106,6 +107,7 @@ def one_round(
     timeout: float,
     warm: int = 0,
     logs: Path | None = None,
+    round_timeout: float = 300.0,
 ) -> list[dict[str, Any]]:
     """N fresh processes join one exact round at a shared t0, then ``warm`` more (each at a
     t0 of its own); returns the figures of each round, the fresh one first. ``logs``: a folder
@@ -139,7 +141,10 @@ def one_round(
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"{side} node did not get ready: {line!r}")
-        rounds = [_a_round(side, n, procs, errors, server, timeout) for _ in range(1 + warm)]
+        rounds = [
+            _a_round(side, n, procs, errors, server, timeout, round_timeout)
+            for _ in range(1 + warm)
+        ]
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("\n")
@@ -163,8 +168,10 @@ def _a_round(
     errors: list[Any],
     server: Server | None,
     timeout: float,
+    round_timeout: float,
 ) -> dict[str, Any]:
-    """One round of the ready processes ``procs`` at a shared t0: its figures."""
+    """One round of the ready processes ``procs`` at a shared t0: its figures. A round that has
+    not formed ``round_timeout`` seconds after t0 is a failure: every node is killed."""
     t0 = time.time() + 0.5
     server_cpu = _cpu_seconds(server.proc.pid) if server is not None else 0.0
     for proc in procs:
@@ -174,6 +181,11 @@ def _a_round(
     results = []
     for proc, err in zip(procs, errors, strict=True):
         assert proc.stdout is not None
+        # each node writes one line per round, so nothing is left in the pipe's buffer here
+        if not select.select([proc.stdout], [], [], max(0.0, t0 + round_timeout - time.time()))[0]:
+            for each in procs:
+                each.kill()
+            raise RoundFailed(f"{side} N={n}: no round within {round_timeout:g} s of t0")
         line = proc.stdout.readline()
         if not line.strip():  # the node died: say why, as the round's failure
             proc.wait(timeout)
@@ -244,6 +256,13 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--sizes", default="2,4,8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--round-timeout",
+        type=float,
+        default=300.0,
+        help="seconds after t0 before a round that has not formed is failed and its nodes killed "
+        "(default: 300; torch's nodes would wait out its 600 s join timeout)",
+    )
     only = parser.add_mutually_exclusive_group()
     only.add_argument(
         "--no-torch", action="store_true", help="aioelastic rounds only (no c10d side)"
@@ -288,6 +307,7 @@ def main() -> None:
                             args.timeout,
                             args.warm if aio else 0,
                             args.node_logs,
+                            args.round_timeout,
                         )
                     except RoundFailed as exc:
                         failed.append(str(exc))
