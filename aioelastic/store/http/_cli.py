@@ -12,9 +12,11 @@ HELP = "run the HTTP store server (single-host coordination, like torch's TCPSto
 #: 10,000 (``HttpStoreServer(max_watch_streams=)``) would refuse the 10,000th node's driver
 #: watch and stall the round; a watch over a session costs no connection or task of its own.
 SERVE_MAX_WATCHES = 100_000
-#: ``--history-limit``: the memory engine's default (``memory.DEFAULT_HISTORY_LIMIT``), kept
-#: here so that ``--help`` does not import the engine.
-DEFAULT_HISTORY_LIMIT = 10_000
+#: ``--history-limit``: ten times the memory engine's 10,000 (``memory.DEFAULT_HISTORY_LIMIT``,
+#: for a store in one process): a round of 10,000 sessions writes about 20,000 events, and a
+#: watcher that falls behind a compaction reads the run's state again. A full history costs the
+#: server about 420 bytes an event (~40 MiB).
+SERVE_HISTORY_LIMIT = 100_000
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -110,10 +112,10 @@ def _limit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--history-limit",
         type=int,
-        default=DEFAULT_HISTORY_LIMIT,
+        default=SERVE_HISTORY_LIMIT,
         metavar="N",
         help="keep the last N events for watches to resume from; older ones are compacted "
-        f"(default: {DEFAULT_HISTORY_LIMIT:,}; a rendezvous of N nodes writes N events at once: "
+        f"(default: {SERVE_HISTORY_LIMIT:,}; a rendezvous of N nodes writes N events at once: "
         "below that, slow watchers fall behind a compaction and read everything again)",
     )
 
