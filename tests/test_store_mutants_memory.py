@@ -14,6 +14,8 @@ import pytest
 from aioelastic.errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from aioelastic.store import CasResult, MemoryEngine, MemoryStore, _memory_sorted, open_store
 from aioelastic.store._memory_sorted import SortedKeys
+from aioelastic.store._records import new_kv, new_record, slot_setters
+from aioelastic.store._txn import PutResult
 from aioelastic.store.memory import EngineWork, LeaseChange, _MemoryWatch
 from aioelastic.testing import virtual_test
 
@@ -354,4 +356,145 @@ async def test_a_limited_range_across_blocks_of_the_engine_returns_the_first_key
     assert [kv.key for kv in result.kvs] == keys[:1700]
     assert result.count == 3000
     assert result.more
+    engine.close()
+
+
+# -- the records made from their slots (session 14's run of the engine's modules)
+
+
+def test_slot_setters_set_the_fields_in_order_and_refuse_names_that_are_not_the_fields() -> None:
+    kv, prev = new_kv("k", b"2", 1, 2, 2, 0), new_kv("k", b"1", 1, 1, 1, 0)
+    set_kv, set_prev = slot_setters(PutResult, ("kv", "prev_kv"))
+    result: PutResult = new_record(PutResult)
+    set_kv(result, kv)
+    set_prev(result, prev)
+    assert result == PutResult(kv, prev)
+    # a field added to (or reordered in) the class must be added here too: said at import
+    wrong = re.escape("PutResult's fields are ('kv', 'prev_kv'), not ('prev_kv', 'kv')")
+    with pytest.raises(AssertionError, match=f"^{wrong}$"):
+        slot_setters(PutResult, ("prev_kv", "kv"))
+
+
+# -- the watch hub: counting, tracking and forgetting watchers
+
+
+@virtual_test
+async def test_a_read_of_one_event_counts_one_event_delivered() -> None:
+    engine = MemoryEngine()
+    watcher = engine.add_watcher("a/", None, owner=None)  # tracked from the start
+    for i in range(3):
+        engine.put(f"a/{i}", b"x")
+        before = engine.work().events_delivered
+        assert [e.kv.key for e in engine.read_events(watcher)] == [f"a/{i}"]
+        assert engine.work().events_delivered == before + 1
+    engine.close()
+
+
+@virtual_test
+async def test_unread_events_are_appended_to_one_list_not_copied_per_event() -> None:
+    """A tracked watcher's unread events: O(1) per event, not a new list of all of them."""
+    engine = MemoryEngine()
+    watcher = engine.add_watcher("a/", None, owner=None)
+    engine.put("a/0", b"x")
+    engine.put("a/1", b"x")
+    unread = watcher.hits
+    assert isinstance(unread, list)
+    engine.put("a/2", b"x")
+    assert watcher.hits is unread
+    assert len(engine.read_events(watcher)) == 3
+    engine.close()
+
+
+@virtual_test
+async def test_a_removed_watcher_keeps_its_unread_events_and_reads_none_when_it_had_none() -> None:
+    engine = MemoryEngine()
+    engine.put("other", b"x")  # a log that does not start empty
+    busy = engine.add_watcher("a/", None, owner=None)
+    idle = engine.add_watcher("b/", None, owner=None)
+    engine.put("a/0", b"x")
+    engine.put("a/1", b"x")
+    engine.remove_watcher(busy)
+    engine.remove_watcher(idle)
+    assert [e.kv.key for e in engine.read_events(busy)] == ["a/0", "a/1"]
+    assert engine.read_events(idle) == []
+    engine.close()
+
+
+@virtual_test
+async def test_removing_one_watcher_of_a_prefix_leaves_the_others_tracked_and_it_unvisited() -> (
+    None
+):
+    engine = MemoryEngine()
+    gone = engine.add_watcher("a/", None, owner=None)
+    stays = engine.add_watcher("a/", None, owner=None)
+    engine.remove_watcher(gone)
+    before = engine.work().watcher_visits
+    engine.put("a/0", b"x")
+    assert engine.work().watcher_visits == before + 1  # the one left, not the removed one
+    assert [e.kv.key for e in engine.read_events(stays)] == ["a/0"]
+    engine.remove_watcher(stays)
+    before = engine.work().watcher_visits
+    engine.put("a/1", b"x")
+    assert engine.work().watcher_visits == before  # no watcher left under a/ to look at
+    engine.close()
+
+
+@virtual_test
+async def test_a_watch_with_nothing_ready_under_its_prefix_takes_no_event() -> None:
+    """The join's reader takes events without waiting: a watch that catches up from the past and
+    finds nothing under its prefix has none to give (and no end to raise)."""
+    async with MemoryStore() as store:
+        await store.put("other/0", b"x")
+        await store.put("other/1", b"x")
+        async with store.watch("mine/", start_revision=1) as watch:
+            await watch.start()
+            assert watch._set_waker(lambda: None)
+            assert watch._take_event() is None
+            await store.put("mine/0", b"x")
+            event = watch._take_event()
+            assert event is not None
+            assert event.kv.key == "mine/0"
+            assert watch._take_event() is None
+
+
+# -- the engine's state, leases and the close of a store that shares one
+
+
+@virtual_test
+async def test_a_new_engine_says_it_is_not_closed_with_a_bool() -> None:
+    engine = MemoryEngine()
+    assert engine.closed is False
+    engine.close()
+    assert engine.closed is True
+
+
+@virtual_test
+async def test_a_revoked_or_expired_lease_leaves_no_timer_behind() -> None:
+    engine = MemoryEngine()
+    deadlines = engine._leases._deadlines
+    revoked = engine.lease_grant(5.0)
+    expiring = engine.lease_grant(1.0)
+    assert len(deadlines) == 2
+    engine.lease_revoke(revoked.id)
+    assert len(deadlines) == 1
+    await anyio.sleep(1.5)
+    assert not engine.has_lease(expiring.id)
+    assert len(deadlines) == 0
+    engine.close()
+
+
+@virtual_test
+async def test_closing_a_store_of_a_shared_engine_ends_its_open_watches_as_closed() -> None:
+    engine = MemoryEngine()
+    store = MemoryStore(engine)
+    other = MemoryStore(engine)
+    async with store.watch("k") as watch, other.watch("k") as theirs:
+        await watch.start()
+        await theirs.start()
+        await store.aclose()
+        with pytest.raises(StoreClosedError, match=r"^the store was closed$"):
+            await anext(watch)
+        await other.put("k", b"v")  # the other store's watch goes on
+        assert (await anext(theirs)).kv.key == "k"
+    await other.aclose()
     engine.close()

@@ -39,7 +39,9 @@ class _Watcher:
 
     def __init__(self, prefix: str, cursor: int, min_revision: int, owner: object) -> None:
         self.prefix = prefix
-        self.cursor = cursor  # absolute index into the event log of the next event to read
+        # absolute index into the event log of the next event to read while it scans (while
+        # tracked, ``hits`` says; _untrack sets the cursor again from them)
+        self.cursor = cursor
         self.min_revision = min_revision
         self.owner = owner
         self.waiter: asyncio.Future[None] | None = None
@@ -51,9 +53,6 @@ class _Watcher:
         # While tracked: the absolute log indexes of its unread events, exactly (_NO_HITS, a
         # 1-tuple, then a list); None while it must scan the log from its cursor instead.
         self.hits: Sequence[int] | None = None
-
-    def matches(self, key: str) -> bool:
-        return key.startswith(self.prefix)
 
     def wake(self) -> None:
         on_wake = self.on_wake
@@ -274,8 +273,7 @@ class WatchHub:
         log, base, work = self.log, self.base, self.work
         minimum = watcher.min_revision
         hits = watcher.hits
-        if hits is not None:  # tracked: its unread events are known
-            watcher.cursor = base + len(log)
+        if hits is not None:  # tracked: its unread events are known (its cursor is not used)
             if not hits:
                 return []
             watcher.hits = _NO_HITS
@@ -303,10 +301,6 @@ class WatchHub:
         events = [e for e in log[start:] if e.kv.key.startswith(prefix) and e.revision >= minimum]
         work[EVENTS_DELIVERED] += len(events)
         return events
-
-    def fail_all(self, error: BaseException) -> None:
-        for watcher in self.watchers:
-            watcher.fail(error)
 
     def fail_owned(self, owner: object, error: BaseException) -> None:
         """Fail every watcher registered by ``owner`` (its own only: O(its watchers))."""
