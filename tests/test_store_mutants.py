@@ -1758,3 +1758,112 @@ async def test_the_default_add_counts_exactly_on_one_adder_per_store() -> None:
     async with _CasAddStore() as bare:
         del bare._adder  # as in a backend whose __init__ does not call Store's
         assert await bare.add("n", 2) == 2
+
+
+# -- session 14: the conditional writes' own argument checks (a fast path of type tests before
+# the shared checkers), and a watch read before it was started
+
+
+@virtual_test
+async def test_the_conditional_writes_name_each_bad_argument_exactly_and_write_nothing() -> None:
+    async with MemoryStore() as store:
+        cases: list[tuple[Callable[[], Awaitable[object]], type[Exception], str]] = [
+            (lambda: store.compare_and_swap(1, 0, b"v"), TypeError, "key must be a str, got int"),  # type: ignore[arg-type]
+            (lambda: store.compare_and_swap("", 0, b"v"), ValueError, "key must not be empty"),
+            (
+                lambda: store.compare_and_swap("k", "1", b"v"),  # type: ignore[arg-type]
+                TypeError,
+                "expected_mod_revision must be an int, got str",
+            ),
+            (
+                lambda: store.compare_and_swap("k", 0, "v"),  # type: ignore[arg-type]
+                TypeError,
+                "value must be bytes, got str; encode it first (e.g. value.encode())",
+            ),
+            (
+                lambda: store.compare_and_swap("k", 0, b"v", lease=-1),
+                ValueError,
+                "lease must be >= 0, got -1",
+            ),
+            (
+                lambda: store.compare_and_swap("k", 0, b"v", lease="1"),  # type: ignore[arg-type]
+                TypeError,
+                "lease must be an int, got str",
+            ),
+            (lambda: store.compare_and_delete(1, 1), TypeError, "key must be a str, got int"),  # type: ignore[arg-type]
+            (lambda: store.compare_and_delete("", 1), ValueError, "key must not be empty"),
+        ]
+        for call, error, message in cases:
+            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+                await call()
+        assert store.engine.revision == 0
+        # the fast path lets the valid forms through: a bytes-like value is taken as bytes
+        swapped = await store.compare_and_swap("k", 0, bytearray(b"v"))  # type: ignore[arg-type]
+        assert swapped.succeeded
+        assert (await store.get("k")) == swapped.kv
+        assert type(swapped.kv.value) is bytes  # type: ignore[union-attr]
+        assert (await store.compare_and_delete("k", swapped.revision)).succeeded
+
+
+@virtual_test
+async def test_a_watch_read_before_it_was_started_starts_it_through_its_store() -> None:
+    """``__anext__`` on a watch never started starts it (the store's own start: a partitioned
+    client refuses it at once), and never starts a started watch twice."""
+    async with FaultInjectingStore(MemoryStore()) as store:
+        store.partition()
+        with pytest.raises(StoreConnectionError):
+            with anyio.fail_after(5):
+                await anext(store.watch("k"))
+        store.heal()
+        watch = store.watch("k")
+        await store.put("a", b"0")
+        reader = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0)
+        assert store.calls["watch"] == 2  # started once, by the read
+        await store.put("k", b"1")
+        event = await reader
+        assert (event.kv.key, event.revision) == ("k", 2)
+        await store.put("k", b"2")
+        assert (await anext(watch)).revision == 3
+        assert store.calls["watch"] == 2
+        await watch.aclose()
+
+
+@virtual_test
+async def test_the_default_add_to_a_value_that_is_no_integer_names_its_first_40_bytes() -> None:
+    async with _CasAddStore() as store:
+        value = b"0123456789" * 4 + b"not an integer"
+        await store.put("k", value)
+        message = f"add: the value at 'k' is not a decimal integer: {value[:40]!r}"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            await store.add("k", 1)
+        assert (await store.get("k")).value == value  # type: ignore[union-attr]
+
+
+def test_both_branches_count_toward_the_byte_limit_and_any_iterable_is_a_branch() -> None:
+    half = b"x" * (MAX_TXN_BYTES // 2)
+    check_txn([], [Put("a", half[:-1])], [Put("b", half[:-1])])  # exactly the limit: fits
+    with pytest.raises(TxnTooLargeError) as info:
+        check_txn([], [Put("a", half)], [Put("b", half)])
+    assert (info.value.limit, info.value.size) == ("bytes", MAX_TXN_BYTES + 2)
+    with pytest.raises(TxnTooLargeError) as info:
+        check_txn([], [], [Put("b", b"x" * MAX_TXN_BYTES)])  # the failure branch alone
+    assert info.value.size == MAX_TXN_BYTES + 1
+    ops: list[TxnOp] = [Put("a", b"1"), Get("b")]
+    txn = check_txn(iter([Compare.version("a") == 0]), (op for op in ops), {Delete("c")})
+    assert (txn.compare, txn.success, txn.failure) == (
+        (Compare.version("a") == 0,),
+        tuple(ops),
+        (Delete("c"),),
+    )
+
+
+@virtual_test
+async def test_a_watch_without_a_waker_says_so_when_asked_for_an_event() -> None:
+    async with FaultInjectingStore(MemoryStore()) as store, store.watch("k") as watch:
+        assert watch._set_waker(lambda: None) is False
+        for take in (watch._take_event, watch._event_ready):
+            with pytest.raises(
+                NotImplementedError, match=r"^this watch has no waker \(read it with __anext__\)$"
+            ):
+                take()
