@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import EventType, MemoryEngine, MemoryStore
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
-from aioelastic.store.http._persist_codec import encode_line, event_out, kv_out
+from aioelastic.store.http._persist_codec import decode_line, encode_line, event_out, kv_out
 from aioelastic.store.memory import EngineState
 
 
@@ -531,3 +531,105 @@ async def test_accepting_a_loss_that_cannot_be_written_changes_nothing(tmp_path:
     assert {name: after[name] for name in before} == before  # the damaged files are in place
     with pytest.raises(CorruptDataDirError, match="record 60 is absent"):
         await _reopen(tmp_path)  # refused again: not an empty directory that starts silently
+
+
+def _set_event_type(record: dict[str, Any]) -> None:
+    record["e"][0][0] = "Q"
+
+
+def _set_unknown_kind(record: dict[str, Any]) -> None:
+    del record["c"], record["e"]
+    record["z"] = 1
+
+
+def _set_bad_base64(record: dict[str, Any]) -> None:
+    record["e"][0][2] = "NT$="  # "NTQ=" with a character base64 does not have
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (_set_event_type, "unknown event type 'Q'"),
+        (_set_unknown_kind, "unknown record ['q', 'z']"),
+        (_set_bad_base64, "Only base64 data is allowed"),
+    ],
+    ids=["event type", "record kind", "base64"],
+)
+@pytest.mark.asyncio
+async def test_a_record_with_a_good_checksum_that_cannot_be_replayed_is_damage(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], None], why: str
+) -> None:
+    """A line whose checksum holds but whose record cannot be applied (written by another
+    version, or edited by hand and re-summed) is refused like any damage, named with why."""
+    await _written(tmp_path)
+    lines = _log_lines(tmp_path)
+    record = decode_line(lines[5][:-1])  # record 55
+    assert isinstance(record, dict)
+    edit(record)
+    lines[5] = encode_line(record)
+    _write_log(tmp_path, lines)
+    offset = sum(len(line) for line in lines[:5])
+    with pytest.raises(CorruptDataDirError) as raised:
+        await _reopen(tmp_path)
+    message = str(raised.value)
+    assert (
+        f"wal.log has 1 damaged line: line 6 (byte {offset}): record 55 cannot be replayed ({why}"
+        in message
+    ), message
+    assert "the last consistent state is record 54 " in message, message
+
+
+@pytest.mark.asyncio
+async def test_leases_replay_with_their_own_ids_and_a_keyless_lease_ends_as_logged(
+    tmp_path: Path,
+) -> None:
+    engine, data = await _reopen(tmp_path)
+    chosen = engine.lease_grant(30, lease_id=0x7F00).id  # an id the granter chose
+    keyless = engine.lease_grant(30).id  # the next one; ended with no keys: a record of its own
+    kept = engine.lease_grant(30).id
+    engine.put("k", b"v", kept)
+    engine.lease_revoke(keyless)
+    await data.wait_durable()
+    await data.aclose()
+    engine.close()
+    restored, data = await _reopen(tmp_path)
+    try:
+        assert [s.id for s in restored.leases()] == [chosen, kept]
+        assert restored.lease_time_to_live(kept).keys == ("k",)
+        assert restored.lease_grant(5).id == kept + 1
+    finally:
+        await data.aclose()
+        restored.close()
+
+
+@pytest.mark.parametrize("named_by", ["grant", "end"])
+@pytest.mark.asyncio
+async def test_accepting_a_loss_hands_out_no_lease_id_an_unusable_record_named(
+    tmp_path: Path, named_by: str
+) -> None:
+    """After a loss is accepted, the next lease id is past every id the log names, in a lease's
+    grant or in its end, even where the record could not be applied."""
+    engine, data = await _reopen(tmp_path)
+    engine.put("a", b"1")  # line 1
+    if named_by == "grant":  # 500 only in its (intact) grant; line 1 damaged below
+        engine.lease_grant(30, lease_id=100)
+        engine.lease_grant(30, lease_id=500)
+        engine.lease_revoke(100)
+        damaged = 1
+    else:  # 500 only in its end: its grant's line is damaged
+        engine.lease_grant(30, lease_id=500)
+        engine.lease_revoke(500)
+        damaged = 2
+    engine.put("b", b"2")
+    await data.wait_durable()
+    await data.aclose()
+    engine.close()
+    lines = _log_lines(tmp_path)
+    lines[damaged] = lines[damaged].replace(b"}", b" }", 1)  # its checksum fails
+    _write_log(tmp_path, lines)
+    engine, data = await _reopen(tmp_path, accept_data_loss=True)
+    try:
+        assert engine.lease_grant(5).id > 500
+    finally:
+        await data.aclose()
+        engine.close()
