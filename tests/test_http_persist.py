@@ -633,3 +633,110 @@ async def test_accepting_a_loss_hands_out_no_lease_id_an_unusable_record_named(
     finally:
         await data.aclose()
         engine.close()
+
+
+def _five_damaged_lines(path: Path) -> None:
+    lines = _log_lines(path)
+    for index in (3, 4, 5, 9, 12):  # records 53-55, 59, 62
+        lines[index] = lines[index].replace(b"}", b" }", 1)
+    _write_log(path, lines)
+
+
+def _three_missing_records(path: Path) -> None:
+    lines = _log_lines(path)
+    del lines[8:11]  # records 58-60
+    _write_log(path, lines)
+
+
+# The whole report of each kind of damage, between "data directory '...' is damaged: " and what
+# to do about it: what an operator reads first, so every word of it is pinned here.
+_WHOLE_REPORTS: dict[Callable[[Path], None], str] = {
+    _delete_snapshot: (
+        "snapshot.json is missing: it held records 1-50 (so says wal.log's header); wal.log "
+        "breaks off after record 0 (its snapshot is missing or damaged), 20 intact records "
+        "after the break cannot be applied. 70 records are affected; the last consistent "
+        "state is record 0 (revision 0)."
+    ),
+    _edit_snapshot_value: (
+        "snapshot.json is damaged (bad checksum): it held records 1-50 (so says wal.log's "
+        "header); wal.log breaks off after record 0 (its snapshot is missing or damaged), 20 "
+        "intact records after the break cannot be applied. 70 records are affected; the last "
+        "consistent state is record 0 (revision 0)."
+    ),
+    _truncate_snapshot: (
+        "snapshot.json is damaged (cut short (no final newline)): it held records 1-50 (so "
+        "says wal.log's header); wal.log breaks off after record 0 (its snapshot is missing "
+        "or damaged), 20 intact records after the break cannot be applied. 70 records are "
+        "affected; the last consistent state is record 0 (revision 0)."
+    ),
+    _delete_middle_line: (
+        "wal.log breaks off after record 59 (line 11: record 61 where 60 should follow), "
+        "record 60 is absent or unreadable, 10 intact records after the break cannot be "
+        "applied. 11 records are affected; the last consistent state is record 59 (revision "
+        "59)."
+    ),
+    _reorder_lines: (
+        "wal.log breaks off after record 54 (line 6: record 56 where 55 should follow), "
+        "records are out of order or repeated, 16 intact records after the break cannot be "
+        "applied. 16 records are affected; the last consistent state is record 54 (revision "
+        "54)."
+    ),
+    _convert_to_crlf: (
+        "wal.log's header line: CRLF line ending (the line endings were converted); wal.log "
+        "has 20 damaged lines: lines 2-21: CRLF line ending (the line endings were "
+        "converted). 20 records are affected; the last consistent state is record 50 "
+        "(revision 50)."
+    ),
+    _bad_checksum_on_last_line: (
+        "wal.log has 1 damaged line: line 21 (byte 1194): bad checksum. 1 record is affected; "
+        "the last consistent state is record 69 (revision 69)."
+    ),
+    _several_damaged_lines: (
+        "wal.log has 2 damaged lines: line 6 (byte 294): bad checksum; line 16 (byte 894): "
+        "bad checksum; wal.log breaks off after record 54 (line 6: bad checksum), records 55, "
+        "65 are absent or unreadable, 14 intact records after the break cannot be applied. 16 "
+        "records are affected; the last consistent state is record 54 (revision 54)."
+    ),
+    _delete_log: (
+        "wal.log is missing: the records written after the snapshot (record 50, revision 50) "
+        "are gone. An unknown number of records are affected; the last consistent state is "
+        "record 50 (revision 50)."
+    ),
+    _empty_log: (
+        "wal.log is empty: its header and every record after 50. An unknown number of records "
+        "are affected; the last consistent state is record 50 (revision 50)."
+    ),
+    _five_damaged_lines: (
+        "wal.log has 5 damaged lines: line 4 (byte 174): bad checksum; line 5 (byte 235): bad "
+        "checksum; line 6 (byte 296): bad checksum; and 2 more; wal.log breaks off after "
+        "record 52 (line 4: bad checksum), records 53-55, 59, 62 are absent or unreadable, 13 "
+        "intact records after the break cannot be applied. 18 records are affected; the last "
+        "consistent state is record 52 (revision 52)."
+    ),
+    _three_missing_records: (
+        "wal.log breaks off after record 57 (line 9: record 61 where 58 should follow), "
+        "records 58-60 are absent or unreadable, 10 intact records after the break cannot be "
+        "applied. 13 records are affected; the last consistent state is record 57 (revision "
+        "57)."
+    ),
+}
+
+_ADVICE = (
+    " Nothing on disk was changed. Restore the damaged files from a copy, or start with"
+    " accept_data_loss (serve --accept-data-loss) to go on from that state, the damaged files"
+    " kept aside."
+)
+
+
+@pytest.mark.parametrize("damage", list(_WHOLE_REPORTS), ids=lambda f: f.__name__)
+@pytest.mark.asyncio
+async def test_the_whole_damage_report_says_what_where_and_how_many(
+    tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
+    await _written(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(CorruptDataDirError) as raised:
+        await _reopen(tmp_path)
+    assert str(raised.value) == (
+        f"data directory {str(tmp_path)!r} is damaged: {_WHOLE_REPORTS[damage]}{_ADVICE}"
+    )
