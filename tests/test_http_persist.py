@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -740,3 +741,23 @@ async def test_the_whole_damage_report_says_what_where_and_how_many(
     assert str(raised.value) == (
         f"data directory {str(tmp_path)!r} is damaged: {_WHOLE_REPORTS[damage]}{_ADVICE}"
     )
+
+
+def test_what_is_kept_aside_is_named_by_its_utc_time_and_never_overwrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aioelastic.store.http import _persist_files
+
+    moment = time.struct_time((2026, 12, 3, 7, 5, 30, 3, 337, 0))
+    monkeypatch.setattr(time, "gmtime", lambda: moment)  # (the module reads time.gmtime)
+    first = _persist_files.write_aside(tmp_path, "wal.log", "damaged", b"one")
+    second = _persist_files.write_aside(tmp_path, "wal.log", "damaged", b"two")
+    assert (first.name, second.name) == (
+        "wal.log.damaged-20261203T070530Z",
+        "wal.log.damaged-20261203T070530Z.1",
+    )
+    assert (first.read_bytes(), second.read_bytes()) == (b"one", b"two")
+    for n in range(2, 1000):
+        (tmp_path / f"wal.log.damaged-20261203T070530Z.{n}").touch()
+    with pytest.raises(RuntimeError, match=r"^too many wal\.log\.damaged-\* files in "):
+        _persist_files.write_aside(tmp_path, "wal.log", "damaged", b"three")
