@@ -6,8 +6,10 @@ explicitly; format 1 data dirs still load and are rewritten."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -761,3 +763,25 @@ def test_what_is_kept_aside_is_named_by_its_utc_time_and_never_overwrites(
         (tmp_path / f"wal.log.damaged-20261203T070530Z.{n}").touch()
     with pytest.raises(RuntimeError, match=r"^too many wal\.log\.damaged-\* files in "):
         _persist_files.write_aside(tmp_path, "wal.log", "damaged", b"three")
+
+
+def test_the_data_dirs_files_are_private_and_kept_aside_by_copy_where_links_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aioelastic.store.http import _persist_files
+
+    _persist_files.replace_file(tmp_path, "snapshot.json", b"state")
+    assert (tmp_path / "snapshot.json").stat().st_mode & 0o777 == 0o600  # values are secrets
+    assert not (tmp_path / "snapshot.json.tmp").exists()
+    (tmp_path / "wal.log").write_bytes(b"records")
+
+    def no_hard_links(source: object, target: object) -> None:
+        raise OSError(errno.EPERM, "no hard links on this file system")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    aside = _persist_files.keep_aside(tmp_path, "wal.log", "damaged")
+    assert aside.parent == tmp_path
+    assert aside.name.startswith("wal.log.damaged-")
+    assert aside.read_bytes() == b"records"
+    assert aside.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "wal.log").read_bytes() == b"records"  # the original stays
