@@ -24,6 +24,7 @@ from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import EventType, MemoryEngine, MemoryStore
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
 from aioelastic.store.http._persist_codec import decode_line, encode_line, event_out, kv_out
+from aioelastic.store.http._persist_load import load
 from aioelastic.store.memory import EngineState
 
 
@@ -407,8 +408,9 @@ async def test_a_torn_write_after_converted_line_endings_is_damage(tmp_path: Pat
     wal = tmp_path / "wal.log"
     wal.write_bytes(wal.read_bytes().replace(b"\n", b"\r"))
     before = wal.read_bytes()
-    with pytest.raises(CorruptDataDirError, match="several records without newline"):
+    with pytest.raises(CorruptDataDirError, match="20 records without a newline") as raised:
         await _reopen(tmp_path)
+    assert "20 records are affected" in str(raised.value)  # each of them, not one line's worth
     assert wal.read_bytes() == before
 
 
@@ -651,6 +653,77 @@ def _three_missing_records(path: Path) -> None:
     _write_log(path, lines)
 
 
+def _three_damaged_lines(path: Path) -> None:
+    lines = _log_lines(path)
+    for index in (3, 4, 5):
+        lines[index] = lines[index].replace(b"}", b" }", 1)
+    _write_log(path, lines)
+
+
+def _four_damaged_lines(path: Path) -> None:
+    lines = _log_lines(path)
+    for index in (3, 4, 5, 6):
+        lines[index] = lines[index].replace(b"}", b" }", 1)
+    _write_log(path, lines)
+
+
+def _next_to_last_record_missing(path: Path) -> None:
+    lines = _log_lines(path)
+    del lines[-2]  # record 69
+    _write_log(path, lines)
+
+
+def _damaged_snapshot_and_no_log(path: Path) -> None:
+    _edit_snapshot_value(path)
+    _delete_log(path)
+
+
+def _unknown_log_header(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[0] = encode_line({"log": 3, "after": 50})
+    _write_log(path, lines)
+
+
+def _format_1_snapshot_cut_short(path: Path) -> None:
+    (path / "snapshot.json").write_bytes(b'{"format": 1, "revision": 5')
+
+
+def _snapshot_of_an_unknown_format(path: Path) -> None:
+    (path / "snapshot.json").write_bytes(encode_line({"format": 9}))
+
+
+def _two_records_without_newline(path: Path) -> None:
+    lines = _log_lines(path)
+    _write_log(path, [*lines[:-2], lines[-2][:-1] + lines[-1][:-1]])
+
+
+def _a_last_record_ending_in_cr(path: Path) -> None:
+    lines = _log_lines(path)
+    _write_log(path, [*lines[:-1], lines[-1][:-1] + b"\r"])
+
+
+def _resummed(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """Record 55 edited and given a good checksum again (another version wrote it, or a hand)."""
+
+    def damage(path: Path) -> None:
+        lines = _log_lines(path)
+        record = decode_line(lines[5][:-1])
+        assert isinstance(record, dict)
+        edit(record)
+        lines[5] = encode_line(record)
+        _write_log(path, lines)
+
+    damage.__name__ = f"_resummed{edit.__name__}"
+    return damage
+
+
+def _drop_sequence(record: dict[str, Any]) -> None:
+    del record["q"]
+
+
+_RESUMMED = {edit: _resummed(edit) for edit in (_set_event_type, _drop_sequence)}
+
+
 # The whole report of each kind of damage, between "data directory '...' is damaged: " and what
 # to do about it: what an operator reads first, so every word of it is pinned here.
 _WHOLE_REPORTS: dict[Callable[[Path], None], str] = {
@@ -722,6 +795,68 @@ _WHOLE_REPORTS: dict[Callable[[Path], None], str] = {
         "applied. 13 records are affected; the last consistent state is record 57 (revision "
         "57)."
     ),
+    _three_damaged_lines: (
+        "wal.log has 3 damaged lines: line 4 (byte 174): bad checksum; line 5 (byte 235): bad "
+        "checksum; line 6 (byte 296): bad checksum; wal.log breaks off after record 52 (line "
+        "4: bad checksum), records 53-55 are absent or unreadable, 15 intact records after "
+        "the break cannot be applied. 18 records are affected; the last consistent state is "
+        "record 52 (revision 52)."
+    ),
+    _four_damaged_lines: (
+        "wal.log has 4 damaged lines: line 4 (byte 174): bad checksum; line 5 (byte 235): bad "
+        "checksum; line 6 (byte 296): bad checksum; and 1 more; wal.log breaks off after "
+        "record 52 (line 4: bad checksum), records 53-56 are absent or unreadable, 14 intact "
+        "records after the break cannot be applied. 18 records are affected; the last "
+        "consistent state is record 52 (revision 52)."
+    ),
+    _next_to_last_record_missing: (
+        "wal.log breaks off after record 68 (line 20: record 70 where 69 should follow), "
+        "record 69 is absent or unreadable, 1 intact record after the break cannot be "
+        "applied. 2 records are affected; the last consistent state is record 68 (revision "
+        "68)."
+    ),
+    _damaged_snapshot_and_no_log: (
+        "snapshot.json is damaged (bad checksum); wal.log is missing: the records written "
+        "after the snapshot (record 0, revision 0) are gone. An unknown number of records are "
+        "affected; the last consistent state is record 0 (revision 0)."
+    ),
+    _unknown_log_header: (
+        "wal.log has an unknown header {'log': 3, 'after': 50}. An unknown number of records "
+        "are affected; the last consistent state is record 70 (revision 70)."
+    ),
+    _format_1_snapshot_cut_short: (
+        "snapshot.json is damaged (not valid JSON (cut short?)): it held records 1-50 (so "
+        "says wal.log's header); wal.log breaks off after record 0 (its snapshot is missing "
+        "or damaged), 20 intact records after the break cannot be applied. 70 records are "
+        "affected; the last consistent state is record 0 (revision 0)."
+    ),
+    _snapshot_of_an_unknown_format: (
+        "snapshot.json is damaged (unknown format 9): it held records 1-50 (so says wal.log's "
+        "header); wal.log breaks off after record 0 (its snapshot is missing or damaged), 20 "
+        "intact records after the break cannot be applied. 70 records are affected; the last "
+        "consistent state is record 0 (revision 0)."
+    ),
+    _two_records_without_newline: (
+        "wal.log has 1 damaged line: line 20 (byte 1134): 2 records without a newline. 2 "
+        "records are affected; the last consistent state is record 68 (revision 68)."
+    ),
+    _a_last_record_ending_in_cr: (
+        "wal.log has 1 damaged line: line 21 (byte 1194): a last line ending in CR, not LF. 1 "
+        "record is affected; the last consistent state is record 69 (revision 69)."
+    ),
+    _RESUMMED[_set_event_type]: (
+        "wal.log has 1 damaged line: line 6 (byte 294): record 55 cannot be replayed (unknown "
+        "event type 'Q'); wal.log breaks off after record 54 (line 6: record 55 cannot be "
+        "replayed (unknown event type 'Q')), record 55 is absent or unreadable, 15 intact "
+        "records after the break cannot be applied. 16 records are affected; the last "
+        "consistent state is record 54 (revision 54)."
+    ),
+    _RESUMMED[_drop_sequence]: (
+        "wal.log has 1 damaged line: line 6 (byte 294): not a record; wal.log breaks off "
+        "after record 54 (line 6: not a record), record 55 is absent or unreadable, 15 intact "
+        "records after the break cannot be applied. 16 records are affected; the last "
+        "consistent state is record 54 (revision 54)."
+    ),
 }
 
 _ADVICE = (
@@ -785,3 +920,52 @@ def test_the_data_dirs_files_are_private_and_kept_aside_by_copy_where_links_fail
     assert aside.read_bytes() == b"records"
     assert aside.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "wal.log").read_bytes() == b"records"  # the original stays
+
+
+@pytest.mark.asyncio
+async def test_accepting_a_loss_of_everything_but_the_log_header_reuses_no_revision_or_lease(
+    tmp_path: Path,
+) -> None:
+    """The snapshot and every record gone, the log's header alone says how far revisions and
+    lease ids went: after the loss is accepted, neither is handed out again."""
+    engine, data = await _reopen(tmp_path, snapshot_every=50)
+    engine.lease_grant(30, lease_id=500)
+    for i in range(60):
+        engine.put(f"k{i}", b"x")  # the snapshot after record 50 (revision 49, lease 500)
+    await data.wait_durable()
+    await data.aclose()
+    engine.close()
+    header = _log_lines(tmp_path)[0]
+    assert decode_line(header[:-1]) == {"log": 2, "after": 50, "revision": 49, "lease": 500}
+    _delete_snapshot(tmp_path)
+    _write_log(tmp_path, [header])
+    engine, data = await _reopen(tmp_path, accept_data_loss=True)
+    try:
+        assert engine.put("new", b"x") > 49
+        assert engine.lease_grant(5).id > 500
+    finally:
+        await data.aclose()
+        engine.close()
+
+
+@pytest.mark.asyncio
+async def test_loading_says_how_many_records_it_replayed_after_the_snapshot(tmp_path: Path) -> None:
+    await _written(tmp_path)
+    found = load(tmp_path, MemoryEngine())
+    assert (found.sequence, found.records, found.damage, found.legacy) == (70, 20, [], False)
+    assert (found.affected, found.torn_at, found.log_exists) == (0, None, True)
+
+
+@pytest.mark.asyncio
+async def test_accepting_the_loss_of_a_line_of_several_records_reuses_none_of_their_revisions(
+    tmp_path: Path,
+) -> None:
+    await _written(tmp_path)
+    _two_records_without_newline(tmp_path)  # records 69 and 70 (revisions 69, 70) on one line
+    engine, data = await _reopen(tmp_path, accept_data_loss=True)
+    try:
+        assert engine.get("k68") is None  # the state of record 68 (keys k0..k67), and
+        assert engine.put("new", b"x") > 70  # revisions 69 and 70 may have been acknowledged
+    finally:
+        await data.aclose()
+        engine.close()

@@ -47,6 +47,7 @@ class _Line:
     record: dict[str, Any] | None
     problem: str = ""
     stripped: dict[str, Any] | None = None  # a damaged line's record once its CR is removed
+    records: int = 1  # how many records a damaged line may have held
 
 
 def load(path: Path, engine: MemoryEngine) -> Recovery:
@@ -149,8 +150,12 @@ def _scan_log(wal: Path, found: Recovery) -> tuple[list[_Line], dict[str, Any] |
             lines.append(_Line(number, offset, decoded))
         offset += len(piece) + 1
     if tail:
-        if b"\r" in tail or tail.count(b'"q":') > 1:  # not one record cut short
-            lines.append(_Line(len(pieces) + 1, offset, None, "several records without newline"))
+        held = tail.count(b'"q":')
+        if held > 1:  # not one record cut short: each of them is lost
+            problem = f"{held} records without a newline"
+            lines.append(_Line(len(pieces) + 1, offset, None, problem, records=held))
+        elif b"\r" in tail:
+            lines.append(_Line(len(pieces) + 1, offset, None, "a last line ending in CR, not LF"))
         else:
             found.torn_at, found.torn = offset, tail
     header = None
@@ -180,7 +185,7 @@ def _replay(
         record = line.record
         if record is None or not isinstance(record.get("q"), int):
             problem = line.problem or "not a record"
-            unread.append(_Line(line.number, line.offset, None, problem))
+            unread.append(_Line(line.number, line.offset, None, problem, records=line.records))
             first_problem = first_problem or f"line {line.number}: {problem}"
             if line.stripped is not None:
                 _note_high(line.stripped, found)
@@ -212,11 +217,12 @@ def _describe(
     found: Recovery, unread: list[_Line], beyond: list[int], first_problem: str, known_high: int
 ) -> None:
     end = found.sequence
-    # a damaged line is one record, which moved the revision (and lease ids) by one at most
-    found.high_revision += len(unread)
-    found.high_lease += len(unread)
+    # each record a damaged line held moved the revision (and lease ids) by one at most
+    lost = sum(line.records for line in unread)
+    found.high_revision += lost
+    found.high_lease += lost
     high = max([known_high, *beyond]) if beyond or known_high else end
-    found.affected = max(high - end, len(beyond) + len(unread))
+    found.affected = max(high - end, len(beyond) + lost)
     if unread:
         crlf = sum(1 for line in unread if line.problem == _CRLF)
         if crlf == len(unread):
@@ -236,7 +242,8 @@ def _describe(
             parts.append(f"{_noun(len(missing))} {_ranges(missing)} {verb} absent or unreadable")
         if beyond != sorted(present):
             parts.append("records are out of order or repeated")
-        parts.append(f"{len(beyond)} intact records after the break cannot be applied")
+        intact = f"{len(beyond)} intact {_noun(len(beyond))}"
+        parts.append(f"{intact} after the break cannot be applied")
         found.damage.append(", ".join(parts))
 
 
