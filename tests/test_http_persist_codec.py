@@ -45,6 +45,7 @@ def test_a_line_is_its_checksum_a_space_and_compact_json_kept_in_utf8() -> None:
         (b"00000000 {}", "bad checksum"),
         (_line(b"1"), "not a JSON object"),  # 10 bytes, the shortest line: a JSON number
         (_line(b"[]"), "not a JSON object"),
+        (_line(b"{oops"), "not JSON"),  # a good checksum of something else
     ],
 )
 def test_a_damaged_line_is_named_for_what_is_wrong_with_it(line: bytes, why: str) -> None:
