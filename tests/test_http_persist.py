@@ -969,3 +969,20 @@ async def test_accepting_the_loss_of_a_line_of_several_records_reuses_none_of_th
     finally:
         await data.aclose()
         engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_log_header_without_high_water_marks_loads(tmp_path: Path) -> None:
+    """A header of only the format and the snapshot it follows (as the first format-2 servers
+    wrote it) is not damage: the marks default to nothing beyond what the records say."""
+    await _written(tmp_path)
+    lines = _log_lines(tmp_path)
+    lines[0] = encode_line({"log": 2, "after": 50})
+    _write_log(tmp_path, lines)
+    engine, data = await _reopen(tmp_path)
+    try:
+        assert (engine.revision, len(engine)) == (70, 70)
+        assert engine.put("new", b"x") == 71
+    finally:
+        await data.aclose()
+        engine.close()
