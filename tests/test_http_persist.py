@@ -702,6 +702,24 @@ def _a_last_record_ending_in_cr(path: Path) -> None:
     _write_log(path, [*lines[:-1], lines[-1][:-1] + b"\r"])
 
 
+def _snapshot_deleted_and_only_the_log_header_left(path: Path) -> None:
+    _delete_snapshot(path)
+    _write_log(path, _log_lines(path)[:1])
+
+
+def _a_byte_appended_to_a_line(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[-1] = lines[-1][:-1] + b"x\n"  # what is left without it is a good line: not a CR
+    _write_log(path, lines)
+
+
+def _one_crlf_line_and_one_bad_checksum(path: Path) -> None:
+    lines = _log_lines(path)
+    lines[3] = lines[3][:-1] + b"\r\n"
+    lines[5] = lines[5].replace(b"}", b" }", 1)
+    _write_log(path, lines)
+
+
 def _resummed(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     """Record 55 edited and given a good checksum again (another version wrote it, or a hand)."""
 
@@ -857,6 +875,21 @@ _WHOLE_REPORTS: dict[Callable[[Path], None], str] = {
         "records after the break cannot be applied. 16 records are affected; the last "
         "consistent state is record 54 (revision 54)."
     ),
+    _snapshot_deleted_and_only_the_log_header_left: (
+        "snapshot.json is missing: it held records 1-50 (so says wal.log's header). 50 "
+        "records are affected; the last consistent state is record 0 (revision 0)."
+    ),
+    _a_byte_appended_to_a_line: (
+        "wal.log has 1 damaged line: line 21 (byte 1194): bad checksum. 1 record is affected; "
+        "the last consistent state is record 69 (revision 69)."
+    ),
+    _one_crlf_line_and_one_bad_checksum: (
+        "wal.log has 2 damaged lines: line 4 (byte 174): CRLF line ending (the line endings "
+        "were converted); line 6 (byte 295): bad checksum; wal.log breaks off after record 52 "
+        "(line 4: CRLF line ending (the line endings were converted)), records 53, 55 are "
+        "absent or unreadable, 16 intact records after the break cannot be applied. 18 "
+        "records are affected; the last consistent state is record 52 (revision 52)."
+    ),
 }
 
 _ADVICE = (
@@ -983,6 +1016,39 @@ async def test_a_log_header_without_high_water_marks_loads(tmp_path: Path) -> No
     try:
         assert (engine.revision, len(engine)) == (70, 70)
         assert engine.put("new", b"x") == 71
+    finally:
+        await data.aclose()
+        engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_older_than_the_one_the_log_follows_is_damage(tmp_path: Path) -> None:
+    engine, data = await _reopen(tmp_path, snapshot_every=20)
+    for i in range(30):
+        engine.put(f"k{i}", b"x")  # a snapshot after record 20
+    old = (tmp_path / "snapshot.json").read_bytes()
+    for i in range(30, 45):
+        engine.put(f"k{i}", b"x")  # and after 40: the log now follows that one
+    await data.wait_durable()
+    await data.aclose()
+    engine.close()
+    (tmp_path / "snapshot.json").write_bytes(old)  # a backup's older snapshot put back
+    with pytest.raises(CorruptDataDirError) as raised:
+        await _reopen(tmp_path)
+    assert (
+        "snapshot.json holds records up to 20 only, but wal.log follows a snapshot of records "
+        "up to 40"
+    ) in str(raised.value)
+
+
+@pytest.mark.asyncio
+async def test_a_new_data_dir_whose_log_is_empty_opens(tmp_path: Path) -> None:
+    """A crash between creating the log and writing its header leaves an empty log and no
+    snapshot: nothing was ever acknowledged, so that is no damage."""
+    (tmp_path / "wal.log").write_bytes(b"")
+    engine, data = await _reopen(tmp_path)
+    try:
+        assert engine.put("k", b"v") == 1
     finally:
         await data.aclose()
         engine.close()

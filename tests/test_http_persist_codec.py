@@ -95,6 +95,7 @@ def test_a_report_names_runs_of_numbers_as_ranges_and_at_most_five_of_them() -> 
     assert _ranges([1, 2, 3, 7]) == "1-3, 7"
     assert _ranges([1, 2, 4, 5, 7]) == "1-2, 4-5, 7"
     assert _ranges([1, 3, 5, 7, 9]) == "1, 3, 5, 7, 9"
+    assert _ranges([1, 3, 5, 7, 9, 11]) == "1, 3, 5, 7, 9 and 1 more range"
     assert _ranges([1, 3, 5, 7, 9, 11, 12, 20]) == "1, 3, 5, 7, 9 and 2 more ranges"
     assert (_lines(1), _lines(2), _noun(1), _noun(3)) == (
         "1 damaged line",

@@ -288,4 +288,5 @@ def _ranges(numbers: list[int]) -> str:
         else:
             spans.append([n, n])
     text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:5])
-    return text + (f" and {len(spans) - 5} more ranges" if len(spans) > 5 else "")
+    more = len(spans) - 5
+    return text + (f" and {more} more {'range' if more == 1 else 'ranges'}" if more > 0 else "")
