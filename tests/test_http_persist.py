@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioelastic.errors import CompactedError, LeaseNotFoundError
-from aioelastic.store import EventType, MemoryEngine, MemoryStore
+from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
 from aioelastic.store.http._persist_codec import decode_line, encode_line, event_out, kv_out
 from aioelastic.store.http._persist_load import load
@@ -1052,3 +1052,29 @@ async def test_a_new_data_dir_whose_log_is_empty_opens(tmp_path: Path) -> None:
     finally:
         await data.aclose()
         engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> None:
+    """A format 1 log has no header, so an empty one beside a format 1 snapshot is a log with
+    no records since the snapshot (as the 0.x server left it after a snapshot), not damage."""
+    document = {
+        "format": 1,
+        "q": 3,
+        "revision": 2,
+        "compact_revision": 0,
+        "last_lease_id": 0,
+        "leases": [],
+        "kvs": [kv_out(KeyValue("k", b"v", 2, 2, 1, 0))],
+        "history": [],
+    }
+    (tmp_path / "snapshot.json").write_text(json.dumps(document))
+    (tmp_path / "wal.log").write_bytes(b"")
+    engine, data = await _reopen(tmp_path)
+    try:
+        assert engine.get("k") == KeyValue("k", b"v", 2, 2, 1, 0)
+        assert engine.put("n", b"x") == 3
+    finally:
+        await data.aclose()
+        engine.close()
+    assert (tmp_path / "snapshot.json").read_bytes()[8:9] == b" "  # rewritten in format 2
