@@ -1078,3 +1078,31 @@ async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> 
         await data.aclose()
         engine.close()
     assert (tmp_path / "snapshot.json").read_bytes()[8:9] == b" "  # rewritten in format 2
+
+
+@pytest.mark.asyncio
+async def test_a_damaged_format_1_snapshot_leaves_the_count_unknown(tmp_path: Path) -> None:
+    """Beside a format 1 log (no header to say what the snapshot held), a damaged snapshot's
+    loss cannot be counted, and the report says so rather than give the log's count."""
+    (tmp_path / "snapshot.json").write_bytes(b'{"format": 1, "q": 9, "revision"')
+    records = [{"c": r, "e": [["P", f"k{r}", "eA==", r, r, 1, 0]], "q": r + 1} for r in (9, 10)]
+    (tmp_path / "wal.log").write_bytes(b"".join(encode_line(r) for r in records))
+    with pytest.raises(CorruptDataDirError) as raised:
+        await _reopen(tmp_path)
+    assert "An unknown number of records (at least 11) are affected;" in str(raised.value)
+
+
+@pytest.mark.asyncio
+async def test_a_header_without_marks_adds_nothing_to_an_accepted_loss(tmp_path: Path) -> None:
+    """A header without high-water marks and one damaged line, nothing else: the line may have
+    taken revision 1 and lease id 1, so the server goes on from 2, no further."""
+    damaged = encode_line({"c": 1, "e": [["P", "k", "eA==", 1, 1, 1, 0]], "q": 1})
+    damaged = damaged.replace(b"}", b" }", 1)
+    (tmp_path / "wal.log").write_bytes(encode_line({"log": 2, "after": 0}) + damaged)
+    engine, data = await _reopen(tmp_path, accept_data_loss=True)
+    try:
+        assert engine.put("k", b"v") == 2
+        assert engine.lease_grant(5).id == 2
+    finally:
+        await data.aclose()
+        engine.close()
