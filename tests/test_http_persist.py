@@ -6,13 +6,14 @@ explicitly; format 1 data dirs still load and are rewritten."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,17 @@ async def _reopen(path: Path, **kwargs: Any) -> tuple[MemoryEngine, DataDir]:
     data = DataDir(path, **kwargs)
     data.open(engine)
     return engine, data
+
+
+@contextlib.asynccontextmanager
+async def _opened(path: Path, **kwargs: Any) -> AsyncIterator[MemoryEngine]:
+    """:func:`_reopen`'s engine, its data directory closed after the block, then the engine."""
+    engine, data = await _reopen(path, **kwargs)
+    try:
+        yield engine
+    finally:
+        await data.aclose()
+        engine.close()
 
 
 @pytest.mark.asyncio
@@ -597,14 +609,10 @@ async def test_leases_replay_with_their_own_ids_and_a_keyless_lease_ends_as_logg
     await data.wait_durable()
     await data.aclose()
     engine.close()
-    restored, data = await _reopen(tmp_path)
-    try:
+    async with _opened(tmp_path) as restored:
         assert [s.id for s in restored.leases()] == [chosen, kept]
         assert restored.lease_time_to_live(kept).keys == ("k",)
         assert restored.lease_grant(5).id == kept + 1
-    finally:
-        await data.aclose()
-        restored.close()
 
 
 @pytest.mark.parametrize("named_by", ["grant", "end"])
@@ -632,12 +640,8 @@ async def test_accepting_a_loss_hands_out_no_lease_id_an_unusable_record_named(
     lines = _log_lines(tmp_path)
     lines[damaged] = lines[damaged].replace(b"}", b" }", 1)  # its checksum fails
     _write_log(tmp_path, lines)
-    engine, data = await _reopen(tmp_path, accept_data_loss=True)
-    try:
+    async with _opened(tmp_path, accept_data_loss=True) as engine:
         assert engine.lease_grant(5).id > 500
-    finally:
-        await data.aclose()
-        engine.close()
 
 
 def _five_damaged_lines(path: Path) -> None:
@@ -972,13 +976,9 @@ async def test_accepting_a_loss_of_everything_but_the_log_header_reuses_no_revis
     assert decode_line(header[:-1]) == {"log": 2, "after": 50, "revision": 49, "lease": 500}
     _delete_snapshot(tmp_path)
     _write_log(tmp_path, [header])
-    engine, data = await _reopen(tmp_path, accept_data_loss=True)
-    try:
+    async with _opened(tmp_path, accept_data_loss=True) as engine:
         assert engine.put("new", b"x") > 49
         assert engine.lease_grant(5).id > 500
-    finally:
-        await data.aclose()
-        engine.close()
 
 
 @pytest.mark.asyncio
@@ -995,13 +995,9 @@ async def test_accepting_the_loss_of_a_line_of_several_records_reuses_none_of_th
 ) -> None:
     await _written(tmp_path)
     _two_records_without_newline(tmp_path)  # records 69 and 70 (revisions 69, 70) on one line
-    engine, data = await _reopen(tmp_path, accept_data_loss=True)
-    try:
+    async with _opened(tmp_path, accept_data_loss=True) as engine:
         assert engine.get("k68") is None  # the state of record 68 (keys k0..k67), and
         assert engine.put("new", b"x") > 70  # revisions 69 and 70 may have been acknowledged
-    finally:
-        await data.aclose()
-        engine.close()
 
 
 @pytest.mark.asyncio
@@ -1012,13 +1008,9 @@ async def test_a_log_header_without_high_water_marks_loads(tmp_path: Path) -> No
     lines = _log_lines(tmp_path)
     lines[0] = encode_line({"log": 2, "after": 50})
     _write_log(tmp_path, lines)
-    engine, data = await _reopen(tmp_path)
-    try:
+    async with _opened(tmp_path) as engine:
         assert (engine.revision, len(engine)) == (70, 70)
         assert engine.put("new", b"x") == 71
-    finally:
-        await data.aclose()
-        engine.close()
 
 
 @pytest.mark.asyncio
@@ -1046,12 +1038,8 @@ async def test_a_new_data_dir_whose_log_is_empty_opens(tmp_path: Path) -> None:
     """A crash between creating the log and writing its header leaves an empty log and no
     snapshot: nothing was ever acknowledged, so that is no damage."""
     (tmp_path / "wal.log").write_bytes(b"")
-    engine, data = await _reopen(tmp_path)
-    try:
+    async with _opened(tmp_path) as engine:
         assert engine.put("k", b"v") == 1
-    finally:
-        await data.aclose()
-        engine.close()
 
 
 @pytest.mark.asyncio
@@ -1070,13 +1058,9 @@ async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> 
     }
     (tmp_path / "snapshot.json").write_text(json.dumps(document))
     (tmp_path / "wal.log").write_bytes(b"")
-    engine, data = await _reopen(tmp_path)
-    try:
+    async with _opened(tmp_path) as engine:
         assert engine.get("k") == KeyValue("k", b"v", 2, 2, 1, 0)
         assert engine.put("n", b"x") == 3
-    finally:
-        await data.aclose()
-        engine.close()
     assert (tmp_path / "snapshot.json").read_bytes()[8:9] == b" "  # rewritten in format 2
 
 
@@ -1099,10 +1083,6 @@ async def test_a_header_without_marks_adds_nothing_to_an_accepted_loss(tmp_path:
     damaged = encode_line({"c": 1, "e": [["P", "k", "eA==", 1, 1, 1, 0]], "q": 1})
     damaged = damaged.replace(b"}", b" }", 1)
     (tmp_path / "wal.log").write_bytes(encode_line({"log": 2, "after": 0}) + damaged)
-    engine, data = await _reopen(tmp_path, accept_data_loss=True)
-    try:
+    async with _opened(tmp_path, accept_data_loss=True) as engine:
         assert engine.put("k", b"v") == 2
         assert engine.lease_grant(5).id == 2
-    finally:
-        await data.aclose()
-        engine.close()
