@@ -465,6 +465,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--lease-ttl", type=float, default=15.0, help="http: the handlers' (default 15 s)"
     )
     parser.add_argument(
+        "--client-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="http: the client processes' event loop (auto: uvloop when installed, as "
+        "aioelastic serve and the torchrun adapter)",
+    )
+    parser.add_argument(
         "--kill",
         action="store_true",
         help="http: SIGKILL one member (a process of its own) after the round; time until every "
@@ -524,6 +531,7 @@ def measure(args: argparse.Namespace, n: int, failures: dict[int, str]) -> list[
                         kill=args.kill,
                         join_timeout=args.join_timeout,
                         lease_ttl=args.lease_ttl,
+                        client_loop=args.client_loop,
                     )
                 )
             except (RuntimeError, AssertionError, OSError) as exc:  # reported, not hidden
@@ -582,6 +590,14 @@ def main_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout(args: argparse.Namespace) -> str:
+    if args.mode != "http":
+        return ""
+    from benchmarks.scale_http import client_loop_name
+
+    return f", {args.clients} client processes on {client_loop_name(args.client_loop)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.kill and args.mode in ("memory", "simulate"):
@@ -589,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[int, list[RoundFigures]] = {}
     failures: dict[int, str] = {}
     for n in args.sizes:
-        print(f"{args.mode}: N={n} x {args.repeat}", file=sys.stderr, flush=True)
+        print(f"{args.mode}: N={n} x {args.repeat}{_layout(args)}", file=sys.stderr, flush=True)
         figures = measure(args, n, failures)
         if figures:
             runs[n] = figures

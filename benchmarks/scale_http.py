@@ -8,6 +8,11 @@ failed), its CPU time, and the events and event bytes its sessions received. The
 that every rank 0..N-1 came back exactly once, and reads the server's RSS and CPU time from
 /proc and its revision before and after (the store writes of the round).
 
+Each client process runs its handlers on uvloop's event loop when uvloop is installed (as
+``aioelastic serve --loop auto`` and the torchrun adapter's loop thread do; it roughly halves
+the client's CPU per request), asyncio's otherwise; ``client_loop`` ("asyncio", "uvloop") picks
+one (``--client-loop``).
+
 The client processes run at a lower priority than the server (``nice`` +3: the server weighs
 twice as much as one of them with the scheduler): on a cluster the coordination server has a
 host (a core) of its own while every participant runs elsewhere; here they share the machine's
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -36,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +292,24 @@ async def _revision(url: str) -> int:
         return await store.current_revision()
 
 
+def client_loop_name(choice: str) -> str:
+    """The event loop a client process runs for ``--client-loop`` ``choice`` ("auto": uvloop
+    when it is installed)."""
+    if choice != "auto":
+        return choice
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
+def run_client(loop: str, main: Coroutine[Any, Any, None]) -> None:
+    """``main`` on the event loop named ``loop`` ("asyncio" or "uvloop")."""
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
 def _spawn(url: str, run_id: str, n: int, counts: list[int], *args: str) -> list[Client]:
     return [Client(url, run_id, n, count, *args) for count in counts if count]
 
@@ -352,14 +376,16 @@ def run_http(
     kill: bool = False,
     join_timeout: float = JOIN_TIMEOUT,
     lease_ttl: float = LEASE_TTL,
+    client_loop: str = "auto",
 ) -> RoundFigures:
     """One round of N over one ``aioelastic serve``, the handlers spread over ``clients``
-    processes (``kill``: plus one process with one handler, SIGKILLed after the round)."""
+    processes (``kill``: plus one process with one handler, SIGKILLed after the round) that run
+    on ``client_loop`` (:func:`client_loop_name`)."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     spread = n - 1 if kill else n
     counts = [spread // clients + (1 if i < spread % clients else 0) for i in range(clients)]
     with serve(n, timeline=kill) as (server, url, server_lines):
-        timing = (str(join_timeout), str(lease_ttl))
+        timing = (str(join_timeout), str(lease_ttl), client_loop_name(client_loop))
         procs = _spawn(url, run_id, n, counts, "survivor" if kill else "all", *timing)
         victim = Client(url, run_id, n, 1, "victim", *timing) if kill else None
         everyone = procs + ([victim] if victim is not None else [])
@@ -455,4 +481,5 @@ if __name__ == "__main__":
     role_ = more[0] if more else "all"
     join_ = float(more[1]) if len(more) > 1 else JOIN_TIMEOUT
     ttl_ = float(more[2]) if len(more) > 2 else LEASE_TTL
-    asyncio.run(client(url_, run_id_, int(n_), int(count_), role_, join_, ttl_))
+    loop_ = more[3] if len(more) > 3 else "asyncio"
+    run_client(loop_, client(url_, run_id_, int(n_), int(count_), role_, join_, ttl_))
