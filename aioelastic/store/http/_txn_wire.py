@@ -1,5 +1,6 @@
-"""The wire forms of a transaction and of its result, for client and server: JSON for the REST
-route ``POST /v1/txn``, msgpack arrays for the session's ``txn`` operation (below).
+"""The wire forms of a transaction and of its result: JSON for the REST route ``POST /v1/txn``
+(read and answered by the server; the client speaks only the session), msgpack arrays for the
+session's ``txn`` operation (below).
 
 Request::
 
@@ -45,13 +46,11 @@ from .._types import KeyValue, RangeResult
 
 __all__ = [
     "result_from_frame",
-    "result_from_json",
     "result_to_frame",
     "result_to_json",
     "txn_from_frame",
     "txn_from_json",
     "txn_to_frame",
-    "txn_to_json",
 ]
 
 
@@ -80,52 +79,7 @@ def kv_to_json(kv: KeyValue) -> dict[str, Any]:
     }
 
 
-def kv_from_json(obj: Any) -> KeyValue | None:
-    if obj is None:
-        return None
-    return KeyValue(
-        obj["key"],
-        _unb64(obj, "value_b64"),
-        int(obj["create_revision"]),
-        int(obj["mod_revision"]),
-        int(obj["version"]),
-        int(obj["lease"]),
-    )
-
-
 # -- requests ------------------------------------------------------------------------------------
-
-
-def _compare_to_json(c: Compare) -> dict[str, Any]:
-    out: dict[str, Any] = {"key": c.key, "target": c.target, "op": c.op}
-    if isinstance(c.operand, bytes):
-        out["value_b64"] = _b64(c.operand)
-    else:
-        out["operand"] = c.operand
-    return out
-
-
-def _op_to_json(op: TxnOp) -> dict[str, Any]:
-    if isinstance(op, Put):
-        return {"op": "put", "key": op.key, "value_b64": _b64(op.value), "lease": op.lease}
-    if isinstance(op, Get):
-        return {"op": "get", "key": op.key}
-    if isinstance(op, Range):
-        out: dict[str, Any] = {"op": "range", "prefix": op.prefix}
-        if op.limit is not None:
-            out["limit"] = op.limit
-        return out
-    if isinstance(op, Delete):
-        return {"op": "delete", "key": op.key}
-    return {"op": "delete_prefix", "prefix": op.prefix}
-
-
-def txn_to_json(txn: Txn) -> dict[str, Any]:
-    return {
-        "compare": [_compare_to_json(c) for c in txn.compare],
-        "success": [_op_to_json(op) for op in txn.success],
-        "failure": [_op_to_json(op) for op in txn.failure],
-    }
 
 
 def _object(item: Any, what: str) -> Mapping[str, Any]:
@@ -202,30 +156,6 @@ def result_to_json(result: TxnResult) -> dict[str, Any]:
         "revision": result.revision,
         "results": [_result_to_json(r) for r in result.results],
     }
-
-
-def _result_from_json(obj: Mapping[str, Any], revision: int) -> OpResult:
-    kind = obj["op"]
-    if kind == "put":
-        kv = kv_from_json(obj["kv"])
-        assert kv is not None
-        return PutResult(kv, kv_from_json(obj["prev_kv"]))
-    if kind == "get":
-        return GetResult(kv_from_json(obj["kv"]))
-    if kind == "range":
-        kvs = tuple(kv for kv in map(kv_from_json, obj["kvs"]) if kv is not None)
-        return RangeResult(kvs, revision, int(obj["count"]), bool(obj["more"]))
-    if kind == "delete":
-        return DeleteResult(int(obj["deleted"]))
-    raise ValueError(f"unknown result op {str(kind)[:40]!r}")
-
-
-def result_from_json(obj: Mapping[str, Any]) -> TxnResult:
-    """The :class:`TxnResult` of an answer; ``KeyError``/``TypeError``/``ValueError`` if it is
-    malformed (the client maps those to ``StoreConnectionError``)."""
-    revision = int(obj["revision"])
-    results = tuple(_result_from_json(r, revision) for r in obj["results"])
-    return TxnResult(bool(obj["succeeded"]), revision, results)
 
 
 # -- the session frame (msgpack: values stay raw bytes) -----------------------------------------
