@@ -91,3 +91,25 @@ def test_whole_leaves_a_buffered_stream_a_bad_length_and_a_short_read_to_feed() 
     assert reader.feed(message_header(3) + b"a") == []
     assert reader.whole(message_header(1) + b"b") is None  # the read continues a message
     assert reader.feed(b"bc") == [b"abc"]
+
+
+def test_a_message_of_exactly_the_limit_is_cut_and_taken_whole() -> None:
+    body = bytes(range(50))
+    reader = MessageReader(max_message=50)
+    whole = reader.whole(message_header(50) + body)
+    assert whole is not None
+    assert bytes(whole) == body
+    raw = message_header(50) + body
+    assert reader.feed(raw[:10]) == []
+    assert reader.feed(raw[10:]) == [body]
+    assert reader.feed(raw + raw[:3]) == [body]  # (a message, then the start of a header)
+    assert reader.pending == 3
+    assert reader.feed(raw[3:]) == [body]
+    assert reader.pending == 0
+
+
+def test_a_reader_of_one_byte_messages_reads_them() -> None:
+    reader = MessageReader(max_message=1)
+    assert reader.feed(message_header(1) + b"a" + message_header(1) + b"b") == [b"a", b"b"]
+    with pytest.raises(MessageLengthError):
+        reader.feed(message_header(2) + b"ab")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from aioelastic.store import KeyValue
 from aioelastic.store._txn import (
     MAX_TXN_BYTES,
+    MAX_TXN_OPS,
     Compare,
     Delete,
     DeletePrefix,
@@ -272,3 +273,102 @@ def test_a_put_results_frame_is_its_key_values_frames() -> None:
         9,
         [["put", _kv_frame(kv), _kv_frame(prev)], ["put", _kv_frame(kv), None]],
     ]
+
+
+def _full_with(args: Any, max_key: int, max_value: int) -> Txn:
+    conn: Any = SimpleNamespace(
+        hub=SimpleNamespace(max_key_bytes=max_key, max_value_bytes=max_value)
+    )
+    return _checked_txn(conn, args)
+
+
+KEY_ROOM = MAX_KEY // 4  # code points of a key the one pass takes at MAX_KEY bytes
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [[[f"c{i}", "version", ">", 0] for i in range(MAX_TXN_OPS)], [], []],
+        [[], [["get", f"g{i}"] for i in range(MAX_TXN_OPS)], []],
+        [[], [], [["range", f"r{i}", None] for i in range(MAX_TXN_OPS)]],
+        [[["k" * KEY_ROOM, "version", ">", 0]], [["get", "g" * KEY_ROOM]], []],
+        [[], [["put", "p" * KEY_ROOM, b"v" * MAX_VALUE, 0]], [["delete", "d" * KEY_ROOM]]],
+        [[], [["range", "r", 1], ["delete_prefix", "q" * KEY_ROOM]], []],
+        [[["k", "lease", "==", 0]], [["put", "k", b"", 0]], []],
+        # a prefix deleted beside a get and a put of keys it does not hold
+        [[], [["get", "a"], ["delete_prefix", "z"], ["put", "ab", b"1", 0]], []],
+        [[], [["put", "a", b"1", 0], ["delete", "b"], ["put", "c", b"2", 0]], []],
+    ],
+    ids=[
+        "max-compares",
+        "max-success",
+        "max-failure",
+        "keys-at-room",
+        "value-at-limit",
+        "limit-1",
+        "lease-0",
+        "prefix-beside-others",
+        "writes-of-distinct-keys",
+    ],
+)
+def test_the_one_pass_way_takes_a_txn_at_each_limit(args: Any) -> None:
+    """At a limit, not over it: the one pass takes it (as the same Txn as the full path), not
+    only a txn well inside every limit."""
+    fast = plain_txn(args, MAX_KEY, MAX_VALUE)
+    assert fast is not None
+    assert fast == _full(args)
+
+
+def _sized(values: list[int]) -> list[Any]:
+    """A txn of two value compares, two puts on success and two on failure (six keys of two
+    code points), whose values have these sizes, in that order."""
+    c1, c2, s1, s2, f1, f2 = (b"v" * n for n in values)
+    return [
+        [["c1", "value", "==", c1], ["c2", "value", "==", c2]],
+        [["put", "s1", s1, 0], ["put", "s2", s2, 0]],
+        [["put", "f1", f1, 0], ["put", "f2", f2, 0]],
+    ]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [(0, 1), (2, 3), (4, 5), (0, 1, 2, 3, 4, 5)],
+    ids=["compares", "success", "failure", "all"],
+)
+def test_the_one_pass_way_takes_a_txn_of_exactly_the_byte_limit(where: tuple[int, ...]) -> None:
+    """Bytes counted across the compares' values, both branches' values and every key at 4
+    bytes a code point: a txn of exactly MAX_TXN_BYTES is taken (as the full path's Txn), one
+    byte more is left to the full path."""
+    room = MAX_TXN_BYTES - 6 * 2 * 4
+    values = [0] * 6
+    for at in where:
+        values[at] = room // len(where)
+    values[where[0]] += room - sum(values)
+    exact = _sized(values)
+    fast = plain_txn(exact, 1024, 1 << 21)
+    assert fast is not None
+    assert fast == _full_with(exact, 1024, 1 << 21)
+    values[where[-1]] += 1
+    assert plain_txn(_sized(values), 1024, 1 << 21) is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [[["k", "version", "=="]], [], []],  # a compare of three items
+        [[["", "version", "==", 0]], [], []],  # an empty key
+        [[[5, "version", "==", 0]], [], []],  # a key that is not a str
+        [[["k" * (KEY_ROOM + 1), "version", ">", 0]], [], []],
+        [[["c", "version", ">", 0]] * (MAX_TXN_OPS + 1), [], []],
+        [[], [["get", "k", b"v", 0]], []],  # four items, not a put
+        [[], [["put", "k", b"v", -1]], []],  # a negative lease
+        [[], [["get", "k", None]], []],  # three items, not a range
+        [[], [["range", "k", 0]], []],  # a limit under 1
+        [[], [[[], "k"]], []],  # an op name that is not a str (nor hashable)
+        [[], [["get", "g" * (KEY_ROOM + 1)]], []],
+        [[], [["get", f"g{i}"] for i in range(MAX_TXN_OPS + 1)], []],
+        [[], [], [["get", f"g{i}"] for i in range(MAX_TXN_OPS + 1)]],
+    ],
+)
+def test_what_breaks_a_rule_is_left_to_the_full_path(args: Any) -> None:
+    assert plain_txn(args, MAX_KEY, MAX_VALUE) is None

@@ -220,3 +220,27 @@ def test_the_end_of_the_connection_keeps_at_most_the_limit_of_body() -> None:
     ended = reader.eof()
     assert (ended.status, ended.reason, ended.body) == (413, "Too Large", b"1234")
     assert ended.headers == {"content-length": "9"}
+
+
+def test_a_body_of_exactly_the_limit_without_a_length_is_the_answer() -> None:
+    answer, reader = read(b"HTTP/1.1 502 Bad Gateway\r\n\r\n" + b"x" * BODY_LIMIT)
+    assert answer is not None
+    assert answer.body == b"x" * BODY_LIMIT
+    assert reader.rest == b""
+
+
+def test_an_empty_head_is_not_an_answer() -> None:
+    with pytest.raises(HeadError, match=r"^not an HTTP/1\.1 answer: ''$"):
+        read(b"\r\n\r\nHTTP/1.1 101 X\r\n\r\n")
+
+
+def test_what_a_refused_head_quotes_is_cut_short() -> None:
+    with pytest.raises(HeadError) as caught:
+        read(b"HTTP/1.1 400 Bad\r\nContent-Length: " + b"9x" * 40 + b"\r\n\r\n")
+    assert str(caught.value) == f"a malformed Content-Length in the answer: {'9x' * 25!r}"
+    with pytest.raises(HeadError) as caught:
+        read(b"ICY " + b"s" * 200 + b"\r\n\r\n")
+    assert str(caught.value) == f"not an HTTP/1.1 answer: {'ICY ' + 's' * 96!r}"
+    with pytest.raises(HeadError) as caught:
+        read(b"HTTP/1.1 101 X\r\n" + b"h" * 200 + b"\r\n\r\n")
+    assert str(caught.value) == f"a malformed header line in the answer: {'h' * 100!r}"

@@ -122,7 +122,7 @@ def unpack_all(data: bytes | memoryview, *, max_len: int) -> Iterator[list[Any]]
     except msgpack.ExtraData as extra:
         frame, rest = extra.unpacked, extra.extra
     except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-        raise FrameError(f"the message is not valid msgpack: {exc or type(exc).__name__}") from None
+        raise _not_msgpack(exc) from None
     yield _checked(frame)
     if rest:
         yield from unpack_rest(rest, max_len)
@@ -173,9 +173,14 @@ def _unpack_rest(data: bytes, max_len: int) -> Iterator[list[Any]]:
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
         if isinstance(exc, FrameError):
             raise
-        raise FrameError(f"the message is not valid msgpack: {exc or type(exc).__name__}") from None
+        raise _not_msgpack(exc) from None
     if end != len(data):
         raise FrameError("the message is not valid msgpack: it ends inside a frame")
+
+
+def _not_msgpack(exc: Exception) -> FrameError:
+    """The error for msgpack's ``exc``, named by its message (or its type, when it has none)."""
+    return FrameError(f"the message is not valid msgpack: {str(exc) or type(exc).__name__}")
 
 
 def _checked(frame: Any) -> list[Any]:
