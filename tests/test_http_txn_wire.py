@@ -48,6 +48,19 @@ KV_JSON = {
 }
 
 
+#: one result of each kind (a put with and without its previous key-value, a get that found one
+#: and one that did not, a range of two and an empty one, a delete)
+EVERY_RESULT = (
+    PutResult(KV, PREV),
+    PutResult(KV, None),
+    GetResult(KV),
+    GetResult(None),
+    RangeResult((KV, PREV), 12, 5, True),
+    RangeResult((), 12, 0, False),
+    DeleteResult(3),
+)
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -135,18 +148,7 @@ def test_a_kv_in_json_has_every_field_and_its_value_in_base64() -> None:
 
 
 def test_every_result_is_answered_in_json() -> None:
-    result = TxnResult(
-        True,
-        12,
-        (
-            PutResult(KV, PREV),
-            PutResult(KV, None),
-            GetResult(KV),
-            GetResult(None),
-            RangeResult((KV, PREV), 12, 5, True),
-            DeleteResult(3),
-        ),
-    )
+    result = TxnResult(True, 12, EVERY_RESULT)
     prev = {
         "key": "k",
         "create_revision": 3,
@@ -164,6 +166,7 @@ def test_every_result_is_answered_in_json() -> None:
             {"op": "get", "kv": KV_JSON},
             {"op": "get", "kv": None},
             {"op": "range", "kvs": [KV_JSON, prev], "count": 5, "more": True},
+            {"op": "range", "kvs": [], "count": 0, "more": False},
             {"op": "delete", "deleted": 3},
         ],
     }
@@ -221,19 +224,7 @@ def test_a_txn_frame_that_is_not_one_is_refused_saying_what_is_wrong(
 
 
 def test_every_result_goes_through_a_frame_and_back() -> None:
-    result = TxnResult(
-        True,
-        12,
-        (
-            PutResult(KV, PREV),
-            PutResult(KV, None),
-            GetResult(KV),
-            GetResult(None),
-            RangeResult((KV, PREV), 12, 5, True),
-            RangeResult((), 12, 0, False),
-            DeleteResult(3),
-        ),
-    )
+    result = TxnResult(True, 12, EVERY_RESULT)
     frame = result_to_frame(result)
     kv = ["k", b"\x00v\xff", 3, 7, 2, 9]
     prev = ["k", b"old", 3, 5, 1, 0]
