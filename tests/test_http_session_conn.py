@@ -5,73 +5,26 @@ in one write, an event blob shared by many sessions reaches each transport as th
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgpack
 import pytest
+from helpers.session_conn import connect, make_hub, message_body, next_iteration
 
 from aioelastic.store.http._frames import ERROR, EVENTS, REQUEST, RESULT, pack, unpack_all
-from aioelastic.store.http._session_conn import Connection
 from aioelastic.store.http._session_raw import RawSession
-from aioelastic.store.http._session_server import SessionHub
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
-
-
-class Recorder:
-    """A :class:`~aioelastic.store.http._session_conn.Sender` that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.writes: list[list[bytes]] = []
-        self.closed: tuple[str, bytes, bool] | None = None
-        self.buffer = 0
-        self.asked = 0  # calls of buffered()
-
-    def write(self, parts: list[bytes]) -> None:
-        self.writes.append(parts)
-
-    def buffered(self) -> int:
-        self.asked += 1
-        return self.buffer
-
-    def close(self, code: str, error: bytes, *, abort: bool = False) -> None:
-        self.closed = (code, error, abort)
-
-    def frames(self, write: int) -> list[list[Any]]:
-        return list(unpack_all(b"".join(self.writes[write]), max_len=1 << 20))
-
-
-def _hub(engine: MemoryEngine) -> SessionHub:
-    return SessionHub(engine, max_key_bytes=100, max_value_bytes=100_000, max_watches=100)
-
-
-def _connect(hub: SessionHub) -> tuple[Connection, Recorder]:
-    recorder = Recorder()
-    connection = hub.greet(recorder, pack([REQUEST, 0, "hello", {"versions": [1]}]))
-    assert connection is not None
-    recorder.writes.clear()  # the welcome
-    return connection, recorder
-
-
-def _body(*frames: list[Any]) -> bytes:
-    return b"".join(pack(frame) for frame in frames)
-
-
-async def _next_iteration() -> None:
-    """Let the connection's flush callback (scheduled with call_soon) run."""
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
 
 
 @pytest.mark.asyncio
 async def test_every_frame_of_a_read_is_answered_in_one_write() -> None:
     engine = MemoryEngine()
-    connection, recorder = _connect(_hub(engine))
+    connection, recorder = connect(make_hub(engine))
     connection.received(
         [
-            _body([REQUEST, 1, "put", ["a", b"1", 0]], [REQUEST, 2, "get", ["a"]]),
-            _body([REQUEST, 3, "get", ["b"]], [REQUEST, 4, "nope", []]),
+            message_body([REQUEST, 1, "put", ["a", b"1", 0]], [REQUEST, 2, "get", ["a"]]),
+            message_body([REQUEST, 3, "get", ["b"]], [REQUEST, 4, "nope", []]),
         ]
     )
     assert len(recorder.writes) == 1  # two messages of one read: one write
@@ -81,7 +34,7 @@ async def test_every_frame_of_a_read_is_answered_in_one_write() -> None:
         [RESULT, 3],
         [ERROR, 4],
     ]
-    await _next_iteration()
+    await next_iteration()
     assert len(recorder.writes) == 1  # and nothing more came after
     connection.end()
 
@@ -89,14 +42,14 @@ async def test_every_frame_of_a_read_is_answered_in_one_write() -> None:
 @pytest.mark.asyncio
 async def test_a_shared_event_blob_reaches_every_session_as_the_same_object() -> None:
     engine = MemoryEngine()
-    hub = _hub(engine)
-    sessions = [_connect(hub) for _ in range(3)]
+    hub = make_hub(engine)
+    sessions = [connect(hub) for _ in range(3)]
     for connection, recorder in sessions:
-        connection.received([_body([REQUEST, 9, "watch", ["w/", None, False]])])
+        connection.received([message_body([REQUEST, 9, "watch", ["w/", None, False]])])
         assert [f[:2] for f in recorder.frames(0)] == [[RESULT, 9]]
         recorder.writes.clear()
     engine.put("w/a", b"v" * 1000)
-    await _next_iteration()
+    await next_iteration()
     blobs = []
     for _, recorder in sessions:
         [write] = recorder.writes  # the woken watch: one write
@@ -112,14 +65,14 @@ async def test_a_shared_event_blob_reaches_every_session_as_the_same_object() ->
 @pytest.mark.asyncio
 async def test_many_watches_woken_together_are_pumped_in_one_write() -> None:
     engine = MemoryEngine()
-    connection, recorder = _connect(_hub(engine))
+    connection, recorder = connect(make_hub(engine))
     connection.received(
-        [_body(*([REQUEST, i, "watch", [f"p{i}/", None, False]] for i in range(1, 51)))]
+        [message_body(*([REQUEST, i, "watch", [f"p{i}/", None, False]] for i in range(1, 51)))]
     )
     recorder.writes.clear()
     for i in range(1, 51):
         engine.put(f"p{i}/k", b"x")  # in one loop iteration: one flush for all
-    await _next_iteration()
+    await next_iteration()
     assert len(recorder.writes) == 1
     assert sorted(f[1] for f in recorder.frames(0)) == list(range(1, 51))
     connection.end()
@@ -128,19 +81,19 @@ async def test_many_watches_woken_together_are_pumped_in_one_write() -> None:
 @pytest.mark.asyncio
 async def test_a_transport_buffer_over_the_limit_is_too_slow_and_aborts() -> None:
     engine = MemoryEngine()
-    hub = _hub(engine)
+    hub = make_hub(engine)
     hub.max_outbox_bytes = 1000
-    connection, recorder = _connect(hub)
+    connection, recorder = connect(hub)
     recorder.buffer = 1001  # the peer has not read what was written
     connection.pause_writing()  # (what the transport says once past its high-water mark)
-    connection.received([_body([REQUEST, 1, "get", ["a"]], [REQUEST, 2, "get", ["b"]])])
+    connection.received([message_body([REQUEST, 1, "get", ["a"]], [REQUEST, 2, "get", ["b"]])])
     assert recorder.closed is not None
     code, error, abort = recorder.closed
     assert code == "too_slow"
     assert abort is True
     [frame] = unpack_all(error, max_len=1000)
     assert frame[:3] == [ERROR, 0, "too_slow"]
-    connection.received([_body([REQUEST, 3, "get", ["c"]])])  # later frames: ignored
+    connection.received([message_body([REQUEST, 3, "get", ["c"]])])  # later frames: ignored
     assert len(recorder.writes) == 1
     connection.end()
 
@@ -148,18 +101,18 @@ async def test_a_transport_buffer_over_the_limit_is_too_slow_and_aborts() -> Non
 @pytest.mark.asyncio
 async def test_watches_wait_while_the_transport_is_paused_and_go_out_on_resume() -> None:
     engine = MemoryEngine()
-    connection, recorder = _connect(_hub(engine))
-    connection.received([_body([REQUEST, 5, "watch", ["w/", None, False]])])
+    connection, recorder = connect(make_hub(engine))
+    connection.received([message_body([REQUEST, 5, "watch", ["w/", None, False]])])
     recorder.writes.clear()
     connection.pause_writing()
     engine.put("w/a", b"1")
     engine.put("w/b", b"2")
-    await _next_iteration()
+    await next_iteration()
     assert recorder.writes == []  # the buffer is full: events wait in the engine's history
-    connection.received([_body([REQUEST, 6, "get", ["w/a"]])])
+    connection.received([message_body([REQUEST, 6, "get", ["w/a"]])])
     assert [f[:2] for f in recorder.frames(0)] == [[RESULT, 6]]  # answers still go
     connection.resume_writing()
-    await _next_iteration()
+    await next_iteration()
     [events] = recorder.frames(1)
     assert events[:2] == [EVENTS, 5]
     connection.end()
@@ -168,16 +121,16 @@ async def test_watches_wait_while_the_transport_is_paused_and_go_out_on_resume()
 @pytest.mark.asyncio
 async def test_the_write_buffer_is_asked_about_only_while_the_transport_is_paused() -> None:
     engine = MemoryEngine()
-    hub = _hub(engine)
+    hub = make_hub(engine)
     hub.max_outbox_bytes = 1000
-    connection, recorder = _connect(hub)
+    connection, recorder = connect(hub)
     for rid in range(1, 21):
-        connection.received([_body([REQUEST, rid, "get", ["a"]])])
+        connection.received([message_body([REQUEST, rid, "get", ["a"]])])
     assert len(recorder.writes) == 20
     assert recorder.asked == 0  # a transport under its high-water mark: nothing to ask
     recorder.buffer = 1001
     connection.pause_writing()
-    connection.received_one(_body([REQUEST, 21, "get", ["a"]]))
+    connection.received_one(message_body([REQUEST, 21, "get", ["a"]]))
     assert recorder.asked == 1
     assert recorder.closed is not None
     assert recorder.closed[0] == "too_slow"
@@ -188,19 +141,19 @@ async def test_the_write_buffer_is_asked_about_only_while_the_transport_is_pause
 async def test_a_lone_frame_is_answered_in_one_write_of_one_part() -> None:
     engine = MemoryEngine()
     engine.put("a", b"1")
-    connection, recorder = _connect(_hub(engine))
-    connection.received_one(memoryview(_body([REQUEST, 7, "get", ["a"]])))
+    connection, recorder = connect(make_hub(engine))
+    connection.received_one(memoryview(message_body([REQUEST, 7, "get", ["a"]])))
     [parts] = recorder.writes
     assert len(parts) == 1
     [frame] = recorder.frames(0)
     assert frame[:2] == [RESULT, 7]
     assert frame[2][:2] == ["a", b"1"]
     # a message of several frames, or a frame that is not a request: as received() has it
-    connection.received_one(_body([REQUEST, 8, "get", ["a"]], [REQUEST, 9, "nope", []]))
+    connection.received_one(message_body([REQUEST, 8, "get", ["a"]], [REQUEST, 9, "nope", []]))
     assert [f[:2] for f in recorder.frames(1)] == [[RESULT, 8], [ERROR, 9]]
-    connection.received_one(_body([REQUEST, 10, "watch", ["w/", None, False]]))
+    connection.received_one(message_body([REQUEST, 10, "watch", ["w/", None, False]]))
     engine.put("w/x", b"2")  # the watch's events: after its answer, by the flush
-    await _next_iteration()
+    await next_iteration()
     assert [f[:2] for f in recorder.frames(2)] == [[RESULT, 10]]
     assert [f[:2] for f in recorder.frames(3)] == [[EVENTS, 10]]
     connection.received_one(pack([RESULT, 11, None]))  # a server's frame from a client
@@ -222,8 +175,8 @@ async def test_a_lone_frame_is_answered_in_one_write_of_one_part() -> None:
 )
 async def test_a_lone_message_that_is_not_a_request_is_a_bad_frame_as_before(body: bytes) -> None:
     engine = MemoryEngine()
-    fast, fast_out = _connect(_hub(engine))
-    slow, slow_out = _connect(_hub(engine))
+    fast, fast_out = connect(make_hub(engine))
+    slow, slow_out = connect(make_hub(engine))
     fast.received_one(body)
     slow.received([body])
     assert fast_out.closed is not None
@@ -260,7 +213,7 @@ class WireTransport:
 
 
 def _message(*frames: list[Any]) -> bytes:
-    body = _body(*frames)
+    body = message_body(*frames)
     return message_header(len(body)) + body
 
 
@@ -269,7 +222,7 @@ async def test_a_read_of_one_request_is_answered_with_one_transport_write() -> N
     engine = MemoryEngine()
     engine.put("a", b"1")
     transport = WireTransport()
-    session = RawSession(_hub(engine), lambda exc: None, transport)
+    session = RawSession(make_hub(engine), lambda exc: None, transport)
     session.start()
     session.data_received(_message([REQUEST, 0, "hello", {"versions": [1]}]))
     transport.calls.clear()  # the welcome
