@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import statistics
 import sys
@@ -507,6 +508,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--plot-also", type=Path, help="with --plot: the CPU time of another run's --json too"
     )
     args = parser.parse_args(argv)
+    if args.client_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        parser.error("--client-loop uvloop needs the uvloop package (pip install uvloop)")
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     if not args.sizes or min(args.sizes) < 1 or args.repeat < 1:
         parser.error("--sizes needs positive integers, --repeat >= 1")
