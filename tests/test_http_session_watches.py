@@ -124,19 +124,36 @@ async def test_a_watch_that_ended_frees_its_id() -> None:
 
 
 @pytest.mark.asyncio
-async def test_an_idle_watch_gets_a_progress_frame_every_interval_and_a_busy_one_none() -> None:
+async def test_at_each_tick_a_progress_frame_for_each_watch_idle_since_the_last() -> None:
+    """The ticks by hand (the interval is long): a watch that sent events since the last tick
+    gets no progress frame at this one; one that did not gets one, with the revision."""
     engine = MemoryEngine()
-    connection, recorder = connect(make_hub(engine), {"progress_interval": 0.05})
+    connection, recorder = connect(make_hub(engine), {"progress_interval": 300.0})
     connection.received([message_body(watch(1, "idle/"), watch(2, "busy/"))])
     frames(recorder)
+    engine.put("busy/k", b"x")
+    await next_iteration()
+    assert [f[:2] for f in frames(recorder)] == [[EVENTS, 2]]
+    connection._tick()
+    await next_iteration()
+    assert frames(recorder) == [[PROGRESS, 1, 1]]
+    connection._tick()  # nothing since: both idle
+    await next_iteration()
+    assert sorted(frames(recorder)) == [[PROGRESS, 1, 1], [PROGRESS, 2, 1]]
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_an_idle_watch_gets_a_progress_frame_every_interval() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine), {"progress_interval": 0.05})
+    connection.received([message_body(watch(1, "idle/"))])
+    frames(recorder)
     seen: list[list[Any]] = []
-    deadline = asyncio.get_running_loop().time() + 5.0
-    while sum(1 for f in seen if f[:2] == [PROGRESS, 1]) < 3:
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while len(seen) < 3:  # (the timer sets itself again after each tick)
         assert asyncio.get_running_loop().time() < deadline, seen
-        engine.put("busy/k", b"x")  # the busy watch has events in every interval
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
         seen += frames(recorder)
-    progress = [f for f in seen if f[0] == PROGRESS]
-    assert {f[1] for f in progress} == {1}
-    assert all(f[2] <= engine.revision for f in progress)
+    assert seen[:3] == [[PROGRESS, 1, 0]] * 3
     connection.end()
