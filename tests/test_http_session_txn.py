@@ -30,7 +30,6 @@ from aioelastic.store.http._session_txn import plain_txn
 from aioelastic.store.http._txn_wire import _kv_frame, result_to_frame
 
 MAX_KEY, MAX_VALUE = 64, 32
-CONN: Any = SimpleNamespace(hub=SimpleNamespace(max_key_bytes=MAX_KEY, max_value_bytes=MAX_VALUE))
 
 # keys around the limits, shared between ops so that the one-write-per-key rule is reached
 keys = st.sampled_from(["", "a", "b", "a/b", "é", "k" * 15, "k" * 16, "k" * 17, "k" * 65])
@@ -94,9 +93,12 @@ plain_frames = st.tuples(
 ).map(list)
 
 
-def _full(args: Any) -> Txn | None:
+def _full(args: Any, max_key: int = MAX_KEY, max_value: int = MAX_VALUE) -> Txn | None:
+    """The full path's Txn of ``args`` at these limits, or None where it refuses them."""
+    hub = SimpleNamespace(max_key_bytes=max_key, max_value_bytes=max_value)
+    conn: Any = SimpleNamespace(hub=hub)
     try:
-        return _checked_txn(CONN, args)
+        return _checked_txn(conn, args)
     except OpError:
         return None
 
@@ -275,13 +277,6 @@ def test_a_put_results_frame_is_its_key_values_frames() -> None:
     ]
 
 
-def _full_with(args: Any, max_key: int, max_value: int) -> Txn:
-    conn: Any = SimpleNamespace(
-        hub=SimpleNamespace(max_key_bytes=max_key, max_value_bytes=max_value)
-    )
-    return _checked_txn(conn, args)
-
-
 KEY_ROOM = MAX_KEY // 4  # code points of a key the one pass takes at MAX_KEY bytes
 
 
@@ -347,7 +342,7 @@ def test_the_one_pass_way_takes_a_txn_of_exactly_the_byte_limit(where: tuple[int
     exact = _sized(values)
     fast = plain_txn(exact, 1024, 1 << 21)
     assert fast is not None
-    assert fast == _full_with(exact, 1024, 1 << 21)
+    assert fast == _full(exact, 1024, 1 << 21)
     values[where[-1]] += 1
     assert plain_txn(_sized(values), 1024, 1 << 21) is None
 
