@@ -8,12 +8,15 @@ import asyncio
 from typing import Any
 
 import pytest
+from helpers.fake_session import Peer, fake_session_server
+from helpers.waiting import eventually
 
 from aioelastic.rendezvous import DynamicRendezvousHandler
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
-from aioelastic.store.http._frames import REQUEST, unpack_all
+from aioelastic.store.http._frames import PROTOCOL_VERSIONS, REQUEST, RESULT, unpack_all
+from aioelastic.store.http._session_stream import hello_from_header
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -21,15 +24,19 @@ SLACK = 10.0
 
 
 class _Writes:
-    """Every ``transport.write`` of the client's session connections, in order."""
+    """Every ``transport.write`` of the client's session connections, in order (and their
+    transports)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.writes: list[bytes] = []
+        self.transports: list[Any] = []
         made = Connection.connection_made
         writes = self.writes
+        transports = self.transports
 
         def counting(conn: Connection, transport: Any) -> None:
             made(conn, transport)
+            transports.append(transport)
             real = transport.write
 
             def write(data: bytes) -> None:
@@ -42,26 +49,52 @@ class _Writes:
 
 
 @pytest.fixture
-def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    return _Writes(monkeypatch).writes
+def recorded(monkeypatch: pytest.MonkeyPatch) -> _Writes:
+    return _Writes(monkeypatch)
+
+
+@pytest.fixture
+def writes(recorded: _Writes) -> list[bytes]:
+    return recorded.writes
+
+
+def _hello_in(head: bytes) -> list[Any] | None:
+    """The hello frame an upgrade request's ``Aioelastic-Hello`` header carries, if it has one."""
+    values = [
+        line.split(b":", 1)[1].strip()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"aioelastic-hello:")
+    ]
+    if not values:
+        return None
+    [value] = values
+    body = hello_from_header(value.decode("ascii"))
+    assert body is not None
+    [hello] = list(unpack_all(body, max_len=1 << 20))
+    return hello
 
 
 @pytest.mark.asyncio
-async def test_a_fresh_session_says_hello_only_after_the_101(writes: list[bytes]) -> None:
-    """The hello waits for the upgrade's answer: a head the server's direct path does not take
-    (cut over reads, or with a proxy's extra headers) goes to aiohttp, whose parser would lose
-    bytes sent behind it, and such a hello would be refused only at ``hello_timeout``."""
+async def test_a_fresh_session_s_hello_rides_in_the_upgrade(writes: list[bytes]) -> None:
+    """A new session's hello is in the upgrade's ``Aioelastic-Hello`` header, not a message of
+    its own behind the head: a head the server's direct path does not take (cut over reads, or
+    with a proxy's extra headers) goes to aiohttp, whose parser would lose bytes sent behind it;
+    a header both paths read. So the first request is the client's second write."""
     async with HttpStoreServer(port=0) as server, open_store(server.url) as store:
         assert isinstance(store, HttpStore)
         assert await store.current_revision() >= 0
         assert store.session.connects == 1
-    # the upgrade request alone, the hello, then the request
-    assert len(writes) == 3, writes
-    assert writes[0].startswith(b"GET /v1/session HTTP/1.1\r\n")
-    assert writes[0].endswith(b"\r\n\r\n")
-    [hello] = list(unpack_all(writes[1][4:], max_len=1 << 20))
+        assert store.session.version == max(PROTOCOL_VERSIONS)  # (the welcome was read)
+    # the upgrade request with the hello, then the request
+    assert len(writes) == 2, writes
+    head = writes[0]
+    assert head.startswith(b"GET /v1/session HTTP/1.1\r\n")
+    assert head.endswith(b"\r\n\r\n")
+    hello = _hello_in(head)
+    assert hello is not None
     assert hello[:3] == [REQUEST, 0, "hello"]
-    assert int.from_bytes(writes[1][:4], "big") == len(writes[1]) - 4
+    assert hello[3]["resume"] is None
+    assert _ops(writes[1]) == ["revision"]
 
 
 def _ops(write: bytes) -> list[str]:
@@ -92,7 +125,7 @@ async def test_the_requests_that_waited_for_a_fresh_session_go_in_one_write(
         sent = len(writes)
         assert await store.get("a") is not None  # a later lone request: written at once
         assert len(writes) == sent + 1
-    assert [_ops(w) for w in writes[2:]] == [["revision", "put", "get"], ["get"]]
+    assert [_ops(w) for w in writes[1:]] == [["revision", "put", "get"], ["get"]]
 
 
 @pytest.mark.asyncio
@@ -100,15 +133,54 @@ async def test_a_prepared_first_join_opens_its_view_and_lease_in_one_write(
     writes: list[bytes],
 ) -> None:
     """What a registry creator does for a first join (the view of c/, the lease), over http:
-    the session's upgrade, its hello, then the watch and the lease grant in one message."""
+    the session's upgrade (its hello in it), then the watch and the lease grant in one
+    message."""
     async with HttpStoreServer(port=0) as server:
         store = await open_store(server.url)
         handler = DynamicRendezvousHandler(store, "job", 1, 1, local_addr="127.0.0.1")
         try:
             await handler._prepare()
             assert handler.lease is not None
-            assert [_ops(w) for w in writes[2:]] == [["watch", "lease_grant"]]
+            assert [_ops(w) for w in writes[1:]] == [["watch", "lease_grant"]]
             assert (await handler.next_rendezvous()).world_size == 1
         finally:
             await handler.aclose()
             await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_resume_says_hello_only_after_the_101(recorded: _Writes) -> None:
+    """A resume's hello carries the resume token: it stays inside the stream, a message after
+    the 101, never in a header a proxy might log."""
+    async with (
+        HttpStoreServer(port=0, session_grace=5.0) as server,
+        open_store(server.url) as store,
+    ):
+        assert isinstance(store, HttpStore)
+        await store.put("k", b"1")
+        recorded.transports[0].abort()  # the client's end drops: the next call resumes
+        await eventually(lambda: store.session._conn is None, 10, "the drop seen")
+        assert await store.get("k") is not None
+        assert store.session.resumes == 1
+    first, second = [i for i, w in enumerate(recorded.writes) if w.startswith(b"GET ")]
+    assert _hello_in(recorded.writes[first]) is not None
+    assert _hello_in(recorded.writes[second]) is None
+    [hello] = list(unpack_all(recorded.writes[second + 1][4:], max_len=1 << 20))
+    assert hello[:3] == [REQUEST, 0, "hello"]
+    assert isinstance(hello[3]["resume"], str)
+    assert hello[3]["resume"]
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_ignores_the_hello_header_gets_the_hello_after_the_101() -> None:
+    """A server older than the header (the fake one: it answers a plain 101 and waits for a
+    hello message) opens a session all the same: the client sends the hello when the 101 does
+    not say ``Aioelastic-Hello: taken``."""
+
+    async def revision(peer: Peer, frame: list[Any]) -> None:
+        peer.send([RESULT, frame[1], 3])
+
+    async with fake_session_server(revision) as (url, seen), open_store(url) as store:
+        assert await store.current_revision() == 3
+        assert "aioelastic-hello" in seen.headers[0]
+        assert seen.ops == ["revision"]  # (the fake records requests after its welcome)

@@ -21,9 +21,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
-from aioelastic.store.http._session_stream import UPGRADE, MessageReader, message_header
+from aioelastic.store.http._session_stream import (
+    HELLO_HEADER,
+    UPGRADE,
+    MessageReader,
+    hello_header,
+    message_header,
+)
 
-__all__ = ["SessionWire", "UpgradeRefused", "session_wire", "upgrade_answer"]
+__all__ = ["SessionWire", "UpgradeRefused", "hello_value", "session_wire", "upgrade_answer"]
 
 TIMEOUT = 10.0
 
@@ -42,7 +48,13 @@ class UpgradeRefused(Exception):
 
 
 def _request(
-    host: str, port: int, token: str | None, upgrade: str, path: str, connection: str = "Upgrade"
+    host: str,
+    port: int,
+    token: str | None,
+    upgrade: str,
+    path: str,
+    connection: str = "Upgrade",
+    hello: str | None = None,
 ) -> bytes:
     lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", f"Connection: {connection}"]
     if upgrade:
@@ -51,7 +63,16 @@ def _request(
         lines += ["Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
     if token is not None:
         lines.append(f"Authorization: Bearer {token}")
+    if hello is not None:
+        lines.append(f"{HELLO_HEADER}: {hello}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def hello_value(**fields: Any) -> str:
+    """An ``Aioelastic-Hello`` header value: the hello of ``fields`` (versions [1] unless
+    given)."""
+    fields.setdefault("versions", [1])
+    return hello_header(pack([REQUEST, 0, "hello", fields]))
 
 
 async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
@@ -69,9 +90,16 @@ async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
 class SessionWire:
     """One upgraded connection, spoken by hand."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.reader = reader
         self.writer = writer
+        #: the 101's headers (lower-case names)
+        self.headers = headers or {}
         self._messages = MessageReader(1 << 30)
         self._pending: list[bytes] = []
 
@@ -143,13 +171,15 @@ async def session_wire(
     tls: ssl.SSLContext | None = None,
     path: str = "/v1/session",
     pieces: int = 1,
+    hello: str | None = None,
 ) -> AsyncIterator[SessionWire]:
     """An upgraded session connection to the server at ``url`` (UpgradeRefused: not a 101).
     ``pieces``: the upgrade request is written in that many parts, a moment apart (so that the
-    server reads them apart)."""
+    server reads them apart). ``hello``: an ``Aioelastic-Hello`` header value (see
+    :func:`hello_value`)."""
     host, port, reader, writer = await _connect(url, tls)
     try:
-        request = _request(host, port, token, UPGRADE, path)
+        request = _request(host, port, token, UPGRADE, path, hello=hello)
         cut = len(request) // max(1, pieces)
         for start in range(0, (pieces - 1) * cut, cut):
             writer.write(request[start : start + cut])
@@ -162,7 +192,7 @@ async def session_wire(
             body = await asyncio.wait_for(reader.readexactly(length), TIMEOUT)
             raise UpgradeRefused(status, headers, body)
         assert headers.get("upgrade", "").lower() == UPGRADE, headers
-        yield SessionWire(reader, writer)
+        yield SessionWire(reader, writer, headers)
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
@@ -170,13 +200,18 @@ async def session_wire(
 
 
 async def upgrade_answer(
-    url: str, upgrade: str, *, token: str | None = None, connection: str = "Upgrade"
+    url: str,
+    upgrade: str,
+    *,
+    token: str | None = None,
+    connection: str = "Upgrade",
+    hello: str | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    """Ask ``/v1/session`` for ``upgrade`` (with this ``Connection`` header): the answer's
-    status, headers and body."""
+    """Ask ``/v1/session`` for ``upgrade`` (with this ``Connection`` header, and ``hello`` in
+    the ``Aioelastic-Hello`` header if given): the answer's status, headers and body."""
     host, port, reader, writer = await _connect(url, None)
     try:
-        writer.write(_request(host, port, token, upgrade, "/v1/session", connection))
+        writer.write(_request(host, port, token, upgrade, "/v1/session", connection, hello))
         status, headers = await _head(reader)
         body = b""
         if "content-length" in headers:

@@ -26,7 +26,7 @@ from ._frames import (
     pack,
     unpack_all,
 )
-from ._session_stream import UPGRADE, message_header
+from ._session_stream import HELLO_HEADER, HELLO_TAKEN, UPGRADE, hello_header, message_header
 from ._upgrade_answer import Answer, upgrade_request
 
 __all__ = ["Backoff", "Dialer", "NotYet", "refusal_error"]
@@ -36,6 +36,7 @@ __all__ = ["Backoff", "Dialer", "NotYet", "refusal_error"]
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: Hello refusals worth another attempt (the server was too busy to read the hello in time).
 RETRY_HELLO_CODES = frozenset({"hello_timeout"})
+_TAKEN_KEY = HELLO_HEADER.lower()  # (the answer's header names are lower-cased)
 
 
 #: Connections being opened at once from one event loop (every store of the process): more wait
@@ -147,11 +148,16 @@ class Dialer:
                     server_hostname=self._host if self._ssl is not None else None,
                 )
             async with asyncio.timeout_at(deadline):
-                conn.send_now(self._request)
+                # a new session's hello rides in the upgrade (a resume's stays in the stream)
+                early = self._hello_message(hello) if not hello.get("resume") else None
+                conn.send_now(self._request if early is None else self._with_hello(early))
                 answer = await conn.answer()
                 if not answer.upgraded:
                     raise refusal_error(self.url, answer)
-                welcome = await self._hello(conn, hello)
+                if early is not None and answer.headers.get(_TAKEN_KEY) == HELLO_TAKEN:
+                    welcome = await self._welcome(conn)
+                else:  # (a server older than the header: the hello goes as a message)
+                    welcome = await self._hello(conn, hello)
         except BaseException as exc:
             if conn is not None:
                 conn.abort("not opened")
@@ -166,8 +172,8 @@ class Dialer:
             raise
         return conn, welcome
 
-    async def _hello(self, conn: Connection, fields: dict[str, Any]) -> dict[str, Any]:
-        hello = pack(
+    def _hello_message(self, fields: dict[str, Any]) -> bytes:
+        return pack(
             [
                 REQUEST,
                 0,
@@ -175,7 +181,19 @@ class Dialer:
                 {"versions": self.hello_versions, "client": "aioelastic", **fields},
             ]
         )
+
+    def _with_hello(self, hello: bytes) -> bytes:
+        """The upgrade request with the hello message ``hello`` in its header."""
+        head = self._request[:-2]  # (up to the blank line)
+        return head + f"{HELLO_HEADER}: {hello_header(hello)}\r\n\r\n".encode("ascii")
+
+    async def _hello(self, conn: Connection, fields: dict[str, Any]) -> dict[str, Any]:
+        hello = self._hello_message(fields)
         conn.send_now(message_header(len(hello)) + hello)
+        return await self._welcome(conn)
+
+    async def _welcome(self, conn: Connection) -> dict[str, Any]:
+        """The server's answer to the hello: its welcome, or the error it refused it with."""
         try:
             message = await conn.next_message()
         except ConnectionResetError as exc:  # closed under load, say: try again

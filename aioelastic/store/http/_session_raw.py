@@ -8,7 +8,9 @@ routed or answered by aiohttp's machinery: that was most of a session's set-up c
 server). Anything else (a head cut over several reads, a missing or wrong token, any header this
 fast path does not expect, a server over its connection limit or stopping) goes to aiohttp, whose
 route (:func:`upgrade`) answers it as it always has: a 101 there too, or the 401, 426 or 503
-with its JSON error.
+with its JSON error. Either way a hello carried in the upgrade's ``Aioelastic-Hello`` header is
+answered at once: the 101 says ``Aioelastic-Hello: taken`` and the welcome follows it, in one
+write on the direct path (a header that is not base64url: aiohttp's route answers 400).
 
 :func:`upgrade` moves the connection from aiohttp's handler to a :class:`RawSession` with the
 public ``transport.set_protocol()``, answers ``101 Switching Protocols`` through a plain
@@ -29,13 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ._errors import error_response
 from ._frames import ERROR, SESSION_PATH, pack
 from ._session_conn import Connection
 from ._session_stream import (
     HEADER_BYTES,
+    HELLO_HEADER,
+    HELLO_TAKEN,
     UPGRADE,
     MessageLengthError,
     MessageReader,
+    hello_from_header,
     message_header,
 )
 
@@ -61,6 +67,9 @@ _JOIN_BYTES = 4096
 SWITCHING = (
     f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {UPGRADE}\r\nConnection: Upgrade\r\n\r\n"
 ).encode()
+#: The same, for an upgrade whose hello it carried: the hello's answer follows.
+SWITCHING_HELLO = SWITCHING[:-2] + f"{HELLO_HEADER}: {HELLO_TAKEN}\r\n\r\n".encode()
+_HELLO_KEY = HELLO_HEADER.lower()
 
 
 def session_head(data: bytes) -> tuple[dict[str, str], bytes] | None:
@@ -119,11 +128,19 @@ class DirectUpgrade:
         tokens = headers.get("connection", "").lower().split(",")
         if "upgrade" not in (token.strip() for token in tokens):
             return None
-        transport.write(SWITCHING)
+        hello = None
+        if _HELLO_KEY in headers:
+            hello = hello_from_header(headers[_HELLO_KEY])
+            if hello is None:
+                return None  # (aiohttp's route says what is wrong with it)
         session = RawSession(hub, on_lost, transport)
+        if hello is None:
+            transport.write(SWITCHING)
+        else:
+            session.prefix = SWITCHING_HELLO  # written with the welcome, in one write
         transport.set_protocol(session)
         hub.raw_sessions.add(session)
-        session.start()
+        session.start(hello)
         if tail:
             session.data_received(tail)
         return session
@@ -142,17 +159,27 @@ class DirectUpgrade:
 
 async def upgrade(hub: SessionHub, request: web.Request) -> web.StreamResponse:
     """Take the connection of ``request`` over for a session; return when it has ended."""
+    hello = None
+    if HELLO_HEADER in request.headers:
+        hello = hello_from_header(request.headers[HELLO_HEADER])
+        if hello is None:
+            return error_response(
+                400, "bad_hello", f"the {HELLO_HEADER} header is not a hello in base64url"
+            )
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client went away before the upgrade")
     session = RawSession(hub, request.protocol.connection_lost, transport)
     transport.set_protocol(session)  # from here on, reads go to the session
-    response = web.StreamResponse(status=101, headers={"Upgrade": UPGRADE, "Connection": "Upgrade"})
+    headers = {"Upgrade": UPGRADE, "Connection": "Upgrade"}
+    if hello is not None:
+        headers[HELLO_HEADER] = HELLO_TAKEN
+    response = web.StreamResponse(status=101, headers=headers)
     response.force_close()
     hub.raw_sessions.add(session)
     try:
         await response.prepare(request)
-        session.start()
+        session.start(hello)
         await session.closed
     finally:
         hub.raw_sessions.discard(session)
@@ -178,12 +205,21 @@ class RawSession(asyncio.Protocol):
         self._hello_timer: asyncio.TimerHandle | None = None
         self._ended = False  # closed (by either side): nothing more is read or written
         self._paused = False  # the transport paused writing (told again to the connection)
+        #: bytes that go before the first message written (the 101 that took the hello)
+        self.prefix: bytes | None = None
 
-    def start(self) -> None:
-        """The 101 is written: wait for the hello (and read what came early)."""
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(self.hub.hello_timeout, self._hello_timed_out)
+    def start(self, hello: bytes | None = None) -> None:
+        """The 101 is written (or is the :attr:`prefix`): answer ``hello``, the hello message
+        the upgrade carried, or wait for the hello; then read what came early."""
         early, self._early = self._early, None
+        if hello is not None:
+            self._handle([hello])
+            if self.prefix is not None and not self._ended:  # (the greeting wrote nothing)
+                self.transport.write(self.prefix)
+                self.prefix = None
+        else:
+            loop = asyncio.get_running_loop()
+            self._hello_timer = loop.call_later(self.hub.hello_timeout, self._hello_timed_out)
         if early:
             self.data_received(b"".join(early))
 
@@ -259,6 +295,9 @@ class RawSession(asyncio.Protocol):
     def write(self, parts: list[bytes]) -> None:
         if self._ended:
             return
+        if self.prefix is not None:
+            self._write_first(parts)
+            return
         count = len(parts)
         if count == 1:  # one answer: one buffer (its header joined to it), one write
             part = parts[0]
@@ -276,6 +315,12 @@ class RawSession(asyncio.Protocol):
                 size += len(part)
         self.transport.writelines([message_header(size), *parts])
 
+    def _write_first(self, parts: list[bytes]) -> None:
+        """The :attr:`prefix`, then the message of ``parts``, in one write."""
+        prefix, self.prefix = self.prefix, None
+        size = sum(len(part) for part in parts)
+        self.transport.write(b"".join((prefix or b"", message_header(size), *parts)))
+
     def buffered(self) -> int:
         if self._ended:
             return 0
@@ -289,7 +334,8 @@ class RawSession(asyncio.Protocol):
         if abort:
             self.transport.abort()
             return
-        self.transport.writelines([message_header(len(error)), error])
+        prefix, self.prefix = self.prefix or b"", None
+        self.transport.writelines([prefix, message_header(len(error)), error])
         self.transport.close()  # after the buffered bytes: FIN
 
     def abort(self) -> None:

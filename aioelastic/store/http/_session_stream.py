@@ -10,7 +10,13 @@ Shared by both ends (:mod:`._session_server`, :mod:`._session_client`); describe
     Authorization: Bearer <token>      (when the server has one)
 
 and sends nothing more until the server's ``101 Switching Protocols`` (with the same
-``Upgrade`` header). Any other answer is an ordinary HTTP answer with a JSON error body. After the
+``Upgrade`` header). A new session's hello may ride in the upgrade itself, saving a round trip:
+the header ``Aioelastic-Hello: <the hello message, base64url>`` (:func:`hello_header`); a server
+that takes it answers the 101 with ``Aioelastic-Hello: taken`` and the hello's answer (the
+welcome, or an error frame and the end) as the first message after it. Without that header in
+the 101 (a server older than it) the client sends the hello as its first message, as always.
+Only a new session's hello goes in a header: a resume's carries the resume token, which stays
+inside the stream. Any other answer is an ordinary HTTP answer with a JSON error body. After the
 101, each direction is a sequence of **messages**: a 4-byte big-endian length ``n`` (``1 <= n <=``
 the peer's maximum) and then ``n`` bytes, one or more msgpack frames back to back
 (:mod:`._frames`). A batch of requests, or of answers and events, is one message and one write.
@@ -23,15 +29,53 @@ RST) ends the session's connection: there is no close handshake.
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from ._frames import FrameError
 
-__all__ = ["HEADER_BYTES", "UPGRADE", "MessageLengthError", "MessageReader", "message_header"]
+__all__ = [
+    "HEADER_BYTES",
+    "HELLO_HEADER",
+    "HELLO_TAKEN",
+    "MAX_HELLO_HEADER",
+    "UPGRADE",
+    "MessageLengthError",
+    "MessageReader",
+    "hello_from_header",
+    "hello_header",
+    "message_header",
+]
 
 #: The ``Upgrade`` token of the session transport. The protocol's own version is negotiated by
 #: the hello (``PROTOCOL_VERSIONS``); this names the framing, and changes only with it.
 UPGRADE = "aioelastic-session/1"
 #: Bytes of a message's length prefix.
 HEADER_BYTES = 4
+#: The upgrade's header that carries a new session's hello, and its value in a 101 that took it.
+HELLO_HEADER = "Aioelastic-Hello"
+HELLO_TAKEN = "taken"
+#: The longest hello header value a server reads (a hello is some 100 bytes; aiohttp's limit
+#: for a header line is 8,190).
+MAX_HELLO_HEADER = 4096
+
+
+def hello_header(hello: bytes) -> str:
+    """The ``Aioelastic-Hello`` value that carries the hello message ``hello``: base64url,
+    unpadded."""
+    return base64.urlsafe_b64encode(hello).rstrip(b"=").decode("ascii")
+
+
+def hello_from_header(value: str) -> bytes | None:
+    """The hello message an ``Aioelastic-Hello`` value carries; None when it is not one
+    (not base64url, empty, or over :data:`MAX_HELLO_HEADER` characters)."""
+    value = value.strip()
+    if not value or len(value) > MAX_HELLO_HEADER:
+        return None
+    try:
+        return base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def message_header(length: int) -> bytes:
