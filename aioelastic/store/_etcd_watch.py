@@ -232,8 +232,11 @@ class EtcdWatch(Watch):
                     self._store.client.rotate(self._channel)
                 continue
             except asyncio.CancelledError:
-                if not read.done():
-                    raise  # our caller was cancelled: the read goes on for the next call
+                task = asyncio.current_task()
+                if not read.done() or (task is not None and task.cancelling()):
+                    # our caller was cancelled (also when the read ended in the same loop turn:
+                    # its answer is then taken by the next call): the read goes on
+                    raise
                 # the read ended because the stream was cancelled: by _drop (failed, closed)
                 if self._error is not None:
                     raise self._error from None
