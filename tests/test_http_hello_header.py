@@ -33,6 +33,19 @@ def test_the_header_value_carries_any_bytes_unpadded(size: int) -> None:
     assert hello_from_header(f"  {value}  ") == (body or None)
 
 
+def test_a_value_that_ends_in_any_letter_keeps_it() -> None:
+    """Only the padding is cut: ``X`` is a base64 digit (bytes 0, 0, 0x17 are ``AAAX``)."""
+    assert hello_header(b"\x00\x00\x17") == "AAAX"
+    assert hello_header(b"\xff\xff") == "__8"
+    assert hello_from_header("__8") == b"\xff\xff"
+
+
+def test_a_value_of_the_longest_length_is_read_and_one_longer_is_not() -> None:
+    longest = "A" * MAX_HELLO_HEADER
+    assert hello_from_header(longest) == bytes(MAX_HELLO_HEADER * 3 // 4)
+    assert hello_from_header(longest + "AAAA") is None
+
+
 @pytest.mark.parametrize(
     "value", ["a", "!!!!", "YQ=Y", "é", "YW Jj", "x" * (MAX_HELLO_HEADER + 4), ""]
 )
