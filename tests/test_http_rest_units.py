@@ -122,9 +122,9 @@ def test_json_numbers_of_seconds_at_their_edges() -> None:
         assert _refused(json_number, {"ttl": value}, "ttl").message == (
             f"field 'ttl' must be a finite number of seconds in (0, 1e9], got {value!r}"
         )
-    for value in (True, "5", None):
-        assert _refused(json_number, {"ttl": value}, "ttl").message == (
-            f"field 'ttl' must be a number of seconds > 0, got {value!r}"
+    for other in (True, "5", None):
+        assert _refused(json_number, {"ttl": other}, "ttl").message == (
+            f"field 'ttl' must be a number of seconds > 0, got {other!r}"
         )
     assert len(_refused(json_number, {"ttl": "z" * 500}, "ttl").message) == 200
 
