@@ -6,6 +6,7 @@ limits, compaction and leases; every refusal's status, code and words. What curl
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -16,7 +17,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from aioelastic.store.http._limits import MAX_TXN_BODY
+from aioelastic.store.http._app import STATE
+from aioelastic.store.http._errors import ApiError
+from aioelastic.store.http._limits import MAX_JSON_BODY_BYTES, MAX_TXN_BODY
+from aioelastic.store.http._parsing import etag_revision
 from aioelastic.store.http.server import HttpStoreServer
 
 MAX_KEY = 16
@@ -492,3 +496,149 @@ async def test_a_lease_grant_needs_a_ttl(rest: Rest) -> None:
         400,
         "field 'ttl' must be a number of seconds > 0, got None",
     )
+
+
+# -- found by mutation testing (scripts/mutants store-http-rest) ----------------------------------
+
+
+def _state(server: HttpStoreServer) -> Any:
+    app = server._app
+    assert app is not None
+    return app[STATE]
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_server_says_so_on_healthz_and_refuses_new_watches(rest: Rest) -> None:
+    state = _state(rest.server)
+    state.closing = True  # (what the shutdown sets first)
+    try:
+        assert (await rest.call("GET", "/healthz"))[:2] == (503, {"status": "stopping"})
+        assert (await rest.call("GET", "/v1/watch/p/"))[:2] == (
+            503,
+            _error("unavailable", "the server is shutting down"),
+        )
+    finally:
+        state.closing = False
+    assert (await rest.call("GET", "/healthz"))[:2] == (200, {"status": "ok"})
+
+
+@pytest.mark.asyncio
+async def test_a_missing_long_key_is_named_to_200_characters() -> None:
+    async with (
+        HttpStoreServer(port=0) as server,
+        aiohttp.ClientSession() as http,
+        http.get(f"{server.url}/v1/kv/{'k' * 300}") as response,
+    ):
+        assert response.status == 404
+        assert (await response.json())["message"] == f"no key {'k' * 200!r}"
+
+
+@pytest.mark.asyncio
+async def test_a_delete_of_a_key_leaves_the_keys_it_prefixes(rest: Rest) -> None:
+    for key in ("k", "k2", "k/x"):
+        await rest.put(key, b"v")
+    assert (await rest.call("DELETE", "/v1/kv/k"))[1] == {"deleted": 1, "revision": 4}
+    assert rest.server.engine.get("k2") is not None
+    assert rest.server.engine.get("k/x") is not None
+
+
+@pytest.mark.asyncio
+async def test_a_delete_if_match_revision_1_is_taken(rest: Rest) -> None:
+    await rest.put("k", b"v")
+    status, body, _ = await rest.call("DELETE", "/v1/kv/k", **{"If-Match": '"1"'})
+    assert (status, body) == (200, {"deleted": 1, "revision": 2})
+
+
+@pytest.mark.asyncio
+async def test_a_range_delete_of_the_empty_prefix_deletes_every_key(rest: Rest) -> None:
+    for key in ("a", "b/c"):
+        await rest.put(key, b"v")
+    assert (await rest.call("DELETE", "/v1/range/"))[:2] == (200, {"deleted": 2, "revision": 3})
+
+
+@pytest.mark.asyncio
+async def test_a_conditional_put_keeps_its_lease(rest: Rest) -> None:
+    _, grant, _ = await rest.call("POST", "/v1/lease", json.dumps({"ttl": 30}))
+    status, body, _ = await rest.put(f"k?lease={grant['id']}", b"v", **{"If-None-Match": "*"})
+    assert (status, body["kv"]["lease"]) == (200, grant["id"])
+
+
+def test_an_etag_of_two_quotes_is_the_empty_revision() -> None:
+    with pytest.raises(ApiError) as caught:
+        etag_revision('""', "If-Match")
+    assert caught.value.message == "header If-Match must be a decimal integer >= 0, got ''"
+
+
+@pytest.mark.asyncio
+async def test_a_long_txn_error_is_cut_at_300_characters(rest: Rest) -> None:
+    unknown = {name * 100: 1 for name in "vwxyz"}  # five unknown fields, named in full
+    status, body, _ = await rest.call("POST", "/v1/txn", json.dumps(unknown))
+    assert (status, len(body["message"])) == (400, 300)
+    assert body["message"].startswith("txn: unknown field(s) ")
+
+
+@pytest.mark.asyncio
+async def test_the_openapi_document_states_the_servers_key_limit(rest: Rest) -> None:
+    status, body, _ = await rest.call("GET", "/openapi.json")
+    assert status == 200
+    assert f"keys at most {MAX_KEY} bytes of UTF-8" in json.dumps(body)
+
+
+async def _raw_put(server: HttpStoreServer, head: bytes, *parts: bytes) -> tuple[int, Any]:
+    """A request written by hand (its parts a moment apart, then the end of the sending side):
+    the answer's status and JSON body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(head)
+        for part in parts:
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            if part == b"EOF":
+                writer.write_eof()
+            else:
+                writer.write(part)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        [length] = [
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ]
+        body = await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def _head(path: str, length: int, method: str = "PUT") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+
+
+@pytest.mark.asyncio
+async def test_a_value_in_several_reads_is_stored_whole(rest: Rest) -> None:
+    status, _ = await _raw_put(rest.server, _head("/v1/kv/k", 10) + b"abc", b"defg", b"hij")
+    assert status == 200
+    assert rest.server.engine.get("k").value == b"abcdefghij"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_a_value_that_ends_before_its_length_stores_nothing(rest: Rest) -> None:
+    """The client's end of sending before its Content-Length: aiohttp ends the connection
+    (the 400 the route answers is never read); nothing is stored, the server serves on."""
+    with pytest.raises(asyncio.IncompleteReadError):
+        await _raw_put(rest.server, _head("/v1/kv/k", 10) + b"abc", b"EOF")
+    assert rest.server.engine.get("k") is None
+    assert (await rest.put("k", b"v"))[0] == 200
+
+
+@pytest.mark.asyncio
+async def test_a_length_over_the_limit_is_refused_before_the_body_arrives(rest: Rest) -> None:
+    """The Content-Length says it: no byte of the body is waited for."""
+    status, body = await _raw_put(rest.server, _head("/v1/kv/k", MAX_VALUE + 1))
+    assert (status, body["error"]) == (413, "value_too_large")
+    status, body = await _raw_put(
+        rest.server, _head("/v1/compact", MAX_JSON_BODY_BYTES + 1, "POST")
+    )
+    assert (status, body["error"]) == (413, "body_too_large")

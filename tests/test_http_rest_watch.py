@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from helpers.waiting import eventually
 
+from aioelastic.store import Put, Txn
 from aioelastic.store.http._rest_watch import (
     DEFAULT_PROGRESS_INTERVAL,
     MAX_PROGRESS_INTERVAL,
@@ -266,3 +267,54 @@ async def test_a_stream_that_sends_is_not_due() -> None:
         assert woken[0] - sent >= 0.1 - 0.001
     finally:
         timer.cancel()
+
+
+# -- found by mutation testing (scripts/mutants store-http-rest) ----------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_stream_compacted_past_its_position_ends_with_a_compacted_frame() -> None:
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        async for _, _, stream in _open(http, f"{server.url}/v1/watch/p/"):
+            assert stream is not None
+            await stream.next()
+            # (the server runs on this loop: the stream reads nothing before the compaction)
+            server.engine.put("p/a", b"1")
+            server.engine.put("p/b", b"2")
+            server.engine.compact(2)
+            frame = await stream.next()
+            assert frame == {
+                "type": "error",
+                "error": "compacted",
+                "message": frame["message"],
+                "requested_revision": 1,
+                "compact_revision": 2,
+            }
+            assert "compacted" in frame["message"]
+            assert await stream.response.content.read() == b""  # the stream ended
+
+
+@pytest.mark.asyncio
+async def test_streams_of_two_prefixes_each_get_their_own_events_of_one_revision() -> None:
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        async for _, _, a in _open(http, f"{server.url}/v1/watch/a/"):
+            async for _, _, b in _open(http, f"{server.url}/v1/watch/b/"):
+                assert a is not None
+                assert b is not None
+                await a.next()
+                await b.next()
+                server.engine.put("b/0", b"0")  # revision 1: b/ only
+                assert [e["key"] for e in (await b.next())["events"]] == ["b/0"]
+                # revision 2: both prefixes at once
+                server.engine.txn(Txn(success=(Put("a/1", b"1"), Put("b/1", b"1"))))
+                assert [e["key"] for e in (await a.next())["events"]] == ["a/1"]
+                assert [e["key"] for e in (await b.next())["events"]] == ["b/1"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["snapshot", "progress_interval"])
+async def test_a_long_bad_parameter_is_quoted_to_40_characters(name: str) -> None:
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        async for status, body, _ in _open(http, f"{server.url}/v1/watch/p/?{name}={'q' * 60}"):
+            assert status == 400
+            assert body["message"].endswith(f"got {'q' * 40!r}")
