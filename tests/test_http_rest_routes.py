@@ -10,7 +10,10 @@ import asyncio
 import base64
 import io
 import json
+import os
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -642,3 +645,37 @@ async def test_a_length_over_the_limit_is_refused_before_the_body_arrives(rest: 
         rest.server, _head("/v1/compact", MAX_JSON_BODY_BYTES + 1, "POST")
     )
     assert (status, body["error"]) == (413, "body_too_large")
+
+
+@pytest.mark.asyncio
+async def test_a_txn_that_writes_is_answered_once_durable_and_a_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a data dir, a txn that wrote is answered after its fsync (fsync held here); one
+    that wrote nothing waits for none."""
+    gate = threading.Event()
+    real = os.fsync
+
+    def held(fd: int) -> None:
+        gate.wait(10)
+        real(fd)
+
+    async with (
+        HttpStoreServer(port=0, data_dir=str(tmp_path / "data")) as server,
+        aiohttp.ClientSession() as http,
+    ):
+        monkeypatch.setattr(os, "fsync", held)
+        try:
+            url = f"{server.url}/v1/txn"
+            read = await asyncio.wait_for(http.post(url, data=_txn({"op": "get", "key": "a"})), 5)
+            assert read.status == 200
+            read.release()
+            write = asyncio.ensure_future(http.post(url, data=_txn(_put("a", b"1"))))
+            await asyncio.sleep(0.3)
+            assert not write.done()  # logged, not yet durable: no answer
+        finally:
+            gate.set()
+        response = await asyncio.wait_for(write, 10)
+        assert response.status == 200
+        assert (await response.json())["revision"] == 1
+        response.release()
