@@ -225,48 +225,66 @@ async def test_watch_streams_past_the_limit_are_a_503_and_a_slot_freed_is_taken(
 # -- the progress timer ---------------------------------------------------------------------------
 
 
+class _Clock:
+    """The two loop methods the timer uses, on a clock the test moves (nothing real waits)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[tuple[float, Any]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any) -> asyncio.TimerHandle:
+        self.timers.append((when, callback))
+        return asyncio.TimerHandle(when, callback, (), asyncio.get_running_loop())
+
+    def run_until(self, now: float) -> None:
+        """Move to ``now``, firing each live timer due by then, in order."""
+        while True:
+            due = sorted((w, c) for w, c in self.timers if w <= now)
+            if not due:
+                break
+            when, callback = due[0]
+            self.timers.remove((when, callback))
+            self.now = when
+            callback()
+        self.now = now
+
+
+def _timer(clock: _Clock, interval: float, woken: list[float]) -> ProgressTimer:
+    return ProgressTimer(clock, interval, lambda: woken.append(clock.now))  # type: ignore[arg-type]
+
+
 @pytest.mark.asyncio
 async def test_the_progress_timer_fires_once_per_silent_interval() -> None:
-    loop = asyncio.get_running_loop()
-    woken: list[float] = []
-    timer = ProgressTimer(loop, 0.05, lambda: woken.append(loop.time()))
-    try:
-        start = loop.time()
-        assert not timer.due
-        await asyncio.sleep(0.03)
-        assert (woken, timer.due) == ([], False)
-        await asyncio.sleep(0.05)
-        assert len(woken) == 1
-        assert woken[0] - start >= 0.05
-        assert timer.due
-        timer.sent()
-        assert not timer.due
-        await asyncio.sleep(0.2)
-        assert len(woken) >= 2  # re-armed after each firing
-    finally:
-        timer.cancel()
-    fired = len(woken)
-    await asyncio.sleep(0.1)
-    assert len(woken) == fired  # cancelled: no more
+    clock, woken = _Clock(), list[float]()
+    timer = _timer(clock, 5.0, woken)
+    assert clock.timers == [(105.0, clock.timers[0][1])]
+    clock.run_until(104.9)
+    assert (woken, timer.due) == ([], False)
+    clock.run_until(105.0)
+    assert (woken, timer.due) == ([105.0], True)
+    assert [w for w, _ in clock.timers] == [110.0]  # re-armed an interval on
+    timer.sent()
+    assert not timer.due
+    clock.run_until(120.0)
+    assert woken == [105.0, 110.0, 115.0, 120.0]
 
 
 @pytest.mark.asyncio
 async def test_a_stream_that_sends_is_not_due() -> None:
     """Each send pushes the deadline: the timer that fires before it re-arms for the rest."""
-    loop = asyncio.get_running_loop()
-    woken: list[float] = []
-    timer = ProgressTimer(loop, 0.1, lambda: woken.append(loop.time()))
-    try:
-        for _ in range(6):
-            await asyncio.sleep(0.03)
-            timer.sent()
-        assert woken == []
-        assert not timer.due
-        sent = loop.time()
-        await eventually(lambda: bool(woken), TIMEOUT, "the timer fired")
-        assert woken[0] - sent >= 0.1 - 0.001
-    finally:
-        timer.cancel()
+    clock, woken = _Clock(), list[float]()
+    timer = _timer(clock, 5.0, woken)
+    for at in (102.0, 104.0, 106.0, 108.0):
+        clock.run_until(at)
+        timer.sent()
+    clock.run_until(112.9)
+    assert (woken, timer.due) == ([], False)
+    assert [w for w, _ in clock.timers] == [113.0]  # the last send, 108, plus 5
+    clock.run_until(113.0)
+    assert (woken, timer.due) == ([113.0], True)
 
 
 # -- found by mutation testing (scripts/mutants store-http-rest) ----------------------------------
