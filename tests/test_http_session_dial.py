@@ -16,7 +16,8 @@ from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
 from aioelastic.store.http._frames import PROTOCOL_VERSIONS, REQUEST, RESULT, unpack_all
-from aioelastic.store.http._session_stream import hello_from_header
+from aioelastic.store.http._session_dial import Dialer
+from aioelastic.store.http._session_stream import MAX_HELLO_HEADER, hello_from_header
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -184,3 +185,21 @@ async def test_a_server_that_ignores_the_hello_header_gets_the_hello_after_the_1
         assert await store.current_revision() == 3
         assert "aioelastic-hello" in seen.headers[0]
         assert seen.ops == ["revision"]  # (the fake records requests after its welcome)
+
+
+@pytest.mark.asyncio
+async def test_a_hello_too_long_for_a_header_goes_as_a_message(recorded: _Writes) -> None:
+    async with HttpStoreServer(port=0) as server:
+        dialer = Dialer(server.url, headers={}, ssl=None, connect_timeout=5.0)
+        fields: dict[str, Any] = {"resume": None, "leases": [], "padding": "x" * MAX_HELLO_HEADER}
+        assert dialer._with_hello(fields) is None
+        assert dialer._with_hello({"resume": None}) is not None
+        conn, welcome = await dialer.dial(fields, 10.0)
+        try:
+            assert welcome["resumed"] is False
+        finally:
+            conn.close()
+    head, hello = recorded.writes[:2]
+    assert _hello_in(head) is None
+    [frame] = list(unpack_all(hello[4:], max_len=1 << 20))
+    assert frame[3]["padding"] == "x" * MAX_HELLO_HEADER

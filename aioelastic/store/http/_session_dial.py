@@ -26,7 +26,14 @@ from ._frames import (
     pack,
     unpack_all,
 )
-from ._session_stream import HELLO_HEADER, HELLO_TAKEN, UPGRADE, hello_header, message_header
+from ._session_stream import (
+    HELLO_HEADER,
+    HELLO_TAKEN,
+    MAX_HELLO_HEADER,
+    UPGRADE,
+    hello_header,
+    message_header,
+)
 from ._upgrade_answer import Answer, upgrade_request
 
 __all__ = ["Backoff", "Dialer", "NotYet", "refusal_error"]
@@ -149,12 +156,12 @@ class Dialer:
                 )
             async with asyncio.timeout_at(deadline):
                 # a new session's hello rides in the upgrade (a resume's stays in the stream)
-                early = self._hello_message(hello) if not hello.get("resume") else None
-                conn.send_now(self._request if early is None else self._with_hello(early))
+                head = None if hello.get("resume") else self._with_hello(hello)
+                conn.send_now(self._request if head is None else head)
                 answer = await conn.answer()
                 if not answer.upgraded:
                     raise refusal_error(self.url, answer)
-                if early is not None and answer.headers.get(_TAKEN_KEY) == HELLO_TAKEN:
+                if head is not None and answer.headers.get(_TAKEN_KEY) == HELLO_TAKEN:
                     welcome = await self._welcome(conn)
                 else:  # (a server older than the header: the hello goes as a message)
                     welcome = await self._hello(conn, hello)
@@ -182,10 +189,14 @@ class Dialer:
             ]
         )
 
-    def _with_hello(self, hello: bytes) -> bytes:
-        """The upgrade request with the hello message ``hello`` in its header."""
+    def _with_hello(self, fields: dict[str, Any]) -> bytes | None:
+        """The upgrade request with the hello of ``fields`` in its header; None for a hello too
+        long for one (:data:`MAX_HELLO_HEADER`: it then goes as a message)."""
+        value = hello_header(self._hello_message(fields))
+        if len(value) > MAX_HELLO_HEADER:
+            return None
         head = self._request[:-2]  # (up to the blank line)
-        return head + f"{HELLO_HEADER}: {hello_header(hello)}\r\n\r\n".encode("ascii")
+        return head + f"{HELLO_HEADER}: {value}\r\n\r\n".encode("ascii")
 
     async def _hello(self, conn: Connection, fields: dict[str, Any]) -> dict[str, Any]:
         hello = self._hello_message(fields)
