@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers.clock import FakeClock
 from helpers.waiting import eventually
 
 from aioelastic.store import Put, Txn
@@ -225,47 +226,20 @@ async def test_watch_streams_past_the_limit_are_a_503_and_a_slot_freed_is_taken(
 # -- the progress timer ---------------------------------------------------------------------------
 
 
-class _Clock:
-    """The two loop methods the timer uses, on a clock the test moves (nothing real waits)."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.timers: list[tuple[float, Any]] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Any) -> asyncio.TimerHandle:
-        self.timers.append((when, callback))
-        return asyncio.TimerHandle(when, callback, (), asyncio.get_running_loop())
-
-    def run_until(self, now: float) -> None:
-        """Move to ``now``, firing each live timer due by then, in order."""
-        while True:
-            due = sorted((w, c) for w, c in self.timers if w <= now)
-            if not due:
-                break
-            when, callback = due[0]
-            self.timers.remove((when, callback))
-            self.now = when
-            callback()
-        self.now = now
-
-
-def _timer(clock: _Clock, interval: float, woken: list[float]) -> ProgressTimer:
+def _timer(clock: FakeClock, interval: float, woken: list[float]) -> ProgressTimer:
     return ProgressTimer(clock, interval, lambda: woken.append(clock.now))  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
 async def test_the_progress_timer_fires_once_per_silent_interval() -> None:
-    clock, woken = _Clock(), list[float]()
+    clock, woken = FakeClock(), list[float]()
     timer = _timer(clock, 5.0, woken)
-    assert clock.timers == [(105.0, clock.timers[0][1])]
+    assert clock.pending == [105.0]
     clock.run_until(104.9)
     assert (woken, timer.due) == ([], False)
     clock.run_until(105.0)
     assert (woken, timer.due) == ([105.0], True)
-    assert [w for w, _ in clock.timers] == [110.0]  # re-armed an interval on
+    assert clock.pending == [110.0]  # re-armed an interval on
     timer.sent()
     assert not timer.due
     clock.run_until(120.0)
@@ -275,14 +249,14 @@ async def test_the_progress_timer_fires_once_per_silent_interval() -> None:
 @pytest.mark.asyncio
 async def test_a_stream_that_sends_is_not_due() -> None:
     """Each send pushes the deadline: the timer that fires before it re-arms for the rest."""
-    clock, woken = _Clock(), list[float]()
+    clock, woken = FakeClock(), list[float]()
     timer = _timer(clock, 5.0, woken)
     for at in (102.0, 104.0, 106.0, 108.0):
         clock.run_until(at)
         timer.sent()
     clock.run_until(112.9)
     assert (woken, timer.due) == ([], False)
-    assert [w for w, _ in clock.timers] == [113.0]  # the last send, 108, plus 5
+    assert clock.pending == [113.0]  # the last send, 108, plus 5
     clock.run_until(113.0)
     assert (woken, timer.due) == ([113.0], True)
 
