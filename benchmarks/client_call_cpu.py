@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -93,7 +94,9 @@ def _rows(store: Any) -> dict[str, Call]:
         conn = session._conn or await session.connection()
         rid = session._take_id()
         if hasattr(conn, "request"):
-            return await conn.request(rid, op, args, write, 30.0)
+            if "write" in inspect.signature(conn.request).parameters:  # (before 2026-12-03)
+                return await conn.request(rid, op, args, write, 30.0)
+            return await conn.request(rid, op, args, 30.0)
         future = conn.loop.create_future()  # (a client from before Connection.request)
         conn.pending.track(rid, future, write, 30.0)
         conn.send([REQUEST, rid, op, args])

@@ -8,10 +8,23 @@ import asyncio
 from typing import Any
 
 import pytest
+from helpers.clock import FakeClock
 
+from aioelastic.store import EventType, KeyValue, WatchEvent
 from aioelastic.store.http._client_conn import Connection, ConnectionLost
 from aioelastic.store.http._client_requests import Requests
-from aioelastic.store.http._frames import RESULT, pack, unpack_all
+from aioelastic.store.http._frames import (
+    ERROR,
+    EVENTS,
+    EVENTS_MANY,
+    PROGRESS,
+    RESULT,
+    WATCH_END,
+    encode_events,
+    pack,
+    unpack_all,
+)
+from aioelastic.store.http._session_errors import Refused
 from aioelastic.store.http._session_stream import MessageReader, message_header
 
 
@@ -51,7 +64,7 @@ def _open() -> tuple[Connection, _Transport]:
 
 
 def _request(conn: Connection, rid: int, op: str, timeout: float = 30) -> asyncio.Future[Any]:
-    return conn.request(rid, op, [], False, timeout)
+    return conn.request(rid, op, [], timeout)
 
 
 @pytest.mark.asyncio
@@ -138,7 +151,7 @@ async def test_a_deadline_passing_while_paused_ends_the_connection() -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(stuck, 10)
     assert transport.aborted
-    assert "stopped reading" in conn.reason
+    assert conn.reason == "the server stopped reading (a request's deadline passed unsent)"
     conn.pending.fail_all(ConnectionLost(conn.reason))  # what the session does when it ends
     with pytest.raises(ConnectionLost, match="stopped reading"):
         await other
@@ -151,7 +164,7 @@ async def test_one_timer_keeps_every_requests_deadline_even_a_shorter_later_one(
     requests = Requests(loop, lambda: expired.append(len(requests)))
     futures = [loop.create_future() for _ in range(100)]
     for rid, future in enumerate(futures):
-        requests.track(rid, future, False, 30.0)
+        requests.track(rid, future, 30.0)
     timer = requests._timer
     assert timer is not None
     for rid, future in enumerate(futures[:50]):  # answered
@@ -159,7 +172,7 @@ async def test_one_timer_keeps_every_requests_deadline_even_a_shorter_later_one(
         future.set_result(None)
     assert requests._timer is timer  # one timer, not one made and cancelled per request
     short = loop.create_future()
-    requests.track(1000, short, True, 0.05)  # later, with a shorter timeout (changed meanwhile)
+    requests.track(1000, short, 0.05)  # later, with a shorter timeout (changed meanwhile)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(short, 10)
     assert 1000 not in requests
@@ -167,3 +180,132 @@ async def test_one_timer_keeps_every_requests_deadline_even_a_shorter_later_one(
     assert not any(f.done() for f in futures[50:])
     assert expired == [50]
     requests.cancel()
+
+
+def _requests(clock: FakeClock) -> tuple[Requests, list[int]]:
+    expired: list[int] = []
+    requests = Requests(clock, lambda: expired.append(len(requests)))  # type: ignore[arg-type]
+    return requests, expired
+
+
+@pytest.mark.asyncio
+async def test_a_request_fails_at_its_deadline_exactly_and_leaves_no_timer() -> None:
+    clock = FakeClock()
+    requests, expired = _requests(clock)
+    future = asyncio.get_running_loop().create_future()
+    requests.track(1, future, 5.0)
+    assert clock.pending == [105.0]
+    clock.run_until(105.0)
+    assert isinstance(future.exception(), TimeoutError)
+    assert (dict(requests), expired, clock.pending) == ({}, [0], [])
+
+
+@pytest.mark.asyncio
+async def test_the_sweep_drops_requests_nobody_waits_for_and_rearms_for_the_next() -> None:
+    clock = FakeClock()
+    requests, expired = _requests(clock)
+    loop = asyncio.get_running_loop()
+    abandoned, waiting = loop.create_future(), loop.create_future()
+    requests.track(1, abandoned, 5.0)
+    requests.track(2, waiting, 10.0)
+    abandoned.cancel()  # its caller was cancelled
+    clock.run_until(105.0)
+    assert (list(requests), expired, clock.pending) == ([2], [1], [110.0])
+    assert not waiting.done()
+    clock.run_until(110.0)
+    assert isinstance(waiting.exception(), TimeoutError)
+    assert (dict(requests), expired, clock.pending) == ({}, [1, 0], [])
+
+
+@pytest.mark.asyncio
+async def test_a_request_without_a_deadline_arms_nothing_and_fails_with_the_connection() -> None:
+    clock = FakeClock()
+    requests, expired = _requests(clock)
+    future = asyncio.get_running_loop().create_future()
+    requests.track(1, future, 1e9)
+    assert clock.pending == []
+    clock.run_until(1e12)
+    assert not future.done()
+    requests.fail_all(ConnectionLost("gone"))
+    assert isinstance(future.exception(), ConnectionLost)
+    assert (dict(requests), expired) == ({}, [])
+
+
+class _Watch:
+    """What a connection calls on a watch, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def on_events(self, decoded: list[WatchEvent], now: float) -> None:
+        self.calls.append(("events", decoded, now))
+
+    def on_progress(self, revision: int) -> None:
+        self.calls.append(("progress", revision))
+
+    def on_end(self, code: str, message: str, extra: Any) -> None:
+        self.calls.append(("end", code, message, extra))
+
+
+def _deliver(conn: Connection, *frames: list[Any]) -> None:
+    body = b"".join(pack(frame) for frame in frames)
+    conn.data_received(message_header(len(body)) + body)
+
+
+def _events(*keys: str) -> list[WatchEvent]:
+    return [
+        WatchEvent(EventType.PUT, KeyValue(key, b"v", 5 + i, 5 + i, 1, 0))
+        for i, key in enumerate(keys)
+    ]
+
+
+@pytest.mark.asyncio
+async def test_watch_frames_go_to_their_watches_and_one_blob_is_decoded_once() -> None:
+    conn, _ = _open()
+    a, b, gone = _Watch(), _Watch(), _Watch()
+    conn.watches.update({1: a, 2: b})
+    blob = encode_events(_events("x/1", "x/2"))
+    conn.last_received = -1.0  # (set again by the message's arrival)
+    _deliver(conn, [EVENTS, 1, blob], [EVENTS, 2, blob], [EVENTS, 3, blob])  # 3: not open
+    (kind, decoded, now), (_, decoded_b, now_b) = a.calls[0], b.calls[0]
+    assert (kind, [e.kv.key for e in decoded], now) == ("events", ["x/1", "x/2"], now_b)
+    assert now == conn.last_received >= 0
+    assert decoded_b is decoded  # decoded once for the frames in a row that carry it
+    assert decoded == _events("x/1", "x/2")
+    _deliver(conn, [EVENTS_MANY, [2, 3, 1], encode_events(_events("y"))])
+    assert [len(w.calls) for w in (a, b, gone)] == [2, 2, 0]
+    assert a.calls[1][1] is b.calls[1][1]
+    assert a.calls[1][1:] == (_events("y"), conn.last_received)
+
+
+@pytest.mark.asyncio
+async def test_a_progress_frame_and_a_watch_end_reach_their_watch_and_the_end_closes_it() -> None:
+    conn, _ = _open()
+    a, b = _Watch(), _Watch()
+    conn.watches.update({1: a, 2: b})
+    _deliver(conn, [PROGRESS, 1, 41])
+    _deliver(conn, [WATCH_END, 2, "compacted", "behind", {"compact_revision": 9}])
+    assert a.calls == [("progress", 41)]
+    assert b.calls == [("end", "compacted", "behind", {"compact_revision": 9})]
+    assert list(conn.watches) == [1]  # the ended watch is no longer open
+    _deliver(conn, [PROGRESS, 2, 50], [WATCH_END, 2, "x", "y", None])  # for it: dropped
+    assert len(b.calls) == 1
+    assert not conn.lost
+
+
+@pytest.mark.asyncio
+async def test_an_error_answer_fails_its_request_with_the_servers_code_message_and_extra() -> None:
+    conn, _ = _open()
+    refused = _request(conn, 7, "get")
+    _deliver(conn, [ERROR, 7, "value_too_large", "value over 1024 bytes", {"limit": 1024}])
+    with pytest.raises(Refused) as info:
+        await refused
+    error = info.value
+    assert (error.code, error.message, error.extra) == (
+        "value_too_large",
+        "value over 1024 bytes",
+        {"limit": 1024},
+    )
+    assert str(error.error("put 'k'", write=True)) == "put 'k': value over 1024 bytes"
+    _deliver(conn, [ERROR, 0, "shutting_down", "the server is stopping", None])
+    assert conn.reason == "the server said: the server is stopping (shutting_down)"

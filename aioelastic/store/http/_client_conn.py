@@ -235,16 +235,14 @@ class Connection(DialerWait, asyncio.Protocol):
 
     # -- outgoing
 
-    def request(
-        self, rid: int, op: str, args: list[Any], write: bool, timeout: float
-    ) -> asyncio.Future[Any]:
+    def request(self, rid: int, op: str, args: list[Any], timeout: float) -> asyncio.Future[Any]:
         """Send ``[REQUEST, rid, op, args]``; its answer's future (failing in ``timeout`` s,
         :meth:`Requests.track`). Written at once if it is the one request pending (a sequential
         caller's), else queued: what one loop turn queues goes as one message, in one write;
         so does what the callers answered by one message send as they wake."""
         future = self.loop.create_future()
         pending = self.pending
-        pending.track(rid, future, write, timeout)
+        pending.track(rid, future, timeout)
         data = pack_bound([REQUEST, rid, op, args])
         if len(pending) <= 1 and not (self._flush_due or self._outbox or self.paused):
             transport = self.transport
@@ -369,4 +367,4 @@ def to_watches(conn: Connection, frame: list[Any]) -> None:
         watch.on_progress(frame[2])
     elif kind == WATCH_END:
         del conn.watches[wid]
-        watch.on_end(conn, frame[2], frame[3], frame[4])
+        watch.on_end(frame[2], frame[3], frame[4])

@@ -10,12 +10,12 @@ from typing import Any
 
 __all__ = ["Pending", "Requests"]
 
-#: an entry: (the answer's future, whether it is a write, its deadline in loop time; inf: none)
-Pending = tuple["asyncio.Future[Any]", bool, float]
+#: an entry: (the answer's future, its deadline in loop time; inf: none)
+Pending = tuple["asyncio.Future[Any]", float]
 
 
 class Requests(dict[int, Pending]):
-    """``rid -> (future, write, deadline)``. When a deadline passes, the future fails with
+    """``rid -> (future, deadline)``. When a deadline passes, the future fails with
     :class:`TimeoutError` and ``on_expired()`` is called (the connection may end then)."""
 
     __slots__ = ("_at", "_loop", "_on_expired", "_timer")
@@ -27,11 +27,11 @@ class Requests(dict[int, Pending]):
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
 
-    def track(self, rid: int, future: asyncio.Future[Any], write: bool, timeout: float) -> None:
+    def track(self, rid: int, future: asyncio.Future[Any], timeout: float) -> None:
         """Track a request: its ``future`` fails ``timeout`` seconds from now (``>= 1e9``:
         never; the caller keeps its own deadline)."""
         deadline = self._loop.time() + timeout if timeout < 1e9 else math.inf
-        self[rid] = (future, write, deadline)
+        self[rid] = (future, deadline)
         if deadline < self._at:
             self._arm(deadline)
 
@@ -48,7 +48,7 @@ class Requests(dict[int, Pending]):
         now = self._loop.time()
         expired: list[int] = []
         next_at = math.inf
-        for rid, (future, _, deadline) in self.items():
+        for rid, (future, deadline) in self.items():
             if future.done() or deadline <= now:
                 expired.append(rid)  # (done: its caller was cancelled, nobody waits for it)
             elif deadline < next_at:
@@ -65,7 +65,7 @@ class Requests(dict[int, Pending]):
     def fail_all(self, error: BaseException) -> None:
         """The connection ended: every pending request fails with ``error``."""
         self.cancel()
-        for future, _, _ in self.values():
+        for future, _ in self.values():
             if not future.done():
                 future.set_exception(error)
         self.clear()

@@ -378,7 +378,7 @@ class SessionWatch(Watch):
         self._alive_at = asyncio.get_running_loop().time()
         self._next_revision = max(self._next_revision, int(revision) + 1)
 
-    def on_end(self, conn: Any, code: str, message: str, extra: Any) -> None:
+    def on_end(self, code: str, message: str, extra: Any) -> None:
         if code == "closing":
             return  # the server is stopping: the session reconnects and resumes this watch
         self.fail(error_from_frame(code, message, extra, f"watch {self.prefix!r}", write=False))
