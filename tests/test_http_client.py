@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,7 +18,7 @@ import aiohttp
 import aiohttp.web
 import pytest
 from helpers import free_port
-from helpers.fake_session import Peer, fake_session_server, loopback_server
+from helpers.fake_session import Peer, fake_session_server, loopback_server, raw_answer
 from helpers.waiting import eventually
 
 from aioelastic.errors import (
@@ -29,8 +32,10 @@ from aioelastic.errors import (
 )
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
+from aioelastic.store.http._client_conn import ConnectionLost
 from aioelastic.store.http._frames import PROGRESS, RESULT
-from aioelastic.store.http._session_client import _Slots
+from aioelastic.store.http._session_client import _retrieve, _Slots
+from aioelastic.store.http._session_dial import NotYet
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -55,6 +60,39 @@ async def test_unreachable_server_is_a_connection_error_even_for_writes() -> Non
             assert not isinstance(info.value, WriteOutcomeUnknownError)
         with pytest.raises(StoreConnectionError):
             await store.watch("x").start()
+
+
+@pytest.mark.asyncio
+async def test_giving_up_on_connecting_says_the_last_error_and_how_long_it_tried() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    async with open_store(url, read_retries=0, timeout=0.5) as store:
+        with pytest.raises(NotYet) as info:
+            await store.get("k")
+    # the last attempt's own words (refused, or cut by the deadline), with no reason after
+    # them: nothing answered
+    last = rf"cannot connect to {re.escape(url)}: (timed out|\[Errno 111\] [^()]+\([^()]+\))"
+    assert re.fullmatch(rf"{last} \(still, after \d+ attempts within 0\.5s\)", str(info.value))
+    assert (info.value.status, info.value.reason) == (0, "")
+
+
+@pytest.mark.asyncio
+async def test_watches_fail_when_the_session_is_not_resumed_within_reconnect_timeout() -> None:
+    server = HttpStoreServer(port=0)
+    await server.start()
+    url = server.url
+    async with (
+        open_store(url, progress_interval=0.2, reconnect_timeout=0.5) as store,
+        store.watch("x") as events,
+    ):
+        await server.stop()  # and nothing listens on its port any more
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as info:
+            await asyncio.wait_for(events.__anext__(), 20)
+        assert time.monotonic() - started < 10
+    message = str(info.value)
+    said = f"watch 'x': the session to {url} was lost and not resumed within 0.5s: "
+    assert message.startswith(said + f"cannot connect to {url}: ")
+    assert re.search(r" \(still, after \d+ attempts within 0\.\d+s\)$", message)
 
 
 @pytest.mark.asyncio
@@ -283,7 +321,59 @@ async def test_a_server_that_answers_keeps_its_session_however_late_its_progress
         assert conn is not None
         assert not conn.lost
         assert seen.ops.count("revision") >= 2  # it asked, more than once
+        assert all(f[3] == [] for f in seen.frames if f[2] == "revision")
         assert events.start_revision == 1
+
+
+@pytest.mark.asyncio
+async def test_a_resume_refused_for_good_fails_the_watches_at_once() -> None:
+    refused = raw_answer(401, b'{"error": "unauthorized", "message": "token revoked"}')
+
+    async def created_then_hang_up(peer: Peer, frame: list[Any]) -> str | None:
+        if frame[2] == "watch":
+            peer.send([RESULT, frame[1], [1, 0, None]])
+            await asyncio.sleep(0.05)
+            return "hang up"
+        return None
+
+    async with (
+        fake_session_server(created_then_hang_up, refuse=lambda n: refused if n > 1 else None) as (
+            url,
+            seen,
+        ),
+        open_store(url, progress_interval=5.0, reconnect_timeout=30) as store,
+        store.watch("x") as events,
+    ):
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as info:
+            await asyncio.wait_for(events.__anext__(), 20)
+        assert time.monotonic() - started < 10  # not tried until reconnect_timeout
+    assert seen.connections == 2
+    assert str(info.value) == (
+        f"watch 'x': the session to {url} was lost and not resumed within 30s: "
+        f"{url}: the server refused the token (HTTP 401: token revoked)"
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_closed_watch_is_unwatched_on_the_server_by_its_id() -> None:
+    async def watches(peer: Peer, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            peer.send([RESULT, frame[1], [1, 0, None]])
+        elif frame[2] == "unwatch":
+            peer.send([RESULT, frame[1], None])
+
+    async with (
+        fake_session_server(watches) as (url, seen),
+        open_store(url, progress_interval=5.0) as store,
+    ):
+        async with store.watch("x"), store.watch("y"):
+            pass
+        await eventually(lambda: seen.ops.count("unwatch") == 2, 10, "both watches unwatched")
+        opened = [f[1] for f in seen.frames if f[2] == "watch"]
+        closed = [f[3] for f in seen.frames if f[2] == "unwatch"]
+        assert sorted(closed) == sorted([rid] for rid in opened)
+        assert len(set(opened)) == 2
 
 
 @pytest.mark.asyncio
@@ -606,6 +696,61 @@ async def test_request_slots_go_to_waiters_in_order_and_none_is_lost_to_a_cancel
     assert [type(r) for r in results[:2]] == [asyncio.CancelledError] * 2
 
 
+async def _take(slots: _Slots, got: list[int], n: int) -> None:
+    await slots.take()
+    got.append(n)
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_that_gives_up_takes_no_slot_and_leaves_the_queue() -> None:
+    slots, got = _Slots(1), list[int]()
+    assert slots.try_take()
+    quitter = asyncio.ensure_future(_take(slots, got, 0))
+    patient = asyncio.ensure_future(_take(slots, got, 1))
+    await asyncio.sleep(0)
+    quitter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await quitter
+    await asyncio.sleep(0)
+    assert got == []  # giving up handed nobody a slot
+    assert len(slots._waiters) == 1  # the patient one's: the quitter's left the queue
+    slots.give()
+    await patient
+    assert (got, slots.free, len(slots._waiters)) == ([1], 0, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_cancelled_after_the_queue_skipped_it_ends_cancelled() -> None:
+    slots, got = _Slots(1), list[int]()
+    assert slots.try_take()
+    quitter = asyncio.ensure_future(_take(slots, got, 0))
+    patient = asyncio.ensure_future(_take(slots, got, 1))
+    await asyncio.sleep(0)
+    quitter.cancel()
+    slots.give()  # before the quitter ran: the queue skips it, the slot goes to the next
+    with pytest.raises(asyncio.CancelledError):
+        await quitter
+    await patient
+    assert (got, slots.free, len(slots._waiters)) == ([1], 0, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_cancelled_once_handed_a_slot_passes_it_on() -> None:
+    slots, got = _Slots(1), list[int]()
+    assert slots.try_take()
+    handed = asyncio.ensure_future(_take(slots, got, 0))
+    patient = asyncio.ensure_future(_take(slots, got, 1))
+    await asyncio.sleep(0)
+    slots.give()  # to the first waiter...
+    handed.cancel()  # ...cancelled before it ran
+    with pytest.raises(asyncio.CancelledError):
+        await handed
+    await patient
+    assert (got, slots.free) == ([1], 0)
+    slots.give()
+    assert slots.free == 1  # the one slot, not lost and not doubled
+
+
 @pytest.mark.asyncio
 async def test_max_connections_bounds_requests_in_flight() -> None:
     with pytest.raises(ValueError, match="max_connections"):
@@ -619,3 +764,48 @@ async def test_max_connections_bounds_requests_in_flight() -> None:
         )
         assert all(isinstance(r, StoreError) for r in results)
         assert seen.ops.count("get") <= 4  # 2 in flight at once, then 2 more (in 0.5 s each)
+
+
+def test_request_ids_count_up_and_wrap_to_1_after_2_to_the_62() -> None:
+    session = HttpStore("http://127.0.0.1:1").session
+    session._next_id = 200
+    assert [session._take_id() for _ in range(2)] == [200, 201]
+    session._next_id = 2**62 - 1
+    assert [session._take_id() for _ in range(4)] == [2**62 - 1, 2**62, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_an_unanswered_probe_or_unwatch_is_not_reported_as_never_retrieved() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        for end in ("fail", "cancel"):
+            future = loop.create_future()
+            future.add_done_callback(_retrieve)
+            if end == "fail":
+                future.set_exception(ConnectionLost("the connection ended"))
+            else:
+                future.cancel()
+            await asyncio.sleep(0)  # its callbacks run
+            del future  # (freed here: an unretrieved exception is reported now)
+            gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == []
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_does_not_answer_is_said_once_per_url_not_once_per_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with caplog.at_level(logging.WARNING, logger="aioelastic.store.http"):
+        for url in (urls[0], urls[0], urls[1]):
+            async with open_store(url, read_retries=0, timeout=0.3) as store:
+                with pytest.raises(StoreConnectionError):
+                    await store.get("k")
+    said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert [s.split()[3] for s in said] == urls  # "the store at URL does not answer"
+    assert said[0].endswith("retrying with backoff for up to 0.3 s")

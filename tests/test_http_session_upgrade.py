@@ -180,21 +180,35 @@ def test_refusals_map_to_the_errors_the_docs_list() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer",
+    ("answer", "said"),
     [
-        _answer(400, b'No WebSocket UPGRADE hdr: aioelastic-session/1\n Can "Upgrade" only to'),
-        _answer(400, {"error": "bad_request", "message": "No WebSocket UPGRADE hdr"}),
-        _answer(426, b"Upgrade Required"),
-        _answer(101, upgrade="websocket"),
+        (
+            _answer(400, b'No WebSocket UPGRADE hdr: aioelastic-session/1\n Can "Upgrade" only to'),
+            'HTTP 400: No WebSocket UPGRADE hdr: aioelastic-session/1 Can "Upgrade" only to',
+        ),
+        (
+            _answer(400, {"error": "bad_request", "message": "No WebSocket UPGRADE hdr"}),
+            "HTTP 400: No WebSocket UPGRADE hdr",
+        ),
+        (_answer(426, b"Upgrade Required"), "HTTP 426: Upgrade Required"),
+        (_answer(101, upgrade="websocket"), "Upgrade: websocket"),
+        (_answer(101), "Upgrade: "),  # a 101 naming no protocol at all
     ],
 )
-def test_a_server_without_the_session_transport_is_told_to_upgrade(answer: Answer) -> None:
+def test_a_server_without_the_session_transport_is_told_to_upgrade(
+    answer: Answer, said: str
+) -> None:
     error = refusal_error(URL, answer)
     assert type(error) is StoreConnectionError
-    assert str(error).startswith(
-        f"the server at {URL} does not speak the session transport aioelastic-session/1 ("
+    assert str(error) == (
+        f"the server at {URL} does not speak the session transport aioelastic-session/1 "
+        f"({said}); upgrade aioelastic on the server"
     )
-    assert str(error).endswith("); upgrade aioelastic on the server")
+
+
+def test_a_refusal_whose_json_error_has_no_message_is_said_by_its_status() -> None:
+    error = refusal_error(URL, _answer(500, {"error": "internal"}))
+    assert str(error) == f"cannot open a session to {URL}: HTTP 500"
 
 
 def test_a_reason_that_is_not_json_is_quoted_in_short() -> None:
@@ -269,8 +283,9 @@ async def test_a_503_until_the_deadline_says_the_servers_reason() -> None:
         fake_session_server(_echo_none, refuse=lambda n: busy) as (url, _),
         open_store(url, timeout=0.5, read_retries=0) as store,
     ):
-        with pytest.raises(StoreConnectionError, match=r"HTTP 503: full, 4 of 4 \(still, after"):
+        with pytest.raises(NotYet, match=r"HTTP 503: full, 4 of 4 \(still, after") as info:
             await store.get("k")
+    assert (info.value.status, info.value.reason) == (503, "full, 4 of 4")
 
 
 @pytest.mark.asyncio

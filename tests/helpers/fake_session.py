@@ -28,6 +28,7 @@ class Seen:
     def __init__(self) -> None:
         self.connections = 0
         self.ops: list[str] = []
+        self.frames: list[list[Any]] = []  # the request frames: [REQUEST, rid, op, args]
         self.messages: list[int] = []  # frames per message
         self.heads: list[str] = []  # the upgrade requests' heads
         self.headers: list[dict[str, str]] = []  # ... their headers (lower-case names)
@@ -126,6 +127,7 @@ async def fake_session_server(
                 seen.messages.append(len(frames))
                 for frame in frames:
                     seen.ops.append(frame[2])
+                    seen.frames.append(frame)
                     seen.arrived.set()
                     if answer is not None and await answer(peer, frame) == "hang up":
                         peer.hang_up()

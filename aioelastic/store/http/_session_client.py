@@ -227,7 +227,7 @@ class SessionClient:
         if not conn.watches:  # the watchdog's silence is counted from now on
             conn.unwatched_at = loop.time()
         conn.watches[rid] = watch
-        future = conn.request(rid, "watch", args, False, math.inf)  # (its caller's deadline)
+        future = conn.request(rid, "watch", args, math.inf)  # (its caller's deadline)
         watch.wire_id = rid
         return future
 
@@ -244,7 +244,7 @@ class SessionClient:
         self._send_and_forget(conn, "revision", [])
 
     def _send_and_forget(self, conn: Connection, op: str, args: list[Any]) -> None:
-        future = conn.request(self._take_id(), op, args, False, math.inf)
+        future = conn.request(self._take_id(), op, args, math.inf)
         future.add_done_callback(_retrieve)  # (its answer, or the connection's end: unread)
 
     def _take_id(self) -> int:
@@ -284,7 +284,7 @@ class SessionClient:
                 rid = self._next_id
                 self._next_id = rid + 1 if rid < 2**62 else 1
                 try:
-                    value = await conn.request(rid, op, args, write, self.request_timeout)
+                    value = await conn.request(rid, op, args, self.request_timeout)
                 except Refused as refused:
                     raise refused.error(describe(what, key), write=write) from None
                 except TimeoutError:
@@ -389,7 +389,7 @@ def _say_not_answering(url: str, exc: Exception, budget: float) -> None:
         return
     _said_not_answering[url] = now
     log.warning(
-        "the store at %s does not answer (%s); retrying with backoff for up to %.0f s",
+        "the store at %s does not answer (%s); retrying with backoff for up to %g s",
         url,
         exc,
         budget,
