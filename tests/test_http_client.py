@@ -33,8 +33,8 @@ from aioelastic.errors import (
 from aioelastic.store import CasResult, EventType, MemoryEngine, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import ConnectionLost
-from aioelastic.store.http._frames import PROGRESS, RESULT
-from aioelastic.store.http._session_client import _retrieve, _Slots
+from aioelastic.store.http._frames import ERROR, PROGRESS, RESULT
+from aioelastic.store.http._session_client import _retrieve, _Slots, retry_pause
 from aioelastic.store.http._session_dial import NotYet
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.http.server import HttpStoreServer
@@ -809,3 +809,49 @@ async def test_a_store_that_does_not_answer_is_said_once_per_url_not_once_per_cl
     said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
     assert [s.split()[3] for s in said] == urls  # "the store at URL does not answer"
     assert said[0].endswith("retrying with backoff for up to 0.3 s")
+
+
+def test_a_retry_waits_50_ms_then_doubles() -> None:
+    assert [retry_pause(attempt) for attempt in (1, 2, 3, 4)] == [0.05, 0.1, 0.2, 0.4]
+
+
+@pytest.mark.asyncio
+async def test_a_call_not_connected_is_dialled_again_only_if_it_is_a_read() -> None:
+    gone = raw_answer(404, b'{"error": "not_found", "message": "no route"}')
+    async with (
+        fake_session_server(refuse=lambda _: gone) as (url, seen),
+        open_store(url, read_retries=2, timeout=10) as store,
+    ):
+        with pytest.raises(StoreConnectionError, match="has no session endpoint"):
+            await store.get("k")
+        assert seen.connections == 3  # a read: tried 1 + read_retries times
+        with pytest.raises(StoreConnectionError, match="has no session endpoint") as info:
+            await store.put("k", b"v")
+        assert seen.connections == 4  # a write: once (not sent: its outcome is known)
+        assert not isinstance(info.value, WriteOutcomeUnknownError)
+
+
+@pytest.mark.asyncio
+async def test_each_error_of_a_call_names_the_call_and_its_key() -> None:
+    async def answers(peer: Peer, frame: list[Any]) -> str | None:
+        if frame[2] == "put":
+            peer.send([ERROR, frame[1], "value_too_large", "value over 9 bytes", None])
+        elif frame[2] == "delete":
+            return "hang up"
+        return None  # a get: never answered
+
+    async with (
+        fake_session_server(answers) as (url, _),
+        open_store(url, read_retries=0, timeout=0.3) as store,
+    ):
+        with pytest.raises(StoreError) as refused:
+            await store.put("a/b", b"0123456789")
+        assert str(refused.value) == "put 'a/b': value over 9 bytes"
+        with pytest.raises(StoreTimeoutError) as late:
+            await store.get("a/b")
+        assert str(late.value) == f"get 'a/b' timed out ({url})"
+        with pytest.raises(WriteOutcomeUnknownError) as lost:
+            await store.delete("a/b")
+        assert str(lost.value).startswith(
+            f"delete 'a/b': the session to {url} was lost after the request was sent ("
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgpack
 import pytest
 from helpers.clock import FakeClock
 
@@ -20,6 +21,7 @@ from aioelastic.store.http._frames import (
     PROGRESS,
     RESULT,
     WATCH_END,
+    FrameError,
     encode_events,
     pack,
     unpack_all,
@@ -80,13 +82,15 @@ async def test_a_lone_request_goes_at_once_and_a_turns_others_in_one_write() -> 
     assert transport.messages() == [["a"], ["b", "c", "d"]]
 
 
+@pytest.mark.parametrize("callers", [2, 3, 8])
 @pytest.mark.asyncio
-async def test_callers_answered_by_one_message_send_their_next_requests_in_one_write() -> None:
-    # 8 callers in flight, answered in one message: each sends its next request as it wakes;
+async def test_callers_answered_by_one_message_send_their_next_requests_in_one_write(
+    callers: int,
+) -> None:
+    # Callers in flight, answered in one message: each sends its next request as it wakes;
     # the first of them is then the one request pending, yet it waits for the others (one
     # message), instead of going alone and the rest after it.
     conn, transport = _open()
-    callers = 8
 
     async def caller(n: int) -> None:
         await _request(conn, n, "first")
@@ -105,11 +109,12 @@ async def test_callers_answered_by_one_message_send_their_next_requests_in_one_w
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@pytest.mark.parametrize("before", [[], [[PROGRESS, 9, 5]]])  # (9: no such watch)
 @pytest.mark.asyncio
-async def test_a_lone_answer_leaves_the_next_request_to_go_at_once() -> None:
+async def test_a_lone_answer_leaves_the_next_request_to_go_at_once(before: list[Any]) -> None:
     conn, transport = _open()
     first = _request(conn, 1, "first")
-    answer = pack([RESULT, 1, None])
+    answer = b"".join(pack(frame) for frame in [*before, [RESULT, 1, None]])
     conn.data_received(message_header(len(answer)) + answer)
     await first
     _request(conn, 2, "next")
@@ -309,3 +314,84 @@ async def test_an_error_answer_fails_its_request_with_the_servers_code_message_a
     assert str(error.error("put 'k'", write=True)) == "put 'k': value over 1024 bytes"
     _deliver(conn, [ERROR, 0, "shutting_down", "the server is stopping", None])
     assert conn.reason == "the server said: the server is stopping (shutting_down)"
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [[RESULT, 99, "late"]],  # for a request no longer pending (its deadline passed)
+        [[RESULT, 1, "one"], [RESULT, 99, "late"]],
+        [[ERROR, 98, "gone", "for nobody", None], [RESULT, 1, "one"]],
+    ],
+)
+@pytest.mark.asyncio
+async def test_an_answer_for_no_pending_request_is_dropped_and_the_connection_goes_on(
+    frames: list[list[Any]],
+) -> None:
+    conn, _ = _open()
+    one = _request(conn, 1, "get")
+    _deliver(conn, *frames)
+    assert not conn.lost
+    assert not conn.ending
+    if not one.done():
+        _deliver(conn, [RESULT, 1, "one"])
+    assert await one == "one"
+
+
+def _malformed(body: bytes) -> str:
+    with pytest.raises(FrameError) as info:
+        list(unpack_all(body, max_len=1 << 24))
+    return f"a malformed frame from the server: {info.value}"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xc1",  # not msgpack
+        msgpack.packb(5),  # not a frame
+        msgpack.packb([]),  # an empty one
+        pack([RESULT, 1, None]) + msgpack.packb("x"),  # a good frame, then not a frame
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_malformed_message_ends_the_connection_saying_what_was_wrong(body: bytes) -> None:
+    conn, transport = _open()
+    told: list[Connection] = []
+    conn.attach(told.append, 1 << 20)
+    conn.data_received(message_header(len(body)) + body)
+    assert conn.reason == _malformed(body)
+    assert transport.aborted
+    assert told == [conn]  # the session is told at once, not a loop turn later
+
+
+@pytest.mark.asyncio
+async def test_messages_that_came_before_the_attach_are_handled_by_it_in_order() -> None:
+    conn = Connection(asyncio.get_running_loop())
+    transport = _Transport(conn)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    conn.pending.track(1, first, 30)
+    conn.pending.track(2, second, 30)
+    head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: aioelastic-session/1\r\n\r\n"
+    messages = [pack([RESULT, rid, f"answer {rid}"]) for rid in (1, 2)]
+    conn.data_received(head + message_header(len(messages[0])) + messages[0])
+    conn.data_received(message_header(len(messages[1])) + messages[1])  # another read
+    assert conn.messages_received == 2
+    assert not first.done()  # not before the attach
+    conn.attach(lambda _: None, 1 << 20)
+    assert (first.result(), second.result()) == ("answer 1", "answer 2")
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_message_before_the_attach_ends_the_connection_at_the_attach() -> None:
+    conn = Connection(asyncio.get_running_loop())
+    transport = _Transport(conn)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: aioelastic-session/1\r\n\r\n"
+    bad, good = b"\xc1", pack([RESULT, 1, "unread"])
+    conn.data_received(head + message_header(1) + bad + message_header(len(good)) + good)
+    told: list[Connection] = []
+    conn.attach(told.append, 1 << 20)
+    assert told == [conn]
+    assert conn.reason == _malformed(bad)

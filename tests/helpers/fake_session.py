@@ -96,9 +96,11 @@ async def fake_session_server(
     answer: Callable[[Peer, list[Any]], Awaitable[str | None]] | None = None,
     *,
     refuse: Callable[[int], bytes | None] | None = None,
+    welcome: Callable[[int], list[Any] | bytes | str | None] | None = None,
 ) -> AsyncIterator[tuple[str, Seen]]:
     """Yields (url, what it saw). ``refuse(n)``: the bytes answering the n-th upgrade (from 1),
-    or ``None`` to upgrade it."""
+    or ``None`` to upgrade it. ``welcome(n)``: the answer to the n-th hello, a frame or a
+    message's raw bytes, ``"hang up"``, or ``None``: ``[RESULT, 0, WELCOME]``."""
     seen = Seen()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -121,7 +123,17 @@ async def fake_session_server(
                 "Connection: Upgrade\r\n\r\n".encode()
             )
             await _read_message(reader)  # the hello
-            peer.send([RESULT, 0, WELCOME])
+            told = None if welcome is None else welcome(seen.connections)
+            if told is None:
+                told = [RESULT, 0, WELCOME]
+            if told == "hang up":
+                peer.hang_up()
+                return
+            if isinstance(told, bytes):
+                peer.send_raw(message_header(len(told)) + told)
+            else:
+                assert isinstance(told, list)
+                peer.send(told)
             while True:
                 frames = list(unpack_all(await _read_message(reader), max_len=1 << 24))
                 seen.messages.append(len(frames))

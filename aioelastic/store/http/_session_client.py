@@ -279,10 +279,9 @@ class SessionClient:
                         attempt += 1
                         if attempt == attempts:
                             raise
-                        await asyncio.sleep(0.05 * 2 ** (attempt - 1))
+                        await asyncio.sleep(retry_pause(attempt))
                         continue
-                rid = self._next_id
-                self._next_id = rid + 1 if rid < 2**62 else 1
+                rid = self._take_id()
                 try:
                     value = await conn.request(rid, op, args, self.request_timeout)
                 except Refused as refused:
@@ -295,7 +294,7 @@ class SessionClient:
                     error = lost_error(self, exc, describe(what, key), write, last=last)
                     if error is not None:
                         raise error from None
-                    await asyncio.sleep(0.05 * 2 ** (attempt - 1))  # a read, sent again
+                    await asyncio.sleep(retry_pause(attempt))  # a read, sent again
                     continue
                 return value if convert is None else convert(value)
         finally:
@@ -330,6 +329,11 @@ class SessionClient:
                 async with asyncio.timeout(1.0):
                     await asyncio.shield(conn.closed)
             conn.abort("the store was closed")
+
+
+def retry_pause(attempt: int) -> float:
+    """Seconds to wait before a call's ``attempt``-th retry (from 1): 50 ms, doubling."""
+    return 0.05 * 2 ** (attempt - 1)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

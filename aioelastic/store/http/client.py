@@ -174,7 +174,7 @@ class HttpStore(Store):
         return self.session.call("get", [key], False, "get", key, _kv_or_none)
 
     def _range(self, prefix: str, limit: int | None) -> Coroutine[Any, Any, RangeResult]:
-        return self.session.call("range", [prefix, limit], False, "range", None, range_from_wire)
+        return self.session.call("range", [prefix, limit], False, "range", prefix, range_from_wire)
 
     def _current_revision(self) -> Coroutine[Any, Any, int]:
         return self.session.call("revision", [], False, "revision", None, int)
@@ -183,19 +183,19 @@ class HttpStore(Store):
         return self.session.call("put", [key, value, lease], True, "put", key, int)
 
     def _delete(self, key: str, prefix: bool) -> Coroutine[Any, Any, int]:
-        return self.session.call("delete", [key, prefix], True, "delete", None, int)
+        return self.session.call("delete", [key, prefix], True, "delete", key, int)
 
     def _compare_and_swap(
         self, key: str, expected_mod_revision: int, value: bytes, lease: int
     ) -> Coroutine[Any, Any, CasResult]:
         args = [key, expected_mod_revision, value, lease]
-        return self.session.call("cas", args, True, "compare_and_swap", None, _cas_result)
+        return self.session.call("cas", args, True, "compare_and_swap", key, _cas_result)
 
     def _compare_and_delete(
         self, key: str, expected_mod_revision: int
     ) -> Coroutine[Any, Any, CasResult]:
         args = [key, expected_mod_revision]
-        return self.session.call("cad", args, True, "compare_and_delete", None, _cas_result)
+        return self.session.call("cad", args, True, "compare_and_delete", key, _cas_result)
 
     def _add(self, key: str, delta: int) -> Coroutine[Any, Any, int]:
         return self.session.call("add", [key, delta], True, "add", key, int)
