@@ -333,7 +333,8 @@ class SessionClient:
 
 def retry_pause(attempt: int) -> float:
     """Seconds to wait before a call's ``attempt``-th retry (from 1): 50 ms, doubling."""
-    return 0.05 * 2 ** (attempt - 1)
+    pause: float = 0.05 * 2 ** (attempt - 1)
+    return pause
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
