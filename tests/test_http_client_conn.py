@@ -19,6 +19,7 @@ from aioelastic.store.http._frames import (
     EVENTS,
     EVENTS_MANY,
     PROGRESS,
+    REQUEST,
     RESULT,
     WATCH_END,
     FrameError,
@@ -124,15 +125,13 @@ async def test_a_lone_answer_leaves_the_next_request_to_go_at_once(before: list[
 @pytest.mark.asyncio
 async def test_a_batch_over_the_servers_message_bound_goes_as_several_messages() -> None:
     conn, transport = _open()
-    conn.max_message = 40
+    frame = len(pack([REQUEST, 2, "x" * 10, []]))
+    conn.max_message = 2 * frame  # two frames fill a message exactly
     _request(conn, 1, "first")
-    for rid in range(2, 8):
-        _request(conn, rid, "x" * 10)  # about 16 bytes a frame
+    for rid in range(2, 9):
+        _request(conn, rid, "x" * 10)
     await asyncio.sleep(0)
-    sizes = [len(ops) for ops in transport.messages()]
-    assert sizes[0] == 1
-    assert sum(sizes[1:]) == 6
-    assert len(sizes) > 2
+    assert [len(ops) for ops in transport.messages()] == [1, 2, 2, 2, 1]
 
 
 @pytest.mark.asyncio
@@ -145,6 +144,17 @@ async def test_nothing_is_written_while_the_transport_pauses_us() -> None:
     assert transport.writes == []
     conn.resume_writing()
     assert transport.messages() == [["a", "b"]]
+    assert conn.paused is False
+
+
+@pytest.mark.asyncio
+async def test_what_is_queued_when_the_connection_is_lost_is_not_written() -> None:
+    conn, transport = _open()
+    _request(conn, 1, "a")  # at once
+    _request(conn, 2, "b")  # queued
+    conn.connection_lost(None)
+    await asyncio.sleep(0)  # the flush
+    assert transport.messages() == [["a"]]
 
 
 @pytest.mark.asyncio
@@ -361,7 +371,12 @@ async def test_a_malformed_message_ends_the_connection_saying_what_was_wrong(bod
     conn.data_received(message_header(len(body)) + body)
     assert conn.reason == _malformed(body)
     assert transport.aborted
+    assert conn.ending is True
     assert told == [conn]  # the session is told at once, not a loop turn later
+    late = pack([RESULT, 1, "late"])
+    one = _request(conn, 1, "get")
+    conn.data_received(message_header(len(late)) + late)  # read after the end: not handled
+    assert not one.done()
 
 
 @pytest.mark.asyncio
@@ -395,3 +410,58 @@ async def test_a_malformed_message_before_the_attach_ends_the_connection_at_the_
     conn.attach(told.append, 1 << 20)
     assert told == [conn]
     assert conn.reason == _malformed(bad)
+
+
+@pytest.mark.asyncio
+async def test_close_writes_what_is_queued_then_ends_the_connection() -> None:
+    conn, transport = _open()
+    _request(conn, 1, "first")  # at once
+    _request(conn, 2, "queued")  # for the end of the turn
+    conn.close()
+    assert transport.messages() == [["first"], ["queued"]]
+    assert transport.aborted  # (the recording transport's close)
+    assert conn.ending is True
+
+
+@pytest.mark.asyncio
+async def test_close_after_the_connection_was_lost_touches_no_transport() -> None:
+    conn, transport = _open()
+    conn.connection_lost(None)
+    transport.aborted = False
+    conn.close()
+    assert not transport.aborted
+
+
+@pytest.mark.asyncio
+async def test_a_request_on_a_lost_connection_is_not_written() -> None:
+    conn, transport = _open()
+    conn.connection_lost(ConnectionResetError("reset"))
+    _request(conn, 1, "get")
+    assert transport.writes == []
+    assert conn.reason == "ConnectionResetError: reset"
+
+
+@pytest.mark.asyncio
+async def test_the_first_reason_a_connection_ends_for_is_the_one_kept() -> None:
+    conn, _ = _open()
+    conn.abort("the server stopped reading")
+    conn.connection_lost(ConnectionResetError("reset"))
+    assert conn.reason == "the server stopped reading"
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [(None, "the server closed the connection"), (OSError("refused"), "OSError: refused")],
+)
+@pytest.mark.asyncio
+async def test_the_dialer_waiting_on_a_lost_connection_is_told_why(
+    error: Exception | None, said: str
+) -> None:
+    conn = Connection(asyncio.get_running_loop())
+    conn.connection_made(_Transport(conn))  # type: ignore[arg-type]
+    conn.connection_lost(error)
+    with pytest.raises(ConnectionResetError) as answer:
+        await conn.answer()
+    with pytest.raises(ConnectionResetError) as message:
+        await conn.next_message()
+    assert str(answer.value) == str(message.value) == said

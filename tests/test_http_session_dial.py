@@ -94,7 +94,13 @@ async def test_a_fresh_session_s_hello_rides_in_the_upgrade(writes: list[bytes])
     hello = _hello_in(head)
     assert hello is not None
     assert hello[:3] == [REQUEST, 0, "hello"]
-    assert hello[3]["resume"] is None
+    assert hello[3] == {
+        "versions": list(PROTOCOL_VERSIONS),
+        "client": "aioelastic",
+        "resume": None,
+        "leases": [],
+        "progress_interval": store.session.progress_interval,
+    }
     assert _ops(writes[1]) == ["revision"]
 
 
