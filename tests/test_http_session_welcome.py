@@ -147,7 +147,7 @@ async def test_a_server_that_hangs_up_on_the_hello_is_tried_again_and_said_to_th
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with (
-        fake_session_server(_answer_gets, welcome=lambda n: "hang up" if n < 3 else None) as (
+        fake_session_server(_answer_gets, welcome=lambda n: "close" if n < 3 else None) as (
             url,
             seen,
         ),
@@ -159,5 +159,38 @@ async def test_a_server_that_hangs_up_on_the_hello_is_tried_again_and_said_to_th
     said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
     assert len(said) == 1
     assert said[0].startswith(
-        f"the store at {url} does not answer ({url}: no answer to the session hello ("
+        f"the store at {url} does not answer "
+        f"({url}: no answer to the session hello (the server closed it));"
     )
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"HTTP/1.1 404 Not Found\r\n\r\nno such", "no session endpoint"),  # body to the FIN
+        (b"HTTP/1.1 404 Not", "the connection ended inside the answer's head"),
+        (b"", "the connection ended before an answer"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_an_upgrade_answer_ended_by_the_servers_fin_is_read_to_its_end(
+    caplog: pytest.LogCaptureFixture, answer: bytes, said: str
+) -> None:
+    async with (
+        fake_session_server(_answer_gets, refuse=lambda _: answer) as (url, _),
+        open_store(url, timeout=0.5, read_retries=0) as store,
+    ):
+        with (
+            caplog.at_level(logging.WARNING, logger="aioelastic.store.http"),
+            pytest.raises(StoreConnectionError) as info,
+        ):
+            await store.get("k")
+    if said == "no session endpoint":  # a refusal that will not change: at once
+        assert str(info.value) == (
+            f"{url} has no session endpoint (/v1/session): an older server? (HTTP 404: no such)"
+        )
+    else:  # tried again until the deadline; said to the user at the first
+        warned = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+        assert warned[0].startswith(
+            f"the store at {url} does not answer (cannot connect to {url}: {said});"
+        )

@@ -100,7 +100,8 @@ async def fake_session_server(
 ) -> AsyncIterator[tuple[str, Seen]]:
     """Yields (url, what it saw). ``refuse(n)``: the bytes answering the n-th upgrade (from 1),
     or ``None`` to upgrade it. ``welcome(n)``: the answer to the n-th hello, a frame or a
-    message's raw bytes, ``"hang up"``, or ``None``: ``[RESULT, 0, WELCOME]``."""
+    message's raw bytes, ``"hang up"`` (a reset), ``"close"`` (a FIN), or ``None``: ``[RESULT,
+    0, WELCOME]``."""
     seen = Seen()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -128,6 +129,8 @@ async def fake_session_server(
                 told = [RESULT, 0, WELCOME]
             if told == "hang up":
                 peer.hang_up()
+                return
+            if told == "close":  # a FIN, not a reset
                 return
             if isinstance(told, bytes):
                 peer.send_raw(message_header(len(told)) + told)
