@@ -12,11 +12,12 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers.fake_session import loopback_server
 
 from aioelastic.errors import StoreAuthError, StoreConnectionError
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
-from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer
+from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer, NotYet
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -186,3 +187,44 @@ async def test_a_rejected_hello_fails_at_once() -> None:
             await store.get("k")
         assert time.monotonic() - started < 3  # not retried until the 30 s deadline
         assert store.session.connect_retries == 0
+
+
+@pytest.mark.asyncio
+async def test_a_server_slow_to_answer_the_upgrade_is_waited_for_past_connect_timeout() -> None:
+    """``connect_timeout`` bounds the TCP connect only: a server that accepted the connection
+    and is slow to answer (thousands of handshakes at once) is waited for until the request's
+    deadline, not abandoned and dialled again (the retry would be more work for it)."""
+    accepted: list[int] = []
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        await reader.read()  # (until the client gives up)
+
+    async with loopback_server(never_answers) as port:
+        url = f"http://127.0.0.1:{port}"
+        async with open_store(url, timeout=1.0, connect_timeout=0.1, read_retries=0) as store:
+            started = time.monotonic()
+            with pytest.raises(NotYet) as info:
+                await store.get("k")
+            assert time.monotonic() - started >= 0.9
+    assert (
+        str(info.value) == f"cannot connect to {url}: timed out (still, after 1 attempt within 1s)"
+    )
+    assert len(accepted) == 1
+
+
+@pytest.mark.asyncio
+async def test_tls_to_a_server_that_does_not_speak_it_fails_at_once() -> None:
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await reader.read()
+
+    async with loopback_server(plain) as port:
+        url = f"https://127.0.0.1:{port}"
+        async with open_store(url, timeout=10, read_retries=0, verify=False) as store:
+            started = time.monotonic()
+            with pytest.raises(StoreConnectionError) as info:
+                await store.get("k")
+            assert time.monotonic() - started < 5  # a certificate or protocol will not change
+    assert not isinstance(info.value, NotYet)
+    assert str(info.value).startswith(f"cannot connect to {url}: [SSL")

@@ -156,9 +156,9 @@ class SessionClient:
         """The error for the caller: the last attempt's, with the server's reason for a refusal
         and how long it was tried."""
         reason = last.reason
+        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         return NotYet(
-            f"{last}{': ' + reason if reason else ''} (still, after {attempts} attempts "
-            f"within {budget:g}s)",
+            f"{last}{': ' + reason if reason else ''} (still, after {tries} within {budget:g}s)",
             last.status,
             reason,
         )
