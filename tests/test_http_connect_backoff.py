@@ -6,6 +6,7 @@ it tried."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from typing import Any
@@ -14,7 +15,7 @@ import anyio
 import pytest
 from helpers.fake_session import loopback_server
 
-from aioelastic.errors import StoreAuthError, StoreConnectionError
+from aioelastic.errors import StoreAuthError, StoreClosedError, StoreConnectionError
 from aioelastic.store import open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer, NotYet
@@ -228,3 +229,43 @@ async def test_tls_to_a_server_that_does_not_speak_it_fails_at_once() -> None:
             assert time.monotonic() - started < 5  # a certificate or protocol will not change
     assert not isinstance(info.value, NotYet)
     assert str(info.value).startswith(f"cannot connect to {url}: [SSL")
+
+
+@pytest.mark.asyncio
+async def test_the_servers_refusal_is_what_giving_up_says_not_the_last_attempt_cut_short() -> None:
+    busy = b'{"error": "too_many_connections", "message": "full, 4 of 4"}'
+    refusal = b"HTTP/1.1 503 Busy\r\nContent-Length: %d\r\n\r\n%s" % (len(busy), busy)
+    attempts: list[int] = []
+
+    async def busy_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            writer.write(refusal)
+            await writer.drain()
+            writer.close()
+            return
+        await reader.read()  # never answers: each later attempt is cut by the deadline
+
+    async with loopback_server(busy_then_silent) as port:
+        url = f"http://127.0.0.1:{port}"
+        async with open_store(url, timeout=1.0, read_retries=0) as store:
+            with pytest.raises(NotYet) as info:
+                await store.get("k")
+    assert len(attempts) >= 2
+    assert re.fullmatch(
+        re.escape(f"cannot open a session to {url}: HTTP 503: full, 4 of 4 (still, after ")
+        + r"\d+ attempts within 1s\)",
+        str(info.value),
+    )
+    assert (info.value.status, info.value.reason) == (503, "full, 4 of 4")
+
+
+@pytest.mark.asyncio
+async def test_a_store_closed_while_it_connects_says_so() -> None:
+    store = await open_store(f"http://127.0.0.1:{_free_port()}", timeout=30, read_retries=0)
+    get = asyncio.ensure_future(store.get("k"))
+    await asyncio.sleep(0.3)  # connecting, with backoff
+    await store.aclose()
+    with pytest.raises(StoreClosedError) as info:
+        await asyncio.wait_for(get, SLACK)
+    assert "was closed" in str(info.value)

@@ -108,6 +108,12 @@ class SessionClient:
             # write (a first join's watch and lease grant, say), not the first alone
             conn.batch_this_turn()
             return conn
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if connecting.cancelled() and self.closed and not (task and task.cancelling()):
+                # aclose() stopped the connecting its callers shared: theirs is not cancelled
+                raise StoreClosedError(f"the store of {self.url} was closed") from None
+            raise
         finally:
             if connecting.done() and self._connecting is connecting:
                 self._connecting = None
