@@ -855,3 +855,29 @@ async def test_each_error_of_a_call_names_the_call_and_its_key() -> None:
         said = re.escape(f"delete 'a/b': the session to {url} was lost after the request was sent")
         why = r"the connection ended|ConnectionResetError: [^()]*"  # (a FIN or a reset first)
         assert re.fullmatch(rf"{said} \(({why})\); it may or may not have applied", str(lost.value))
+
+
+@pytest.mark.asyncio
+async def test_closing_the_store_fails_its_watches_and_calls_in_flight_saying_so() -> None:
+    async def watches_only(peer: Peer, frame: list[Any]) -> None:
+        if frame[2] == "watch":
+            peer.send([RESULT, frame[1], [1, 0, None]])
+        # a get: never answered
+
+    async with fake_session_server(watches_only) as (url, seen):
+        store = await open_store(url, progress_interval=5.0)
+        events = store.watch("x")
+        await events.start()
+        get = asyncio.ensure_future(store.get("k"))
+        await eventually(lambda: "get" in seen.ops, 10, "the get was sent")
+        started = time.monotonic()
+        await store.aclose()
+        assert time.monotonic() - started < 1.5  # it waits a second at most for the FIN
+        with pytest.raises(StoreClosedError) as during:
+            await get
+        assert str(during.value) == "the store was closed during get 'k'"
+        with pytest.raises(StoreClosedError) as watched:
+            await events.__anext__()
+        assert str(watched.value) == f"the store of {url} was closed"
+        with pytest.raises(StoreClosedError):
+            await store.get("k")  # (the store's own check: "HttpStore is closed")
