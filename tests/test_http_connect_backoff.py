@@ -269,3 +269,28 @@ async def test_a_store_closed_while_it_connects_says_so() -> None:
     with pytest.raises(StoreClosedError) as info:
         await asyncio.wait_for(get, SLACK)
     assert "was closed" in str(info.value)
+
+
+def test_the_default_backoff_starts_at_50_ms_and_doubles_up_to_2_s() -> None:
+    backoff = Backoff(rng=lambda: 1.0)  # the ceiling of each wait
+    assert [backoff.next_delay() for _ in range(8)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert backoff.attempts == 8
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port", "path"),
+    [
+        ("http://example.org", "example.org", 80, "/v1/session"),
+        ("https://example.org", "example.org", 443, "/v1/session"),
+        ("http://10.0.0.7:8081/store", "10.0.0.7", 8081, "/store/v1/session"),
+    ],
+)
+def test_the_dialer_dials_the_urls_host_and_port_and_upgrades_under_its_path(
+    url: str, host: str, port: int, path: str
+) -> None:
+    dialer = Dialer(url, headers={"Authorization": "Bearer t"}, ssl=None, connect_timeout=1.0)
+    assert (dialer._host, dialer._port) == (host, port)
+    netloc = url.split("//", 1)[1].split("/", 1)[0]
+    assert dialer._request.startswith(f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode())
+    assert dialer._request.endswith(b"Authorization: Bearer t\r\n\r\n")
+    assert dialer.connect_timeout == 1.0
