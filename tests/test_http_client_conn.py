@@ -424,11 +424,12 @@ async def test_close_writes_what_is_queued_then_ends_the_connection() -> None:
 
 
 @pytest.mark.asyncio
-async def test_close_after_the_connection_was_lost_touches_no_transport() -> None:
+async def test_close_or_abort_after_the_connection_was_lost_touches_no_transport() -> None:
     conn, transport = _open()
     conn.connection_lost(None)
     transport.aborted = False
     conn.close()
+    conn.abort("late")
     assert not transport.aborted
 
 

@@ -17,7 +17,11 @@ from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import Connection
 from aioelastic.store.http._frames import PROTOCOL_VERSIONS, REQUEST, RESULT, unpack_all
 from aioelastic.store.http._session_dial import Dialer
-from aioelastic.store.http._session_stream import MAX_HELLO_HEADER, hello_from_header
+from aioelastic.store.http._session_stream import (
+    MAX_HELLO_HEADER,
+    hello_from_header,
+    hello_header,
+)
 from aioelastic.store.http.server import HttpStoreServer
 
 #: Generous: the machine is shared.
@@ -209,3 +213,15 @@ async def test_a_hello_too_long_for_a_header_goes_as_a_message(recorded: _Writes
     assert _hello_in(head) is None
     [frame] = list(unpack_all(hello[4:], max_len=1 << 20))
     assert frame[3]["padding"] == "x" * MAX_HELLO_HEADER
+
+
+def test_a_hello_of_exactly_the_headers_limit_still_rides_in_the_upgrade() -> None:
+    dialer = Dialer("http://127.0.0.1:1", headers={}, ssl=None, connect_timeout=1.0)
+
+    def value_length(pad: int) -> int:
+        return len(hello_header(dialer._hello_message({"pad": "x" * pad})))
+
+    pad = next(n for n in range(2000, 4000) if value_length(n) == MAX_HELLO_HEADER)
+    assert dialer._with_hello({"pad": "x" * pad}) is not None
+    assert value_length(pad + 1) > MAX_HELLO_HEADER
+    assert dialer._with_hello({"pad": "x" * (pad + 1)}) is None
