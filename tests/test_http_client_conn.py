@@ -466,3 +466,28 @@ async def test_the_dialer_waiting_on_a_lost_connection_is_told_why(
     with pytest.raises(ConnectionResetError) as message:
         await conn.next_message()
     assert str(answer.value) == str(message.value) == said
+
+
+@pytest.mark.asyncio
+async def test_every_message_received_is_counted_whatever_the_reads() -> None:
+    conn, _ = _open()
+    frames = [pack([PROGRESS, 9, n]) for n in range(5)]  # (for no open watch: dropped)
+    for body in frames[:3]:  # one read each
+        conn.data_received(message_header(len(body)) + body)
+    conn.data_received(b"".join(message_header(len(b)) + b for b in frames[3:]))  # two in one
+    assert conn.messages_received == 5
+
+
+@pytest.mark.asyncio
+async def test_what_arrives_after_a_refusal_is_ignored() -> None:
+    conn = Connection(asyncio.get_running_loop())
+    transport = _Transport(conn)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(conn.answer())  # (the dialer, as the upgrade goes out)
+    await asyncio.sleep(0)
+    conn.data_received(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\nab")
+    answer = await waiting
+    assert (answer.status, answer.body) == (503, b"ab")
+    conn.data_received(b"more bytes, then a message" + message_header(3) + b"abc")
+    assert conn.messages_received == 0
+    assert not transport.aborted

@@ -57,7 +57,6 @@ class SessionClient:
     ) -> None:
         self.url = base_url
         self.dialer = Dialer(base_url, headers=headers, ssl=ssl, connect_timeout=connect_timeout)
-        self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.progress_interval = progress_interval
         self.reconnect_timeout = reconnect_timeout
