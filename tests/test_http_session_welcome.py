@@ -102,7 +102,7 @@ async def test_a_hello_timed_out_by_a_busy_server_is_tried_again() -> None:
 
     async with (
         fake_session_server(_answer_gets, welcome=welcome) as (url, seen),
-        open_store(url, timeout=10) as store,
+        open_store(url, timeout=10, read_retries=0) as store,
     ):
         assert await store.get("k") is None
         assert seen.connections == 2
