@@ -701,13 +701,20 @@ async def _take(slots: _Slots, got: list[int], n: int) -> None:
     got.append(n)
 
 
-@pytest.mark.asyncio
-async def test_a_waiter_that_gives_up_takes_no_slot_and_leaves_the_queue() -> None:
+async def _two_waiting() -> tuple[_Slots, list[int], asyncio.Future[None], asyncio.Future[None]]:
+    """One slot, taken; two callers waiting for it, in order (each appends its number once
+    it has a slot)."""
     slots, got = _Slots(1), list[int]()
     assert slots.try_take()
-    quitter = asyncio.ensure_future(_take(slots, got, 0))
-    patient = asyncio.ensure_future(_take(slots, got, 1))
+    first = asyncio.ensure_future(_take(slots, got, 0))
+    second = asyncio.ensure_future(_take(slots, got, 1))
     await asyncio.sleep(0)
+    return slots, got, first, second
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_that_gives_up_takes_no_slot_and_leaves_the_queue() -> None:
+    slots, got, quitter, patient = await _two_waiting()
     quitter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await quitter
@@ -721,11 +728,7 @@ async def test_a_waiter_that_gives_up_takes_no_slot_and_leaves_the_queue() -> No
 
 @pytest.mark.asyncio
 async def test_a_waiter_cancelled_after_the_queue_skipped_it_ends_cancelled() -> None:
-    slots, got = _Slots(1), list[int]()
-    assert slots.try_take()
-    quitter = asyncio.ensure_future(_take(slots, got, 0))
-    patient = asyncio.ensure_future(_take(slots, got, 1))
-    await asyncio.sleep(0)
+    slots, got, quitter, patient = await _two_waiting()
     quitter.cancel()
     slots.give()  # before the quitter ran: the queue skips it, the slot goes to the next
     with pytest.raises(asyncio.CancelledError):
@@ -736,11 +739,7 @@ async def test_a_waiter_cancelled_after_the_queue_skipped_it_ends_cancelled() ->
 
 @pytest.mark.asyncio
 async def test_a_waiter_cancelled_once_handed_a_slot_passes_it_on() -> None:
-    slots, got = _Slots(1), list[int]()
-    assert slots.try_take()
-    handed = asyncio.ensure_future(_take(slots, got, 0))
-    patient = asyncio.ensure_future(_take(slots, got, 1))
-    await asyncio.sleep(0)
+    slots, got, handed, patient = await _two_waiting()
     slots.give()  # to the first waiter...
     handed.cancel()  # ...cancelled before it ran
     with pytest.raises(asyncio.CancelledError):

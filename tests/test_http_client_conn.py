@@ -197,16 +197,16 @@ async def test_one_timer_keeps_every_requests_deadline_even_a_shorter_later_one(
     requests.cancel()
 
 
-def _requests(clock: FakeClock) -> tuple[Requests, list[int]]:
-    expired: list[int] = []
+def _requests() -> tuple[FakeClock, Requests, list[int]]:
+    """Requests on a clock the test moves, and the pending count at each expiry."""
+    clock, expired = FakeClock(), list[int]()
     requests = Requests(clock, lambda: expired.append(len(requests)))  # type: ignore[arg-type]
-    return requests, expired
+    return clock, requests, expired
 
 
 @pytest.mark.asyncio
 async def test_a_request_fails_at_its_deadline_exactly_and_leaves_no_timer() -> None:
-    clock = FakeClock()
-    requests, expired = _requests(clock)
+    clock, requests, expired = _requests()
     future = asyncio.get_running_loop().create_future()
     requests.track(1, future, 5.0)
     assert clock.pending == [105.0]
@@ -217,8 +217,7 @@ async def test_a_request_fails_at_its_deadline_exactly_and_leaves_no_timer() -> 
 
 @pytest.mark.asyncio
 async def test_the_sweep_drops_requests_nobody_waits_for_and_rearms_for_the_next() -> None:
-    clock = FakeClock()
-    requests, expired = _requests(clock)
+    clock, requests, expired = _requests()
     loop = asyncio.get_running_loop()
     abandoned, waiting = loop.create_future(), loop.create_future()
     requests.track(1, abandoned, 5.0)
@@ -234,8 +233,7 @@ async def test_the_sweep_drops_requests_nobody_waits_for_and_rearms_for_the_next
 
 @pytest.mark.asyncio
 async def test_a_request_without_a_deadline_arms_nothing_and_fails_with_the_connection() -> None:
-    clock = FakeClock()
-    requests, expired = _requests(clock)
+    clock, requests, expired = _requests()
     future = asyncio.get_running_loop().create_future()
     requests.track(1, future, 1e9)
     assert clock.pending == []
