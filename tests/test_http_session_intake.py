@@ -167,6 +167,34 @@ async def test_shutdown_waits_for_directly_taken_sessions_to_end() -> None:
         assert await wire.closed()
 
 
+@pytest.mark.asyncio
+async def test_a_408_is_metered_as_other_with_its_wait_and_frees_its_budget_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The silent connection's end after its 408 reaches the budget like any other end (a
+    connection that never spoke must not hold a slot), and the 408 is metered with the time
+    it waited."""
+    async with HttpStoreServer(port=0, read_timeout=0.3, max_connections=2) as server:
+        for _ in range(3):  # more than max_connections, one after another
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            try:
+                answer = await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+            assert answer.startswith(b"HTTP/1.1 408 ")
+        intake = server._intake
+        assert intake is not None
+        assert intake.budget is not None
+        budget = intake.budget
+        await eventually(lambda: not intake.live and budget.open == 0, 10, "the budget forgot them")
+        text = await _metrics(server)
+        assert _sample(text, "aioelastic_requests_total", '{code="408",op="other"}') == 3
+        waited = _sample(text, "aioelastic_request_duration_seconds_sum", '{op="other"}')
+        assert 3 * 0.25 <= waited < 3 * 5, waited
+        assert _sample(text, "aioelastic_connections") == 1  # the scrape's own
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
 # -- the head parser ------------------------------------------------------------------------------
 
 

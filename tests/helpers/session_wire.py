@@ -163,6 +163,17 @@ async def _connect(
     return host, port, reader, writer
 
 
+async def _write_cut(writer: asyncio.StreamWriter, request: bytes, pieces: int) -> None:
+    """Write ``request`` in ``pieces`` parts, a moment apart (so that the server reads them
+    apart: a head cut over reads is aiohttp's to parse, not the direct upgrade's)."""
+    cut = len(request) // max(1, pieces)
+    for start in range(0, (pieces - 1) * cut, cut):
+        writer.write(request[start : start + cut])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+    writer.write(request[(pieces - 1) * cut :])
+
+
 @contextlib.asynccontextmanager
 async def session_wire(
     url: str,
@@ -179,13 +190,7 @@ async def session_wire(
     :func:`hello_value`)."""
     host, port, reader, writer = await _connect(url, tls)
     try:
-        request = _request(host, port, token, UPGRADE, path, hello=hello)
-        cut = len(request) // max(1, pieces)
-        for start in range(0, (pieces - 1) * cut, cut):
-            writer.write(request[start : start + cut])
-            await writer.drain()
-            await asyncio.sleep(0.05)
-        writer.write(request[(pieces - 1) * cut :])
+        await _write_cut(writer, _request(host, port, token, UPGRADE, path, hello=hello), pieces)
         status, headers = await _head(reader)
         if status != 101:
             length = int(headers.get("content-length", "0"))
@@ -206,12 +211,15 @@ async def upgrade_answer(
     token: str | None = None,
     connection: str = "Upgrade",
     hello: str | None = None,
+    pieces: int = 1,
 ) -> tuple[int, dict[str, str], bytes]:
     """Ask ``/v1/session`` for ``upgrade`` (with this ``Connection`` header, and ``hello`` in
-    the ``Aioelastic-Hello`` header if given): the answer's status, headers and body."""
+    the ``Aioelastic-Hello`` header if given; written in ``pieces`` parts, as
+    :func:`session_wire` does): the answer's status, headers and body."""
     host, port, reader, writer = await _connect(url, None)
     try:
-        writer.write(_request(host, port, token, upgrade, "/v1/session", connection, hello))
+        request = _request(host, port, token, upgrade, "/v1/session", connection, hello)
+        await _write_cut(writer, request, pieces)
         status, headers = await _head(reader)
         body = b""
         if "content-length" in headers:
