@@ -238,3 +238,35 @@ async def test_a_read_of_one_request_is_answered_with_one_transport_write() -> N
     [(call, data)] = transport.calls
     assert [f[:2] for f in unpack_all(data[4:], max_len=1 << 20)] == [[RESULT, 2], [RESULT, 3]]
     session.connection_lost(None)
+
+
+def _last_frame(recorder: Any) -> list[Any]:
+    """The error frame the connection ended with."""
+    assert recorder.closed is not None
+    code, error, abort = recorder.closed
+    [frame] = list(unpack_all(error, max_len=1 << 20))
+    assert frame[2] == code
+    assert abort is False
+    return list(frame)
+
+
+@pytest.mark.asyncio
+async def test_a_replaced_connection_ends_with_its_reason() -> None:
+    connection, recorder = connect(make_hub(MemoryEngine()))
+    connection.replaced()
+    assert _last_frame(recorder) == [
+        ERROR,
+        0,
+        "replaced",
+        "the session was resumed on another connection",
+        {},
+    ]
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_bad_frames_message_is_cut_to_300_characters() -> None:
+    connection, recorder = connect(make_hub(MemoryEngine()))
+    connection.bad_frame("y" * 1000)
+    assert _last_frame(recorder) == [ERROR, 0, "bad_frame", "y" * 300, {}]
+    connection.end()

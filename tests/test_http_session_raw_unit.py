@@ -1,0 +1,165 @@
+"""The raw session transport's edges over a recording transport (no socket): a transport
+paused before the hello, the hello's deadline and the end after it, the write buffer the
+connection is told of, messages cut to their bound, and a silent connection's read deadline
+when its transport is already closing. The same paths on real sockets are
+``tests/test_http_session_raw.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from helpers.session_conn import make_hub
+from helpers.waiting import eventually
+
+from aioelastic.store.http._frames import (
+    ERROR,
+    PROTOCOL_VERSIONS,
+    REQUEST,
+    RESULT,
+    pack,
+    unpack_all,
+)
+from aioelastic.store.http._intake import Intake
+from aioelastic.store.http._session_raw import RawSession
+from aioelastic.store.http._session_server import SessionHub
+from aioelastic.store.http._session_stream import message_header
+from aioelastic.store.memory import MemoryEngine
+
+
+class Transport:
+    """What a RawSession or a NewConnection is given to write to, recorded."""
+
+    def __init__(self, *, closing: bool = False) -> None:
+        self.data = b""
+        self.buffer = 0
+        self.closing = closing
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.data += bytes(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.data += b"".join(parts)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffer
+
+    def is_closing(self) -> bool:
+        return self.closing or self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def frames(self) -> list[list[Any]]:
+        """The frames of every message written, in order."""
+        frames: list[list[Any]] = []
+        data = self.data
+        while data:
+            size = int.from_bytes(data[:4], "big")
+            frames.extend(unpack_all(data[4 : 4 + size], max_len=1 << 20))
+            data = data[4 + size :]
+        return frames
+
+
+def _message(*frames: list[Any]) -> bytes:
+    body = b"".join(pack(frame) for frame in frames)
+    return message_header(len(body)) + body
+
+
+HELLO = _message([REQUEST, 0, "hello", {"versions": [1]}])
+
+
+def _raw(hub: SessionHub) -> tuple[RawSession, Transport, list[Exception | None]]:
+    transport, lost = Transport(), list[Exception | None]()
+    session = RawSession(hub, lost.append, transport)
+    hub.raw_sessions.add(session)
+    return session, transport, lost
+
+
+@pytest.mark.asyncio
+async def test_a_transport_paused_before_the_hello_pauses_the_connection_it_makes() -> None:
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    session.start()
+    session.pause_writing()  # (a client that sent its hello and stopped reading)
+    session.data_received(HELLO)
+    assert session.connection is not None
+    assert session.connection._paused
+    session.resume_writing()
+    assert not session.connection._paused
+    [welcome] = transport.frames()
+    assert welcome[:2] == [RESULT, 0]
+
+
+@pytest.mark.asyncio
+async def test_the_connection_is_told_the_transports_write_buffer_until_the_end() -> None:
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    transport.buffer = 12345
+    assert session.buffered() == 12345
+    session.connection_lost(None)
+    assert session.buffered() == 0  # (ended: nothing more is written)
+
+
+@pytest.mark.asyncio
+async def test_no_hello_in_time_is_refused_and_the_end_after_it_is_quiet() -> None:
+    hub = make_hub(MemoryEngine())
+    hub.hello_timeout = 0.01
+    session, transport, lost = _raw(hub)
+    session.start()
+    await eventually(lambda: transport.closed, 10, "the hello's deadline")
+    assert transport.frames() == [[ERROR, 0, "hello_timeout", "no hello within 0.01s", {}]]
+    session.connection_lost(None)  # the FIN after the error frame
+    assert lost == [None]  # the budget and aiohttp are told
+    assert session.closed.done()
+    assert session not in hub.raw_sessions
+
+
+@pytest.mark.asyncio
+async def test_a_refused_hello_cuts_its_message_to_300_characters() -> None:
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    session.refuse("bad_hello", "x" * 1000)
+    [frame] = transport.frames()
+    assert frame[:3] == [ERROR, 0, "bad_hello"]
+    assert frame[3] == "x" * 300
+    assert transport.closed
+
+
+@pytest.mark.asyncio
+async def test_a_hello_refused_by_the_hub_cuts_its_message_to_300_characters() -> None:
+    """An unsupported version list is quoted in the refusal, cut to its bound."""
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    session.start()
+    session.data_received(_message([REQUEST, 0, "hello", {"versions": [99] * 500}]))
+    [frame] = transport.frames()
+    assert frame[:3] == [ERROR, 0, "unsupported_version"]
+    assert len(frame[3]) == 300
+    supported = list(PROTOCOL_VERSIONS)
+    assert frame[3].startswith(f"this server speaks session protocol versions {supported}")
+    assert frame[4] == {"supported": supported}
+    assert session.connection is None
+
+
+@pytest.mark.asyncio
+async def test_a_silent_connection_whose_transport_is_closing_gets_no_408() -> None:
+    observed: list[tuple[str, int, float]] = []
+    intake = Intake(
+        lambda *args: None,  # type: ignore[arg-type]
+        budget=None,
+        read_timeout=0.01,
+        observe=lambda *args: observed.append(args),
+        upgrade=None,
+    )
+    connection = intake()
+    transport = Transport(closing=True)  # (the client's FIN is being read)
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert transport.data == b""
+    assert not transport.closed
+    assert observed == []
+    connection.connection_lost(None)
+    assert not intake.live
