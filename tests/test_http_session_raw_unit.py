@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers.session_conn import make_hub
+from helpers.transport import Transport
 from helpers.waiting import eventually
 
 from aioelastic.store.http._frames import (
@@ -19,52 +20,12 @@ from aioelastic.store.http._frames import (
     REQUEST,
     RESULT,
     pack,
-    unpack_all,
 )
 from aioelastic.store.http._intake import Intake
 from aioelastic.store.http._session_raw import RawSession
 from aioelastic.store.http._session_server import SessionHub
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
-
-
-class Transport:
-    """What a RawSession or a NewConnection is given to write to, recorded."""
-
-    def __init__(self, *, closing: bool = False) -> None:
-        self.data = b""
-        self.buffer = 0
-        self.closing = closing
-        self.closed = False
-        self.aborted = False
-
-    def write(self, data: bytes) -> None:
-        self.data += bytes(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.data += b"".join(parts)
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffer
-
-    def is_closing(self) -> bool:
-        return self.closing or self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def frames(self) -> list[list[Any]]:
-        """The frames of every message written, in order."""
-        frames: list[list[Any]] = []
-        data = self.data
-        while data:
-            size = int.from_bytes(data[:4], "big")
-            frames.extend(unpack_all(data[4 : 4 + size], max_len=1 << 20))
-            data = data[4 + size :]
-        return frames
 
 
 def _message(*frames: list[Any]) -> bytes:
