@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 
 from aioelastic.store import LeaseStatus
 from aioelastic.store.http._frames import REQUEST, RESULT, pack, unpack_all
-from aioelastic.store.http._session_raw import SWITCHING, session_head
+from aioelastic.store.http._session_raw import (
+    MAX_DIRECT_HEAD,
+    SESSION_REQUEST_LINE,
+    SWITCHING,
+    session_head,
+)
 from aioelastic.store.http._session_stream import UPGRADE, MessageReader, message_header
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -230,6 +235,33 @@ def test_a_head_the_direct_path_does_not_take_is_left_to_aiohttp(data: bytes) ->
 @given(st.integers(min_value=0, max_value=len(HEAD) - 1))
 def test_a_head_not_whole_yet_is_left_to_aiohttp(cut: int) -> None:
     assert session_head(HEAD[:cut]) is None
+
+
+def _head_of(*lines: bytes) -> bytes:
+    return SESSION_REQUEST_LINE + b"".join(line + b"\r\n" for line in lines) + b"\r\n"
+
+
+def test_a_head_of_32_header_lines_is_taken_and_one_of_33_is_not() -> None:
+    lines = [b"X-%d: 1" % i for i in range(32)]
+    parsed = session_head(_head_of(*lines))
+    assert parsed is not None
+    assert len(parsed[0]) == 32
+    assert session_head(_head_of(*lines, b"X-32: 1")) is None
+
+
+def test_a_head_of_8_kib_is_taken_and_a_byte_longer_is_not() -> None:
+    pad = MAX_DIRECT_HEAD - len(SESSION_REQUEST_LINE) - len(b"X-Pad: ")
+    longest = _head_of(b"X-Pad: " + b"p" * pad)
+    assert longest.index(b"\r\n\r\n") == MAX_DIRECT_HEAD
+    assert session_head(longest) == ({"x-pad": "p" * pad}, b"")
+    assert session_head(_head_of(b"X-Pad: " + b"p" * (pad + 1))) is None
+
+
+def test_header_names_are_lower_cased_and_values_trimmed_and_read_as_latin_1() -> None:
+    parsed = session_head(
+        _head_of(b"X-Mixed-Case:\t v a l \t ", b"X-Empty:", b"X-Latin: caf\xe9") + b"tail"
+    )
+    assert parsed == ({"x-mixed-case": "v a l", "x-empty": "", "x-latin": "caf\u00e9"}, b"tail")
 
 
 @pytest.mark.asyncio

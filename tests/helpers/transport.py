@@ -43,8 +43,12 @@ class Transport:
 
     def frames(self) -> list[list[Any]]:
         """The frames of every message written, in order."""
+        return self.frames_after(0)
+
+    def frames_after(self, skip: int) -> list[list[Any]]:
+        """The frames of every message written after the first ``skip`` bytes (an HTTP head)."""
         frames: list[list[Any]] = []
-        data = self.data
+        data = self.data[skip:]
         while data:
             size = int.from_bytes(data[:4], "big")
             frames.extend(unpack_all(data[4 : 4 + size], max_len=1 << 20))
