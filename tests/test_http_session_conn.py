@@ -12,6 +12,7 @@ import pytest
 from helpers.session_conn import connect, make_hub, message_body, next_iteration
 
 from aioelastic.store.http._frames import ERROR, EVENTS, REQUEST, RESULT, pack, unpack_all
+from aioelastic.store.http._session_conn import WATCH_CHUNK_BYTES
 from aioelastic.store.http._session_raw import RawSession
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
@@ -75,6 +76,28 @@ async def test_many_watches_woken_together_are_pumped_in_one_write() -> None:
     await next_iteration()
     assert len(recorder.writes) == 1
     assert sorted(f[1] for f in recorder.frames(0)) == list(range(1, 51))
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_v1_pump_of_many_watches_writes_every_16_kib_queued() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine))  # (version 1: a frame per watch)
+    connection.received(
+        [message_body(*([REQUEST, i, "watch", [f"p{i}/", None, False]] for i in range(1, 11)))]
+    )
+    recorder.writes.clear()
+    value = b"x" * (WATCH_CHUNK_BYTES // 4)  # four watches' frames pass the chunk
+    for i in range(1, 11):
+        engine.put(f"p{i}/k", value)
+    await next_iteration()
+    # each watch's frame is two parts (its head, the shared blob): 4 + 4 + 2 watches
+    assert [len(parts) for parts in recorder.writes] == [8, 8, 4]
+    assert [sum(map(len, parts)) >= WATCH_CHUNK_BYTES for parts in recorder.writes] == [
+        True,
+        True,
+        False,
+    ]
     connection.end()
 
 
