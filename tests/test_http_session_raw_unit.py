@@ -124,3 +124,57 @@ async def test_a_silent_connection_whose_transport_is_closing_gets_no_408() -> N
     assert observed == []
     connection.connection_lost(None)
     assert not intake.live
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_refuses_an_upgraded_connection_still_without_its_hello() -> None:
+    hub = make_hub(MemoryEngine())
+    waiting, waiting_transport, _ = _raw(hub)
+    waiting.start()
+    greeted, greeted_transport, _ = _raw(hub)
+    greeted.start()
+    greeted.data_received(HELLO)
+    greeted_transport.data = b""  # (the welcome)
+    hub.shutdown()
+    assert waiting_transport.frames() == [
+        [ERROR, 0, "unavailable", "the server is shutting down", {}]
+    ]
+    assert waiting_transport.closed
+    assert greeted_transport.frames() == [
+        [ERROR, 0, "unavailable", "the server is shutting down", {}]
+    ]
+    assert greeted_transport.closed
+
+
+@pytest.mark.asyncio
+async def test_wait_closed_waits_for_the_ends_then_drops_what_is_left() -> None:
+    hub = make_hub(MemoryEngine())
+    ending, ending_transport, _ = _raw(hub)
+    stuck, stuck_transport, _ = _raw(hub)
+    for session in (ending, stuck):
+        session.start()
+    hub.shutdown()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, ending.connection_lost, None)  # the FIN after the error frame
+    started = loop.time()
+    await hub.wait_closed(0.3)
+    assert loop.time() - started >= 0.3  # (the stuck one was waited for, to the timeout)
+    assert not ending_transport.aborted
+    assert stuck_transport.aborted
+    assert hub.raw_sessions == {stuck}  # (its connection_lost, after the abort, forgets it)
+    stuck.connection_lost(None)
+    assert hub.raw_sessions == set()
+
+
+@pytest.mark.asyncio
+async def test_wait_closed_returns_at_once_when_every_session_has_ended() -> None:
+    hub = make_hub(MemoryEngine())
+    session, transport, _ = _raw(hub)
+    session.start()
+    hub.shutdown()
+    session.connection_lost(None)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await hub.wait_closed(5.0)
+    assert loop.time() - started < 1.0
+    assert not transport.aborted
