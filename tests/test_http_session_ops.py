@@ -103,6 +103,48 @@ async def test_a_refused_argument_is_named_with_its_bounds(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("op", "args", "code", "message"),
+    [
+        ("get", ["k" * 101], "key_too_large", "keys are at most 100 bytes (UTF-8)"),
+        # 26 characters of 4 bytes: 104 bytes (more than a quarter of the limit in characters)
+        ("get", ["\U0001d11e" * 26], "key_too_large", "keys are at most 100 bytes (UTF-8)"),
+        ("get", [""], "bad_request", "the key must not be empty"),
+        ("get", [b"k"], "bad_request", "a key must be a string, got bytes"),
+        ("put", ["k", "v", 0], "bad_request", "a value must be bytes (msgpack bin), got str"),
+        ("put", ["k", b"v" * 100_001, 0], "value_too_large", "values are at most 100000 bytes"),
+        ("put", ["k", b"v", 2**63], "bad_request", "lease must be an integer in [0, 2**63)"),
+        ("lease_grant", [1e9 + 1], "bad_request", "ttl must be a finite number of seconds"),
+        ("lease_grant", [float("nan")], "bad_request", "ttl must be a finite number of seconds"),
+        ("lease_grant", [-0.5], "bad_request", "ttl must be a finite number of seconds"),
+        ("lease_grant", ["1"], "bad_request", "ttl must be a number of seconds, got str"),
+        ("lease_grant", [False], "bad_request", "ttl must be a number of seconds, got bool"),
+    ],
+)
+async def test_an_argument_past_its_bound_is_refused_and_the_bound_itself_is_not(
+    op: str, args: list[Any], code: str, message: str, session: Any
+) -> None:
+    engine, connection = session
+    frame = _ask(connection, op, args)
+    assert frame[:3] == [ERROR, 7, code]
+    assert frame[3].startswith(message), frame[3]
+    assert engine.revision == 0
+
+
+@pytest.mark.asyncio
+async def test_the_largest_key_value_lease_id_and_ttl_are_taken(session: Any) -> None:
+    engine, connection = session
+    for key in ("k" * 100, "\U0001d11e" * 25, "\u00e9" * 50):
+        frame = _ask(connection, "put", [key, b"v" * 100_000, 0])
+        assert frame[0] == RESULT, frame
+        assert engine.get(key) is not None
+    assert _ask(connection, "lease_grant", [1e9])[0] == RESULT
+    assert _ask(connection, "lease_grant", [1])[0] == RESULT  # an int is seconds too
+    frame = _ask(connection, "lease_keep_alive", [2**63 - 1])
+    assert frame[2] == "lease_not_found"  # (past the argument check: no such lease)
+
+
+@pytest.mark.asyncio
 async def test_a_cas_puts_its_value_with_its_lease(session: Any) -> None:
     engine, connection = session
     lease = engine.lease_grant(30.0).id
