@@ -12,7 +12,7 @@ import msgpack
 import pytest
 from helpers.session_conn import Recorder, make_hub, message_body
 
-from aioelastic.store.http._frames import ERROR, REQUEST, RESULT, pack, unpack_all
+from aioelastic.store.http._frames import ERROR, REQUEST, RESULT, WATCH_END, pack, unpack_all
 from aioelastic.store.http._session_conn import Connection
 from aioelastic.store.http._session_server import SessionHub
 from aioelastic.store.memory import MemoryEngine
@@ -246,10 +246,17 @@ async def test_a_shutdown_keeps_the_leases_and_refuses_new_detaches_nothing() ->
     assert connection is not None
     lease = hub.engine.lease_grant(30.0).id
     hub.own_lease(connection.state, lease)
+    connection.received([message_body([REQUEST, 3, "watch", ["p/", None, False]])])
     recorder.writes.clear()
     hub.shutdown()
+    # the watch's end, then the connection's, both saying why
+    assert recorder.frames(0) == [[WATCH_END, 3, "closing", "the server is shutting down", {}]]
     assert recorder.closed is not None
-    assert recorder.closed[0] == "unavailable"
+    code, error, _ = recorder.closed
+    assert code == "unavailable"
+    assert list(unpack_all(error, max_len=1 << 20)) == [
+        [ERROR, 0, "unavailable", "the server is shutting down", {}]
+    ]
     assert hub.closing
     hub.detach(connection)
     assert hub.engine.has_lease(lease)  # to its TTL
