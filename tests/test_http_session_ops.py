@@ -119,6 +119,13 @@ async def test_a_refused_argument_is_named_with_its_bounds(
         ("lease_grant", [-0.5], "bad_request", "ttl must be a finite number of seconds"),
         ("lease_grant", ["1"], "bad_request", "ttl must be a number of seconds, got str"),
         ("lease_grant", [False], "bad_request", "ttl must be a number of seconds, got bool"),
+        ("lease_keep_alive", [0], "bad_request", "lease must be an integer in [1, 2**63), got 0"),
+        (
+            "watch",
+            ["p", 1, True],
+            "bad_request",
+            "a snapshot reads the prefix now: it takes no start_revision",
+        ),
     ],
 )
 async def test_an_argument_past_its_bound_is_refused_and_the_bound_itself_is_not(
