@@ -157,3 +157,76 @@ async def test_an_idle_watch_gets_a_progress_frame_every_interval() -> None:
         seen += frames(recorder)
     assert seen[:3] == [[PROGRESS, 1, 0]] * 3
     connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_progress_frame_is_sent_once_and_follows_the_events_of_its_pump() -> None:
+    """A version-1 connection (no groups): the tick's progress and an event in one pump go out
+    as the events, then the progress; the next event has no progress frame after it."""
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine), {"progress_interval": 300.0})
+    connection.received([message_body(watch(1, "w/"))])
+    frames(recorder)
+    connection._tick()  # idle since the start: a progress frame is due
+    engine.put("w/k", b"1")  # before the pump: it carries both
+    await next_iteration()
+    assert [f[:2] for f in frames(recorder)] == [[EVENTS, 1], [PROGRESS, 1]]
+    engine.put("w/k", b"2")
+    await next_iteration()
+    assert [f[:2] for f in frames(recorder)] == [[EVENTS, 1]]
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_whose_events_were_compacted_unread_ends_saying_the_revisions() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine))
+    connection.received([message_body(watch(1, "w/"))])
+    frames(recorder)
+    connection.pause_writing()  # (the client stopped reading: its watch waits)
+    for value in (b"1", b"2", b"3"):
+        engine.put("w/k", value)
+    engine.compact(engine.revision)
+    connection.resume_writing()
+    await next_iteration()
+    [end] = frames(recorder)
+    assert end[:3] == [WATCH_END, 1, "compacted"]
+    assert end[4] == {"requested_revision": 1, "compact_revision": 3}
+    assert "compacted" in end[3]
+    assert "3" in end[3]
+    assert engine.watcher_count == 0
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_of_a_closed_store_ends_closing_with_the_stores_words() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine))
+    connection.received([message_body(watch(1, "w/"))])
+    frames(recorder)
+    engine.close()
+    await next_iteration()
+    [end] = frames(recorder)
+    assert end[:3] == [WATCH_END, 1, "closing"]
+    assert end[3]
+    assert end[3] != "None"
+    assert end[4] == {}
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_releasing_a_watch_twice_is_harmless() -> None:
+    engine = MemoryEngine()
+    hub = make_hub(engine)
+    connection, recorder = connect(hub)
+    connection.received([message_body(watch(1, "w/"))])
+    frames(recorder)
+    [served] = connection._watches.values()
+    served.release()
+    served.release()
+    assert hub.watches == 0
+    assert engine.watcher_count == 0
+    served.woken()  # (a late wake-up of a released watch queues nothing)
+    await next_iteration()
+    assert recorder.writes == []
+    connection.end()

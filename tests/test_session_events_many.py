@@ -93,12 +93,31 @@ async def test_the_watches_of_a_v2_connection_that_read_the_same_events_share_a_
     frames = recorder.frames()
     assert {f[0] for f in frames} == {EVENTS_MANY}
     # at most GROUP_WATCHES a frame (the client starts on the first while the rest is read)
-    assert len(frames) == -(-300 // GROUP_WATCHES)
+    assert [len(frame[1]) for frame in frames] == [GROUP_WATCHES, GROUP_WATCHES, 44]
     wids = [wid for frame in frames for wid in frame[1]]
     assert sorted(wids) == list(range(1, 301))  # each once
     for frame in frames:
         [event] = decode_events(frame[2])
         assert (event.kv.key, event.kv.value) == ("w/a", b"v")
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_pump_of_more_watches_than_a_group_holds_writes_at_each_group_of_them() -> None:
+    """Watches that each read events of their own (a frame each): the pump writes once
+    GROUP_WATCHES of them are grouped, then the rest."""
+    engine = MemoryEngine()
+    connection, recorder = _connect(_hub(engine), [1, 2])
+    count = GROUP_WATCHES + 2
+    for i in range(1, count + 1):
+        _watch(connection, recorder, range(i, i + 1), f"p{i}/")
+    for i in range(1, count + 1):
+        engine.put(f"p{i}/k", b"v")  # in one loop iteration: one pump for all
+    await _next_iteration()
+    writes = [list(unpack_all(b"".join(parts), max_len=1 << 24)) for parts in recorder.writes]
+    assert [len(frames) for frames in writes] == [GROUP_WATCHES, 2]
+    assert sorted(frame[1][0] for frames in writes for frame in frames) == list(range(1, count + 1))
+    assert all(len(frame[1]) == 1 for frames in writes for frame in frames)
     connection.end()
 
 
