@@ -11,7 +11,7 @@ import msgpack
 import pytest
 from helpers.session_conn import connect, make_hub, message_body, next_iteration
 
-from aioelastic.store.http._frames import ERROR, EVENTS, REQUEST, RESULT, pack, unpack_all
+from aioelastic.store.http._frames import ERROR, EVENTS, PROGRESS, REQUEST, RESULT, pack, unpack_all
 from aioelastic.store.http._session_conn import WATCH_CHUNK_BYTES
 from aioelastic.store.http._session_raw import RawSession
 from aioelastic.store.http._session_stream import message_header
@@ -292,4 +292,127 @@ async def test_a_bad_frames_message_is_cut_to_300_characters() -> None:
     connection, recorder = connect(make_hub(MemoryEngine()))
     connection.bad_frame("y" * 1000)
     assert _last_frame(recorder) == [ERROR, 0, "bad_frame", "y" * 300, {}]
+    connection.end()
+
+
+# -- what each path costs: the loop callbacks a connection queues --------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_lone_request_answered_inline_queues_no_flush() -> None:
+    hub = make_hub(MemoryEngine())
+    connection, recorder = connect(hub)
+    connection.received_one(message_body([REQUEST, 1, "get", ["a"]]))
+    assert len(recorder.writes) == 1
+    assert len(hub.flushes) == 0
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_with_history_is_written_with_its_answer_and_queues_no_flush() -> None:
+    engine = MemoryEngine()
+    engine.put("w/a", b"1")
+    hub = make_hub(engine)
+    connection, recorder = connect(hub)
+    connection.received([message_body([REQUEST, 1, "watch", ["w/", 1, False]])])
+    assert [f[:2] for f in recorder.frames(0)] == [[RESULT, 1], [EVENTS, 1]]
+    assert len(hub.flushes) == 0
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_connection_woken_by_many_watches_or_frames_is_queued_once() -> None:
+    engine = MemoryEngine()
+    hub = make_hub(engine)
+    connection, recorder = connect(hub)
+    connection.received(
+        [message_body(*([REQUEST, i, "watch", [f"p{i}/", None, False]] for i in range(1, 21)))]
+    )
+    recorder.writes.clear()
+    for i in range(1, 21):
+        engine.put(f"p{i}/k", b"x")
+    connection.send([PROGRESS, 1, 0])  # (frames queued between reads ride along)
+    connection.send([PROGRESS, 2, 0])
+    assert len(hub.flushes) == 1
+    await next_iteration()
+    assert len(recorder.writes) == 1
+    assert len(hub.flushes) == 0
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_lone_request_while_paused_is_answered_and_the_watches_still_wait() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine))
+    connection.received([message_body([REQUEST, 1, "watch", ["w/", None, False]])])
+    recorder.writes.clear()
+    connection.pause_writing()
+    engine.put("w/k", b"x")
+    await next_iteration()
+    assert recorder.writes == []
+    connection.received_one(message_body([REQUEST, 2, "get", ["w/k"]]))
+    assert [f[:2] for f in recorder.frames(0)] == [[RESULT, 2]]
+    connection.resume_writing()
+    await next_iteration()
+    assert [f[:2] for f in recorder.frames(1)] == [[EVENTS, 1]]
+    connection.end()
+
+
+# -- frames that are not requests ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "frame",
+    [[RESULT, 5, "get", ["a"]], [REQUEST, "5", "get", ["a"]], [REQUEST, 5, "get"]],
+    ids=["kind", "id", "short"],
+)
+async def test_a_frame_that_is_not_a_request_ends_the_connection_saying_what_one_is(
+    frame: list[Any],
+) -> None:
+    connection, recorder = connect(make_hub(MemoryEngine()))
+    connection.received_one(message_body(frame))
+    assert recorder.writes == []
+    assert recorder.closed is not None
+    code, error, abort = recorder.closed
+    assert (code, abort) == ("bad_frame", False)
+    assert list(unpack_all(error, max_len=1000)) == [
+        [ERROR, 0, "bad_frame", "a request frame is [0, id, op, args]", {}]
+    ]
+    connection.end()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [(["get"], "no operation \"['get']\""), ("x" * 150, f"no operation {'x' * 100!r}")],
+    ids=["a-list", "cut-to-100"],
+)
+async def test_an_operation_name_that_is_no_operation_is_answered_unknown(
+    name: Any, said: str
+) -> None:
+    connection, recorder = connect(make_hub(MemoryEngine()))
+    connection.received_one(message_body([REQUEST, 5, name, []]))
+    assert recorder.frames(0) == [[ERROR, 5, "unknown_op", said, {}]]
+    assert recorder.closed is None
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_too_slow_says_so_and_a_buffer_at_the_limit_is_not_too_slow() -> None:
+    hub = make_hub(MemoryEngine())
+    hub.max_outbox_bytes = 1000
+    connection, recorder = connect(hub)
+    connection.pause_writing()
+    recorder.buffer = 1000  # at the limit: still fine
+    connection.received_one(message_body([REQUEST, 1, "get", ["a"]]))
+    assert recorder.closed is None
+    recorder.buffer = 1001
+    connection.received_one(message_body([REQUEST, 2, "get", ["a"]]))
+    assert recorder.closed is not None
+    code, error, abort = recorder.closed
+    assert (code, abort) == ("too_slow", True)
+    assert list(unpack_all(error, max_len=1000)) == [
+        [ERROR, 0, "too_slow", "the client does not read its answers", {}]
+    ]
     connection.end()

@@ -161,6 +161,9 @@ async def test_a_resume_is_the_same_session_and_replaces_the_connection_it_finds
     assert hub.session_count == 1
     assert first.state.connection is second
     assert hub.engine.has_lease(lease)  # no grace ran: nothing revoked
+    hub.detach(first)  # its transport's end, later: already detached, harmless
+    assert hub.session_count == 1
+    assert first.state.connection is second
 
 
 @pytest.mark.parametrize("token", ["unknown", 42, None])

@@ -158,6 +158,7 @@ async def test_a_write_is_answered_once_durable_and_metered_at_once() -> None:
     await next_iteration()
     await next_iteration()
     assert recorder.frames(0) == [[RESULT, 7, engine.revision]]
+    assert connection._tasks == set()  # (the answered write's task is let go)
 
 
 @pytest.mark.asyncio
