@@ -6,6 +6,7 @@ sockets: ``tests/test_http_session.py`` and ``tests/test_http_session_raw.py``."
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgpack
@@ -54,11 +55,12 @@ async def test_the_welcome_says_the_session_its_token_grace_bound_and_leases() -
         "resume": state.resume_token,
         "resumed": False,
         "grace": hub.grace,
-        "max_message": hub.max_message_bytes,
+        "max_message": 4 * (100_000 + 100) + 1024 * 1024,  # four maximal values and keys, 1 MiB
         "leases": [],
     }
-    assert len(state.id) == 16
-    assert len(state.resume_token) >= 32
+    assert hub.max_message_bytes == welcome["max_message"]
+    assert len(state.id) == 16  # 8 random bytes, in hex
+    assert len(state.resume_token) == 32  # 24 random bytes (192 bits), base64url
     assert hub.session_count == 1
     assert state.connection is connection
 
@@ -124,7 +126,7 @@ async def test_a_progress_interval_that_is_not_seconds_is_a_bad_hello(given: Any
         pack([REQUEST, 0, "hello"]),
         msgpack.packb("hello"),
         b"\xc1",
-        message_body([REQUEST, 0, "hello", {"versions": [1], "pad": "x" * 70_000}]),
+        message_body([REQUEST, 0, "hello", {"versions": [1], "pad": "x" * (64 * 1024 + 1)}]),
     ],
     ids=["op", "id", "kind", "fields", "short", "not-a-frame", "not-msgpack", "over-64KiB"],
 )
@@ -166,7 +168,7 @@ async def test_a_resume_is_the_same_session_and_replaces_the_connection_it_finds
     assert first.state.connection is second
 
 
-@pytest.mark.parametrize("token", ["unknown", 42, None])
+@pytest.mark.parametrize("token", ["unknown", 42, None, ["a", "list"]])
 @pytest.mark.asyncio
 async def test_a_resume_token_the_hub_does_not_know_is_a_new_session(token: Any) -> None:
     hub = make_hub(MemoryEngine())
@@ -271,3 +273,113 @@ async def test_a_shutdown_keeps_the_leases_and_refuses_new_detaches_nothing() ->
 def test_a_grace_that_is_not_seconds_is_refused_at_once(grace: Any) -> None:
     with pytest.raises(ValueError, match="session grace must be a number of seconds >= 0"):
         SessionHub(MemoryEngine(), grace=grace, max_key_bytes=1, max_value_bytes=1, max_watches=1)
+
+
+@pytest.mark.asyncio
+async def test_a_string_of_64_kib_is_read_and_the_first_frame_must_be_a_hello() -> None:
+    hub = make_hub(MemoryEngine())
+    connection, _ = _hello(hub, pad="x" * (64 * 1024))
+    assert connection is not None
+    recorder = Recorder()
+    assert hub.greet(recorder, pack([REQUEST, 0, "get", {}])) is None
+    assert _refusal(recorder)[3] == (
+        "not a hello frame: the first frame must be [0, 0, 'hello', {...}]"
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_hello_adopts_from_its_first_100_000_lease_ids_only() -> None:
+    hub = make_hub(MemoryEngine())
+    lease = hub.engine.lease_grant(30.0).id
+    claimed = [0] * 100_000 + [lease]
+    connection, recorder = _hello(hub, leases=claimed)
+    assert connection is not None
+    assert _welcome(recorder)["leases"] == []
+    connection, recorder = _hello(hub, leases=claimed[1:])
+    assert connection is not None
+    assert _welcome(recorder)["leases"] == [lease]
+
+
+@pytest.mark.asyncio
+async def test_the_hubs_watch_limit_counts_the_other_watches_only_when_told() -> None:
+    alone = SessionHub(MemoryEngine(), max_key_bytes=100, max_value_bytes=1000, max_watches=2)
+    connection, recorder = _hello(alone)
+    assert connection is not None
+    connection.received(
+        [message_body(*([REQUEST, i, "watch", ["p/", None, False]] for i in (1, 2)))]
+    )
+    assert [frame[0] for frame in recorder.frames(1)] == [RESULT, RESULT]
+    shared = SessionHub(
+        MemoryEngine(),
+        max_key_bytes=100,
+        max_value_bytes=1000,
+        max_watches=2,
+        other_watches=lambda: 1,  # (a REST watch stream)
+    )
+    connection, recorder = _hello(shared)
+    assert connection is not None
+    connection.received(
+        [message_body(*([REQUEST, i, "watch", ["p/", None, False]] for i in (1, 2)))]
+    )
+    assert [frame[2] if frame[0] == ERROR else frame[0] for frame in recorder.frames(1)] == [
+        RESULT,
+        "too_many_watches",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_session_resumed_twice_in_a_row_is_the_same_session() -> None:
+    hub = SessionHub(
+        MemoryEngine(), grace=30.0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
+    )
+    first, _ = _hello(hub)
+    assert first is not None
+    token = first.state.resume_token
+    hub.detach(first)  # the grace starts
+    assert first.state.revoke_timer is not None
+    second, _ = _hello(hub, resume=token)  # back within the grace: the revocation is off
+    assert second is not None
+    assert second.state.revoke_timer is None
+    third, recorder = _hello(hub, resume=token)  # again, before the server saw the second end
+    assert third is not None
+    assert _welcome(recorder)["resumed"] is True
+    assert third.state is first.state
+    assert hub.session_count == 1
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_during_the_grace_keeps_the_leases() -> None:
+    hub = SessionHub(
+        MemoryEngine(), grace=0.02, max_key_bytes=100, max_value_bytes=1000, max_watches=10
+    )
+    connection, _ = _hello(hub)
+    assert connection is not None
+    lease = hub.engine.lease_grant(30.0).id
+    hub.own_lease(connection.state, lease)
+    hub.detach(connection)
+    hub.shutdown()
+    await asyncio.sleep(0.1)  # past the grace
+    assert hub.engine.has_lease(lease)
+
+
+@pytest.mark.asyncio
+async def test_the_end_of_a_session_revokes_its_leases_past_one_gone_or_a_closed_store() -> None:
+    hub = SessionHub(
+        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
+    )
+    connection, _ = _hello(hub)
+    assert connection is not None
+    leases = [hub.engine.lease_grant(30.0).id for _ in range(2)]
+    for lease in [*leases, max(leases) + 1]:  # (one the engine no longer has: revoked first)
+        hub.own_lease(connection.state, lease)
+    hub.detach(connection)
+    assert not any(hub.engine.has_lease(lease) for lease in leases)
+    closed = SessionHub(
+        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
+    )
+    connection, _ = _hello(closed)
+    assert connection is not None
+    closed.own_lease(connection.state, closed.engine.lease_grant(30.0).id)
+    closed.engine.close()
+    closed.detach(connection)  # (the store closed first: nothing to revoke, no error)
+    assert connection.state.leases == set()
