@@ -22,7 +22,7 @@ from aioelastic.store.http._frames import (
     pack,
 )
 from aioelastic.store.http._intake import Intake
-from aioelastic.store.http._session_raw import RawSession
+from aioelastic.store.http._session_raw import RawSession, upgrade
 from aioelastic.store.http._session_server import SessionHub
 from aioelastic.store.http._session_stream import message_header
 from aioelastic.store.memory import MemoryEngine
@@ -178,3 +178,61 @@ async def test_wait_closed_returns_at_once_when_every_session_has_ended() -> Non
     await hub.wait_closed(5.0)
     assert loop.time() - started < 1.0
     assert not transport.aborted
+
+
+@pytest.mark.asyncio
+async def test_bytes_read_before_the_101_is_out_are_read_after_it() -> None:
+    """A client that sent its hello before the 101 was written (aiohttp's path: the protocol is
+    the session's before the answer goes out): held, then read once the session starts."""
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    session.data_received(HELLO[:5])
+    session.data_received(HELLO[5:])
+    assert transport.data == b""
+    assert session.connection is None
+    session.start()
+    assert session.connection is not None
+    [welcome] = transport.frames()
+    assert welcome[:2] == [RESULT, 0]
+
+
+@pytest.mark.asyncio
+async def test_a_transport_resumed_before_the_hello_leaves_the_connection_writing() -> None:
+    session, _, _ = _raw(make_hub(MemoryEngine()))
+    session.start()
+    session.pause_writing()
+    session.resume_writing()
+    session.data_received(HELLO)
+    assert session.connection is not None
+    assert not session.connection._paused
+
+
+@pytest.mark.asyncio
+async def test_after_its_close_a_session_writes_nothing_more() -> None:
+    session, transport, _ = _raw(make_hub(MemoryEngine()))
+    session.start()
+    session.close("first", pack([ERROR, 0, "first", "the end", {}]))
+    written = transport.data
+    session.close("second", pack([ERROR, 0, "second", "again", {}]))
+    session.write([pack([RESULT, 1, None])])
+    assert transport.data == written
+    assert transport.frames() == [[ERROR, 0, "first", "the end", {}]]
+    assert session.buffered() == 0
+
+
+@pytest.mark.asyncio
+async def test_the_transports_end_is_told_with_its_error() -> None:
+    session, _, lost = _raw(make_hub(MemoryEngine()))
+    session.start()
+    error = ConnectionResetError("reset by peer")
+    session.connection_lost(error)
+    assert lost == [error]
+
+
+@pytest.mark.asyncio
+async def test_aiohttps_route_without_a_transport_says_the_client_went_away() -> None:
+    class Request:
+        headers: dict[str, str] = {}
+        transport = None
+
+    with pytest.raises(ConnectionResetError, match=r"^the client went away before the upgrade$"):
+        await upgrade(make_hub(MemoryEngine()), Request())  # type: ignore[arg-type]
