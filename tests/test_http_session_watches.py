@@ -227,6 +227,22 @@ async def test_releasing_a_watch_twice_is_harmless() -> None:
     assert hub.watches == 0
     assert engine.watcher_count == 0
     served.woken()  # (a late wake-up of a released watch queues nothing)
+    assert connection._ready == []
     await next_iteration()
     assert recorder.writes == []
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_woken_twice_before_its_pump_is_queued_once() -> None:
+    engine = MemoryEngine()
+    connection, recorder = connect(make_hub(engine))
+    connection.received([message_body(watch(1, "w/"))])
+    frames(recorder)
+    engine.put("w/a", b"1")
+    engine.put("w/b", b"2")
+    assert len(connection._ready) == 1
+    await next_iteration()
+    [events] = frames(recorder)
+    assert [e.kv.key for e in decode_events(events[2])] == ["w/a", "w/b"]
     connection.end()

@@ -14,6 +14,7 @@ import msgpack
 import pytest
 
 from aioelastic.store import WatchEvent, open_store
+from aioelastic.store._txn import Put, check_txn
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._client_conn import MAX_MESSAGE
 from aioelastic.store.http._client_conn import Connection as ClientConnection
@@ -99,6 +100,24 @@ async def test_the_watches_of_a_v2_connection_that_read_the_same_events_share_a_
     for frame in frames:
         [event] = decode_events(frame[2])
         assert (event.kv.key, event.kv.value) == ("w/a", b"v")
+    connection.end()
+
+
+@pytest.mark.asyncio
+async def test_each_prefix_gets_its_own_events_of_one_revision_in_groups_too() -> None:
+    """Watches of a v2 connection on prefixes that one txn writes alike (one key each, the
+    same revision, as many events): a frame per prefix, each with its own key."""
+    engine = MemoryEngine()
+    connection, recorder = _connect(_hub(engine), [1, 2])
+    _watch(connection, recorder, range(1, 3), "a/")
+    _watch(connection, recorder, range(3, 5), "b/")
+    engine.txn(check_txn([], [Put("a/k", b"1"), Put("b/k", b"2")], []))
+    await _next_iteration()
+    read = {
+        tuple(frame[1]): [(e.kv.key, e.kv.value) for e in decode_events(frame[2])]
+        for frame in recorder.frames()
+    }
+    assert read == {(1, 2): [("a/k", b"1")], (3, 4): [("b/k", b"2")]}
     connection.end()
 
 
