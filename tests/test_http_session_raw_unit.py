@@ -161,6 +161,9 @@ async def test_wait_closed_waits_for_the_ends_then_drops_what_is_left() -> None:
     assert loop.time() - started >= 0.3  # (the stuck one was waited for, to the timeout)
     assert not ending_transport.aborted
     assert stuck_transport.aborted
+    written = stuck_transport.data
+    stuck.write([pack([RESULT, 1, None])])  # (dropped: nothing more is written)
+    assert stuck_transport.data == written
     assert hub.raw_sessions == {stuck}  # (its connection_lost, after the abort, forgets it)
     stuck.connection_lost(None)
     assert hub.raw_sessions == set()

@@ -25,7 +25,7 @@ from ._frames import EVENTS, EVENTS_MANY, PROGRESS, WATCH_END
 if TYPE_CHECKING:
     from ._session_server import Connection, SessionHub
 
-__all__ = ["GROUP_WATCHES", "EventGroups", "ServedWatch", "events_frame", "events_head"]
+__all__ = ["GROUP_WATCHES", "EventGroups", "ServedWatch", "events_head"]
 
 #: msgpack's fixarray of 3 and the positive fixint of EVENTS: the head of every events frame
 _EVENTS_HEAD = bytes((0x93, EVENTS))
@@ -40,11 +40,6 @@ def events_head(wid: int) -> bytes:
     msgpack (bin), written as two parts so that a blob shared by many sessions is never copied."""
     head: bytes = msgpack.packb(wid)
     return _EVENTS_HEAD + head
-
-
-def events_frame(wid: int, packed_blob: bytes) -> bytes:
-    """The bytes of ``[EVENTS, wid, blob]``, ``packed_blob`` being the blob's msgpack (bin)."""
-    return events_head(wid) + packed_blob
 
 
 class EventGroups:
