@@ -416,3 +416,15 @@ async def test_too_slow_says_so_and_a_buffer_at_the_limit_is_not_too_slow() -> N
         [ERROR, 0, "too_slow", "the client does not read its answers", {}]
     ]
     connection.end()
+
+
+@pytest.mark.asyncio
+async def test_frames_sent_between_reads_queue_the_connection_once() -> None:
+    hub = make_hub(MemoryEngine())
+    connection, recorder = connect(hub)
+    connection.send([PROGRESS, 1, 0])
+    connection.send([PROGRESS, 2, 0])
+    assert len(hub.flushes) == 1
+    await next_iteration()
+    assert recorder.frames(0) == [[PROGRESS, 1, 0], [PROGRESS, 2, 0]]
+    connection.end()

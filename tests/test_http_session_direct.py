@@ -52,6 +52,7 @@ def _take(data: bytes, token: bytes | None = None) -> tuple[RawSession | None, T
         PLAIN,
         (b"Connection: keep-alive, Upgrade", b"Upgrade: aioelastic-session/1"),
         (b"Connection: UPGRADE ,close", b"Upgrade:  Aioelastic-Session/1 "),
+        (b"Connection: Upgrade,close", b"Upgrade: aioelastic-session/1"),
         (b"connection: upgrade", b"upgrade: aioelastic-session/1", b"X-Other: 1"),
     ],
 )

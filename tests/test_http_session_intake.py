@@ -241,6 +241,14 @@ def _head_of(*lines: bytes) -> bytes:
     return SESSION_REQUEST_LINE + b"".join(line + b"\r\n" for line in lines) + b"\r\n"
 
 
+def test_the_bytes_after_the_head_are_all_the_tail_whatever_they_hold() -> None:
+    assert session_head(SESSION_REQUEST_LINE + b"\r\ntail") == ({}, b"tail")
+    tail = b"\x00\x00\x00\x04\r\n\r\n"  # (a message whose bytes look like a head's end)
+    parsed = session_head(HEAD + tail)
+    assert parsed is not None
+    assert parsed[1] == tail
+
+
 def test_a_head_of_32_header_lines_is_taken_and_one_of_33_is_not() -> None:
     lines = [b"X-%d: 1" % i for i in range(32)]
     parsed = session_head(_head_of(*lines))

@@ -241,6 +241,8 @@ async def test_a_watch_woken_twice_before_its_pump_is_queued_once() -> None:
     frames(recorder)
     engine.put("w/a", b"1")
     engine.put("w/b", b"2")
+    [served] = connection._ready
+    served.woken()  # (the tick's wake-up, say)
     assert len(connection._ready) == 1
     await next_iteration()
     [events] = frames(recorder)

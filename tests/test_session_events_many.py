@@ -122,6 +122,23 @@ async def test_each_prefix_gets_its_own_events_of_one_revision_in_groups_too() -
 
 
 @pytest.mark.asyncio
+async def test_a_pump_of_more_progress_frames_than_a_group_holds_writes_at_each_group() -> None:
+    """Idle watches at a tick: a progress frame each, queued as they come; the pump writes once
+    GROUP_WATCHES of them are queued, then the rest."""
+    engine = MemoryEngine()
+    connection, recorder = _connect(_hub(engine), [1, 2])
+    count = GROUP_WATCHES + 2
+    _watch(connection, recorder, range(1, count + 1), "idle/")
+    connection._tick()
+    await _next_iteration()
+    writes = [list(unpack_all(b"".join(parts), max_len=1 << 24)) for parts in recorder.writes]
+    assert [len(frames) for frames in writes] == [GROUP_WATCHES, 2]
+    assert sorted(frame[1] for frames in writes for frame in frames) == list(range(1, count + 1))
+    assert {frame[0] for frames in writes for frame in frames} == {PROGRESS}
+    connection.end()
+
+
+@pytest.mark.asyncio
 async def test_a_pump_of_more_watches_than_a_group_holds_writes_at_each_group_of_them() -> None:
     """Watches that each read events of their own (a frame each): the pump writes once
     GROUP_WATCHES of them are grouped, then the rest."""
