@@ -223,10 +223,8 @@ class RawSession(asyncio.Protocol):
         if early:
             self.data_received(b"".join(early))
 
-    # -- asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    # -- asyncio.Protocol (no connection_made: a session is set on a live transport, which it is
+    # given when made, and asyncio tells only the protocol a connection was made with)
 
     def data_received(self, data: bytes) -> None:
         if self._early is not None:
