@@ -42,6 +42,27 @@ def _refusal(recorder: Recorder) -> list[Any]:
     return list(frame)
 
 
+def _hub(grace: float = 0.25, **options: Any) -> SessionHub:
+    """A hub over a new engine with small bounds (``options``: max_watches, other_watches)."""
+    options.setdefault("max_watches", 10)
+    return SessionHub(
+        MemoryEngine(), grace=grace, max_key_bytes=100, max_value_bytes=1000, **options
+    )
+
+
+def _greeted(hub: SessionHub, **fields: Any) -> tuple[Connection, Recorder]:
+    connection, recorder = _hello(hub, **fields)
+    assert connection is not None
+    return connection, recorder
+
+
+def _owned_lease(hub: SessionHub, connection: Connection) -> int:
+    """A new lease of ``connection``'s session (as its lease_grant makes one)."""
+    lease = hub.engine.lease_grant(30.0).id
+    hub.own_lease(connection.state, lease)
+    return lease
+
+
 @pytest.mark.asyncio
 async def test_the_welcome_says_the_session_its_token_grace_bound_and_leases() -> None:
     hub = make_hub(MemoryEngine())
@@ -224,9 +245,7 @@ async def test_an_ended_lease_is_forgotten_by_its_session() -> None:
 
 @pytest.mark.asyncio
 async def test_grace_zero_revokes_a_detached_sessions_leases_at_once() -> None:
-    hub = SessionHub(
-        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
+    hub = _hub(grace=0)
     connection, _ = _hello(hub)
     assert connection is not None
     leases = [hub.engine.lease_grant(30.0).id for _ in range(3)]
@@ -244,13 +263,9 @@ async def test_grace_zero_revokes_a_detached_sessions_leases_at_once() -> None:
 
 @pytest.mark.asyncio
 async def test_a_shutdown_keeps_the_leases_and_refuses_new_detaches_nothing() -> None:
-    hub = SessionHub(
-        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
-    connection, recorder = _hello(hub)
-    assert connection is not None
-    lease = hub.engine.lease_grant(30.0).id
-    hub.own_lease(connection.state, lease)
+    hub = _hub(grace=0)
+    connection, recorder = _greeted(hub)
+    lease = _owned_lease(hub, connection)
     connection.received([message_body([REQUEST, 3, "watch", ["p/", None, False]])])
     recorder.writes.clear()
     hub.shutdown()
@@ -302,20 +317,14 @@ async def test_a_hello_adopts_from_its_first_100_000_lease_ids_only() -> None:
 
 @pytest.mark.asyncio
 async def test_the_hubs_watch_limit_counts_the_other_watches_only_when_told() -> None:
-    alone = SessionHub(MemoryEngine(), max_key_bytes=100, max_value_bytes=1000, max_watches=2)
+    alone = _hub(max_watches=2)
     connection, recorder = _hello(alone)
     assert connection is not None
     connection.received(
         [message_body(*([REQUEST, i, "watch", ["p/", None, False]] for i in (1, 2)))]
     )
     assert [frame[0] for frame in recorder.frames(1)] == [RESULT, RESULT]
-    shared = SessionHub(
-        MemoryEngine(),
-        max_key_bytes=100,
-        max_value_bytes=1000,
-        max_watches=2,
-        other_watches=lambda: 1,  # (a REST watch stream)
-    )
+    shared = _hub(max_watches=2, other_watches=lambda: 1)  # (a REST watch stream)
     connection, recorder = _hello(shared)
     assert connection is not None
     connection.received(
@@ -329,9 +338,7 @@ async def test_the_hubs_watch_limit_counts_the_other_watches_only_when_told() ->
 
 @pytest.mark.asyncio
 async def test_a_session_resumed_twice_in_a_row_is_the_same_session() -> None:
-    hub = SessionHub(
-        MemoryEngine(), grace=30.0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
+    hub = _hub(grace=30.0)
     first, _ = _hello(hub)
     assert first is not None
     token = first.state.resume_token
@@ -349,13 +356,9 @@ async def test_a_session_resumed_twice_in_a_row_is_the_same_session() -> None:
 
 @pytest.mark.asyncio
 async def test_a_shutdown_during_the_grace_keeps_the_leases() -> None:
-    hub = SessionHub(
-        MemoryEngine(), grace=0.02, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
-    connection, _ = _hello(hub)
-    assert connection is not None
-    lease = hub.engine.lease_grant(30.0).id
-    hub.own_lease(connection.state, lease)
+    hub = _hub(grace=0.02)
+    connection, _ = _greeted(hub)
+    lease = _owned_lease(hub, connection)
     hub.detach(connection)
     hub.shutdown()
     await asyncio.sleep(0.1)  # past the grace
@@ -364,9 +367,7 @@ async def test_a_shutdown_during_the_grace_keeps_the_leases() -> None:
 
 @pytest.mark.asyncio
 async def test_the_end_of_a_session_revokes_its_leases_past_one_gone_or_a_closed_store() -> None:
-    hub = SessionHub(
-        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
+    hub = _hub(grace=0)
     connection, _ = _hello(hub)
     assert connection is not None
     leases = [hub.engine.lease_grant(30.0).id for _ in range(2)]
@@ -374,9 +375,7 @@ async def test_the_end_of_a_session_revokes_its_leases_past_one_gone_or_a_closed
         hub.own_lease(connection.state, lease)
     hub.detach(connection)
     assert not any(hub.engine.has_lease(lease) for lease in leases)
-    closed = SessionHub(
-        MemoryEngine(), grace=0, max_key_bytes=100, max_value_bytes=1000, max_watches=10
-    )
+    closed = _hub(grace=0)
     connection, _ = _hello(closed)
     assert connection is not None
     closed.own_lease(connection.state, closed.engine.lease_grant(30.0).id)

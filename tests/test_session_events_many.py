@@ -52,6 +52,10 @@ class Recorder:
     def close(self, code: str, error: bytes, *, abort: bool = False) -> None:
         raise AssertionError(f"closed: {code}")
 
+    def frames_by_write(self) -> list[list[list[Any]]]:
+        """The frames of each write so far, write by write (kept)."""
+        return [list(unpack_all(b"".join(parts), max_len=1 << 24)) for parts in self.writes]
+
     def frames(self) -> list[list[Any]]:
         """Every frame written so far, in order (then forgotten)."""
         out = [f for parts in self.writes for f in unpack_all(b"".join(parts), max_len=1 << 24)]
@@ -131,7 +135,7 @@ async def test_a_pump_of_more_progress_frames_than_a_group_holds_writes_at_each_
     _watch(connection, recorder, range(1, count + 1), "idle/")
     connection._tick()
     await _next_iteration()
-    writes = [list(unpack_all(b"".join(parts), max_len=1 << 24)) for parts in recorder.writes]
+    writes = recorder.frames_by_write()
     assert [len(frames) for frames in writes] == [GROUP_WATCHES, 2]
     assert sorted(frame[1] for frames in writes for frame in frames) == list(range(1, count + 1))
     assert {frame[0] for frames in writes for frame in frames} == {PROGRESS}
@@ -150,7 +154,7 @@ async def test_a_pump_of_more_watches_than_a_group_holds_writes_at_each_group_of
     for i in range(1, count + 1):
         engine.put(f"p{i}/k", b"v")  # in one loop iteration: one pump for all
     await _next_iteration()
-    writes = [list(unpack_all(b"".join(parts), max_len=1 << 24)) for parts in recorder.writes]
+    writes = recorder.frames_by_write()
     assert [len(frames) for frames in writes] == [GROUP_WATCHES, 2]
     assert sorted(frame[1][0] for frames in writes for frame in frames) == list(range(1, count + 1))
     assert all(len(frame[1]) == 1 for frames in writes for frame in frames)
