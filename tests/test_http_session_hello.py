@@ -246,11 +246,8 @@ async def test_an_ended_lease_is_forgotten_by_its_session() -> None:
 @pytest.mark.asyncio
 async def test_grace_zero_revokes_a_detached_sessions_leases_at_once() -> None:
     hub = _hub(grace=0)
-    connection, _ = _hello(hub)
-    assert connection is not None
-    leases = [hub.engine.lease_grant(30.0).id for _ in range(3)]
-    for lease in leases:
-        hub.own_lease(connection.state, lease)
+    connection, _ = _greeted(hub)
+    leases = [_owned_lease(hub, connection) for _ in range(3)]
     token = connection.state.resume_token
     hub.detach(connection)
     assert not any(hub.engine.has_lease(lease) for lease in leases)
@@ -368,17 +365,14 @@ async def test_a_shutdown_during_the_grace_keeps_the_leases() -> None:
 @pytest.mark.asyncio
 async def test_the_end_of_a_session_revokes_its_leases_past_one_gone_or_a_closed_store() -> None:
     hub = _hub(grace=0)
-    connection, _ = _hello(hub)
-    assert connection is not None
-    leases = [hub.engine.lease_grant(30.0).id for _ in range(2)]
-    for lease in [*leases, max(leases) + 1]:  # (one the engine no longer has: revoked first)
-        hub.own_lease(connection.state, lease)
+    connection, _ = _greeted(hub)
+    leases = [_owned_lease(hub, connection) for _ in range(2)]
+    hub.own_lease(connection.state, max(leases) + 1)  # (an id the engine does not have)
     hub.detach(connection)
     assert not any(hub.engine.has_lease(lease) for lease in leases)
     closed = _hub(grace=0)
-    connection, _ = _hello(closed)
-    assert connection is not None
-    closed.own_lease(connection.state, closed.engine.lease_grant(30.0).id)
+    connection, _ = _greeted(closed)
+    _owned_lease(closed, connection)
     closed.engine.close()
     closed.detach(connection)  # (the store closed first: nothing to revoke, no error)
     assert connection.state.leases == set()
