@@ -132,7 +132,8 @@ async def test_sigterm_ends_watches_flushes_and_exits(tmp_path: Path) -> None:
 async def test_in_flight_requests_finish_on_graceful_stop() -> None:
     server = HttpStoreServer(port=0)
     await server.start()
-    async with open_store(server.url) as store:
+    # A put not yet sent when the server goes retries the connect until its timeout: 2 s, not 30.
+    async with open_store(server.url, timeout=2.0) as store:
         puts = [asyncio.ensure_future(store.put(f"f/{i}", b"v")) for i in range(50)]
         await asyncio.sleep(0)  # deliberate: one loop pass, so the stop meets puts in flight
         await server.stop()
