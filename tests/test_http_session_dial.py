@@ -225,3 +225,17 @@ def test_a_hello_of_exactly_the_headers_limit_still_rides_in_the_upgrade() -> No
     assert dialer._with_hello({"pad": "x" * pad}) is not None
     assert value_length(pad + 1) > MAX_HELLO_HEADER
     assert dialer._with_hello({"pad": "x" * (pad + 1)}) is None
+
+
+@pytest.mark.asyncio
+async def test_the_session_dials_the_url_s_own_host() -> None:
+    """A server on another loopback address (127.0.0.2: all of 127/8 is loopback on Linux) is
+    reached there: the connect goes to the URL's host, not to a default one (asyncio connects a
+    missing host to 127.0.0.1, which every other test's server listens on)."""
+    async with (
+        HttpStoreServer(host="127.0.0.2", port=0) as server,
+        open_store(server.url, timeout=5) as store,
+    ):
+        assert server.url.startswith("http://127.0.0.2:")
+        await store.put("k", b"v")
+        assert (await store.get("k")) is not None

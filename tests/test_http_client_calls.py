@@ -1,0 +1,143 @@
+"""Each call of the http store, one by one, against a fake session server (``helpers.
+fake_session``): the name (and key) an error gives it, and whether it is a read, sent again
+after a lost connection, or a write, sent once and then of unknown outcome; the types its answer
+is converted to; the token file and the TLS context the options make."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.fake_session import Peer, fake_session_server
+
+from aioelastic.errors import WriteOutcomeUnknownError
+from aioelastic.store import Delete, Get, Put, Range, open_store
+from aioelastic.store.http import HttpStore
+from aioelastic.store.http._frames import ERROR, RESULT
+from aioelastic.store.http.client import _ssl_context, read_token_file
+
+Call = Callable[[Any], Awaitable[Any]]
+
+#: (the op on the wire, how an error names the call, the call, a write)
+CALLS: list[tuple[str, str, Call, bool]] = [
+    ("get", "get 'k'", lambda s: s.get("k"), False),
+    ("range", "range 'p/'", lambda s: s.range("p/"), False),
+    ("revision", "revision", lambda s: s.current_revision(), False),
+    ("lease_keep_alive", "lease_keep_alive", lambda s: s.lease_keep_alive(5), False),
+    ("lease_ttl", "lease_time_to_live", lambda s: s.lease_time_to_live(5), False),
+    ("txn", "txn", lambda s: s.txn(success=[Get("k"), Range("p/")]), False),
+    ("put", "put 'k'", lambda s: s.put("k", b"v"), True),
+    ("delete", "delete 'k'", lambda s: s.delete("k"), True),
+    ("cas", "compare_and_swap 'k'", lambda s: s.compare_and_swap("k", 0, b"v"), True),
+    ("cad", "compare_and_delete 'k'", lambda s: s.compare_and_delete("k", 3), True),
+    ("add", "add 'k'", lambda s: s.add("k", 2), True),
+    ("compact", "compact", lambda s: s.compact(3), True),
+    ("lease_grant", "lease_grant", lambda s: s.lease_grant(5), True),
+    ("lease_revoke", "lease_revoke", lambda s: s.lease_revoke(5), True),
+    ("txn", "txn", lambda s: s.txn(success=[Get("k")], failure=[Put("k", b"v")]), True),
+    ("txn", "txn", lambda s: s.txn(success=[Delete("k")]), True),
+]
+IDS = [f"{what}{'(write)' if write else ''}" for _, what, _, write in CALLS]
+
+
+async def _refuse(peer: Peer, frame: list[Any]) -> None:
+    peer.send([ERROR, frame[1], "bad_request", "nope", {}])
+
+
+@pytest.mark.parametrize(("op", "what", "call", "write"), CALLS, ids=IDS)
+@pytest.mark.asyncio
+async def test_an_error_names_the_call_and_its_key(
+    op: str, what: str, call: Call, write: bool
+) -> None:
+    async with fake_session_server(_refuse) as (url, seen), open_store(url) as store:
+        with pytest.raises(ValueError, match=f"^{what}: nope$"):
+            await call(store)
+    assert seen.ops == [op]
+
+
+@pytest.mark.parametrize(("op", "what", "call", "write"), CALLS, ids=IDS)
+@pytest.mark.asyncio
+async def test_a_read_is_sent_again_after_a_lost_connection_and_a_write_is_not(
+    op: str, what: str, call: Call, write: bool
+) -> None:
+    """The server hangs up at the call's first request: a read is sent again on a new
+    connection (and gets its answer, here a refusal); a write's outcome is unknown, sent once."""
+    hung_up: list[int] = []
+
+    async def hang_up_once(peer: Peer, frame: list[Any]) -> str | None:
+        if not hung_up:
+            hung_up.append(frame[1])
+            return "hang up"
+        await _refuse(peer, frame)
+        return None
+
+    async with fake_session_server(hang_up_once) as (url, seen), open_store(url) as store:
+        if write:
+            with pytest.raises(WriteOutcomeUnknownError, match=f"^{what}"):
+                await call(store)
+            assert seen.ops == [op]
+        else:
+            with pytest.raises(ValueError, match=f"^{what}: nope$"):
+                await call(store)
+            assert seen.ops == [op, op]
+            assert seen.connections == 2
+
+
+@pytest.mark.asyncio
+async def test_a_keep_alive_s_ttl_is_a_float_and_a_grant_s_lease_is_claimed() -> None:
+    """The TTL comes back a float whatever the wire carried (an int here); a granted lease is
+    the session's, and a revoked one is no longer."""
+
+    async def answer(peer: Peer, frame: list[Any]) -> None:
+        values = {"lease_keep_alive": 5, "lease_grant": [9, 5], "lease_revoke": None}
+        peer.send([RESULT, frame[1], values[frame[2]]])
+
+    async with fake_session_server(answer) as (url, _), open_store(url) as store:
+        ttl = await store.lease_keep_alive(9)
+        assert type(ttl) is float
+        assert ttl == 5.0
+        assert isinstance(store, HttpStore)
+        grant = await store.lease_grant(5)
+        assert grant.id == 9
+        assert type(grant.ttl) is float
+        assert store.session.leases == {9}
+        await store.lease_revoke(9)
+        assert store.session.leases == set()
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_txn_answer_says_so() -> None:
+    async def answer(peer: Peer, frame: list[Any]) -> None:
+        peer.send([RESULT, frame[1], {"not": "a txn result"}])
+
+    async with fake_session_server(answer) as (url, _), open_store(url) as store:
+        with pytest.raises(ConnectionError, match=r"^txn: malformed answer \("):
+            await store.txn(success=[Get("k")])
+
+
+def test_a_token_file_is_read_whitespace_stripped_and_refused_when_empty_or_unreadable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("  s3cret\n")
+    assert read_token_file(path) == "s3cret"
+    path.write_text(" \n")
+    with pytest.raises(ValueError, match=f"^token file {str(path)!r} is empty$"):
+        read_token_file(path)
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=f"^token file {str(missing)!r} cannot be read: "):
+        read_token_file(missing)
+
+
+def test_ssl_true_verifies_and_ssl_false_checks_nothing() -> None:
+    verifying = _ssl_context(True)
+    assert verifying.check_hostname is True
+    assert verifying.verify_mode == ssl.CERT_REQUIRED
+    lax = _ssl_context(False)
+    assert lax.check_hostname is False
+    assert lax.verify_mode == ssl.CERT_NONE
+    given = ssl.create_default_context()
+    assert _ssl_context(given) is given
