@@ -1,0 +1,300 @@
+"""The data directory when its disk fails (``_persist.DataDir``), in process: the log's writes
+and fsyncs fail as a full or failing disk makes them (the module's ``os`` calls replaced by ones
+that fail on cue). A refused write is not made and leaves no part of it; short writes are
+completed; a record cut short is cut off, or, when it cannot be, every later write is refused;
+an fsync failure refuses every write after it; a snapshot that fails leaves no temporary file
+and is tried again a full interval later; closing fsyncs and releases the directory. Nothing
+acknowledged is lost: each test reloads the directory."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.waiting import eventually
+
+from aioelastic.store import MemoryEngine
+from aioelastic.store.http import _persist
+from aioelastic.store.http._persist import DataDir, LogWriteError
+from aioelastic.store.http._persist_codec import WAL
+from aioelastic.store.http._persist_files import replace_file
+
+
+class Disk:
+    """``_persist``'s ``os``, with ``write``, ``ftruncate`` and ``fsync`` failing on cue."""
+
+    def __init__(self) -> None:
+        self.write_error: int | None = None  # errno of the next writes
+        self.write_at_most: int | None = None  # bytes per write call (short writes)
+        self.fail_after: int | None = None  # bytes a write takes before failing
+        self.truncate_error: int | None = None
+        self.fsync_error: int | None = None
+        self.fsyncs = 0
+
+    def module(self) -> types.SimpleNamespace:
+        fake = types.SimpleNamespace(
+            **{n: getattr(os, n) for n in dir(os) if not n.startswith("__")}
+        )
+        fake.write, fake.ftruncate, fake.fsync = self.write, self.ftruncate, self.fsync
+        return fake
+
+    def write(self, fd: int, data: Any) -> int:
+        if self.fail_after is not None:
+            taken = os.write(fd, bytes(data[: self.fail_after]))
+            self.fail_after = None
+            self.write_error = errno.ENOSPC
+            return taken
+        if self.write_error is not None:
+            raise OSError(self.write_error, os.strerror(self.write_error))
+        if self.write_at_most is not None:
+            data = data[: self.write_at_most]
+        return os.write(fd, data)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        if self.truncate_error is not None:
+            raise OSError(self.truncate_error, os.strerror(self.truncate_error))
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if self.fsync_error is not None:
+            raise OSError(self.fsync_error, os.strerror(self.fsync_error))
+        os.fsync(fd)
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
+    failing = Disk()
+    monkeypatch.setattr(_persist, "os", failing.module())
+    return failing
+
+
+async def _open(path: Path, **kwargs: Any) -> tuple[MemoryEngine, DataDir]:
+    engine = MemoryEngine()
+    data = DataDir(path, **kwargs)
+    data.open(engine)
+    return engine, data
+
+
+async def _reloaded(path: Path) -> dict[str, bytes]:
+    """The keys and values the directory holds, loaded afresh (damage would raise)."""
+    engine, data = await _open(path)
+    try:
+        return {kv.key: kv.value for kv in engine.range("", None).kvs}
+    finally:
+        await data.aclose()
+        engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_full_disk_refuses_the_write_whole_and_says_so_once(
+    tmp_path: Path, disk: Disk, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    engine.put("a", b"1")
+    disk.write_error = errno.ENOSPC
+    caplog.set_level(logging.WARNING, logger="aioelastic.serve")
+    for value in (b"2", b"3"):
+        with pytest.raises(LogWriteError) as refused:
+            engine.put("a", value)
+        assert refused.value.errno == errno.ENOSPC
+        assert refused.value.full
+        wal = str(tmp_path / "wal.log")
+        assert str(refused.value) == (
+            f"[Errno {errno.ENOSPC}] the log {wal!r} cannot be written: {os.strerror(errno.ENOSPC)}"
+        )
+    assert engine.get("a").value == b"1"  # type: ignore[union-attr]  # not made
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("refusing writes until it can" in m for m in said) == 1
+    disk.write_error = None
+    engine.put("b", b"4")
+    engine.put("c", b"5")
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("can be written again" in m for m in said) == 1
+    assert data.last_sequence == 3
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(tmp_path) == {"a": b"1", "b": b"4", "c": b"5"}
+
+
+@pytest.mark.asyncio
+async def test_short_writes_are_completed(tmp_path: Path, disk: Disk) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    disk.write_at_most = 7
+    for i in range(5):
+        engine.put(f"k{i}", b"value %d" % i)
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(tmp_path) == {f"k{i}": b"value %d" % i for i in range(5)}
+
+
+@pytest.mark.asyncio
+async def test_a_record_cut_short_is_cut_off_and_the_log_goes_on(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    for i in range(3):
+        engine.put(f"k{i}", b"kept")
+    size = (tmp_path / "wal.log").stat().st_size
+    disk.fail_after = 5  # five bytes of the record, then the disk is full
+    with pytest.raises(LogWriteError):
+        engine.put("lost", b"never acknowledged")
+    assert (tmp_path / "wal.log").stat().st_size == size
+    disk.write_error = None
+    engine.put("k3", b"kept")
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(tmp_path) == {f"k{i}": b"kept" for i in range(4)}
+
+
+@pytest.mark.asyncio
+async def test_a_partial_record_that_cannot_be_cut_off_refuses_every_later_write(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    engine.put("a", b"1")
+    disk.fail_after = 5
+    disk.truncate_error = errno.EIO
+    with pytest.raises(LogWriteError):
+        engine.put("b", b"2")
+    disk.write_error = disk.truncate_error = None  # the disk is back: the log is still torn
+    wal = str(tmp_path / "wal.log")
+    with pytest.raises(LogWriteError) as refused:
+        engine.put("c", b"3")
+    assert refused.value.errno == errno.ENOSPC
+    assert str(refused.value) == (
+        f"[Errno {errno.ENOSPC}] the log {wal!r} ends in a partial record that cannot be cut off "
+        f"([Errno {errno.EIO}] {os.strerror(errno.EIO)}): writes are refused until the server "
+        "restarts"
+    )
+    assert engine.get("c") is None
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_an_fsync_that_fails_fails_its_waiters_and_refuses_every_write_after(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="always")
+    engine.put("a", b"1")
+    await data.wait_durable()
+    disk.fsync_error = errno.EIO
+    engine.put("b", b"2")
+    waiters = [asyncio.ensure_future(data.wait_durable()) for _ in range(3)]
+    done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 10)
+    for error in done:
+        assert isinstance(error, OSError)
+        assert error.errno == errno.EIO
+    with pytest.raises(OSError, match="Input/output error"):
+        await data.wait_durable()
+    with pytest.raises(LogWriteError) as refused:
+        engine.put("c", b"3")
+    assert refused.value.errno == errno.EIO
+    assert str(refused.value) == (
+        f"[Errno {errno.EIO}] an fsync of the log failed ([Errno {errno.EIO}] "
+        f"{os.strerror(errno.EIO)}): writes are refused until the server restarts"
+    )
+    disk.fsync_error = None
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_the_interval_policy_fsyncs_only_what_was_written(tmp_path: Path, disk: Disk) -> None:
+    """Each interval: an fsync when something was written since the last, none otherwise; and
+    a write is durable at once for the waiter (the policy promises no more)."""
+    engine, data = await _open(tmp_path, fsync="interval", fsync_interval=0.02)
+    await asyncio.sleep(0.2)
+    assert disk.fsyncs == 0  # nothing written: nothing synced
+    engine.put("a", b"1")
+    await asyncio.wait_for(data.wait_durable(), 1)  # at once: not waiting for the flush
+    await eventually(lambda: data._synced == data.last_sequence, 10, "the interval's fsync")
+    synced = disk.fsyncs
+    assert synced >= 1
+    await asyncio.sleep(0.2)
+    assert disk.fsyncs == synced
+    engine.put("b", b"2")
+    await eventually(lambda: disk.fsyncs > synced, 10, "the next interval's fsync")
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_failed_snapshot_leaves_no_temporary_file_and_waits_a_full_interval(
+    tmp_path: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never", snapshot_every=3)
+    failing = [True]
+
+    def replace(path: Path, name: str, content: bytes) -> None:
+        if failing[0]:
+            (path / (name + ".tmp")).write_bytes(content[:3])
+            (path / (WAL + ".tmp")).write_bytes(b"x")
+            raise OSError(errno.ENOSPC, "no space for the snapshot")
+        replace_file(path, name, content)
+
+    monkeypatch.setattr(_persist, "replace_file", replace)
+    for i in range(3):
+        engine.put(f"k{i}", b"v")  # the third is due a snapshot: it fails, the write stands
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
+    assert data.snapshots == 0
+    failing[0] = False
+    engine.put("k3", b"v")
+    engine.put("k4", b"v")
+    assert data.snapshots == 0  # the interval starts again after the failure
+    engine.put("k5", b"v")
+    assert data.snapshots == 1
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(tmp_path) == {f"k{i}": b"v" for i in range(6)}
+
+
+@pytest.mark.asyncio
+async def test_a_compaction_due_a_snapshot_waits_for_the_next_record(tmp_path: Path) -> None:
+    """The compaction is logged before the engine makes it: a snapshot then would miss it."""
+    engine, data = await _open(tmp_path, fsync="never", snapshot_every=2)
+    engine.put("a", b"1")
+    engine.put("a", b"2")  # a snapshot here (2 records)
+    assert data.snapshots == 1
+    engine.put("a", b"3")
+    engine.compact(3)  # the second record since: due, but not taken
+    assert data.snapshots == 1
+    engine.put("a", b"4")
+    assert data.snapshots == 2
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_closing_fsyncs_releases_the_directory_and_fails_no_waiter(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    engine.put("a", b"1")
+    before = disk.fsyncs
+    await data.aclose()
+    assert disk.fsyncs == before + 1
+    assert data._fd == -1
+    assert data._lock_fd == -1
+    engine.put("b", b"2")  # no longer logged (the hooks are gone)
+    await data.aclose()  # twice: nothing more
+    assert disk.fsyncs == before + 1
+    engine.close()
+    assert await _reloaded(tmp_path) == {"a": b"1"}
+
+
+@pytest.mark.asyncio
+async def test_a_data_dir_whose_parents_do_not_exist_yet_is_made(tmp_path: Path) -> None:
+    nested = tmp_path / "not" / "yet"
+    engine, data = await _open(nested, fsync="never")
+    engine.put("a", b"1")
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(nested) == {"a": b"1"}
