@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from aioelastic.errors import CompactedError, LeaseNotFoundError
 from aioelastic.store import EventType, KeyValue, MemoryEngine, MemoryStore
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir
-from aioelastic.store.http._persist_codec import decode_line, encode_line, event_out, kv_out
+from aioelastic.store.http._persist_codec import LOCK, decode_line, encode_line, event_out, kv_out
 from aioelastic.store.http._persist_load import load
 from aioelastic.store.memory import EngineState
 
@@ -163,9 +164,13 @@ async def test_damage_before_intact_records_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_one_server_per_data_dir(tmp_path: Path) -> None:
-    engine, data = await _reopen(tmp_path)
-    with pytest.raises(RuntimeError, match="in use"):
+async def test_one_server_per_data_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="aioelastic.serve"):
+        engine, data = await _reopen(tmp_path)
+    assert "rewriting" not in caplog.text  # (a new directory: nothing to rewrite)
+    assert stat.S_IMODE((tmp_path / LOCK).stat().st_mode) == 0o600
+    words = f"^data directory {str(tmp_path)!r} is in use by another server$"
+    with pytest.raises(RuntimeError, match=re.escape(words[1:-1])):
         await _reopen(tmp_path)
     await data.aclose()
     engine.close()
@@ -427,7 +432,9 @@ async def test_a_torn_write_after_converted_line_endings_is_damage(tmp_path: Pat
 
 
 @pytest.mark.asyncio
-async def test_a_format_1_data_dir_loads_and_is_rewritten(tmp_path: Path) -> None:
+async def test_a_format_1_data_dir_loads_and_is_rewritten(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # written as the 0.x server did: bare-JSON snapshot with no checksum, log with no header
     source, data = await _reopen(tmp_path / "source", fsync="never")
     lease = source.lease_grant(60).id
@@ -451,7 +458,9 @@ async def test_a_format_1_data_dir_loads_and_is_rewritten(tmp_path: Path) -> Non
     (legacy / "snapshot.json").write_text(json.dumps(document))
     records = [{"c": r, "e": [event_out(state.history[r - 1])], "q": r + 1} for r in range(7, 13)]
     (legacy / "wal.log").write_bytes(b"".join(encode_line(r) for r in records))  # 8-9: covered
-    engine, data = await _reopen(legacy)
+    with caplog.at_level(logging.INFO, logger="aioelastic.serve"):
+        engine, data = await _reopen(legacy)
+    assert f"rewriting data directory {legacy} in format 2" in caplog.text
     assert _comparable(engine.export_state())[:3] == _comparable(state)[:3]
     await data.aclose()
     engine.close()

@@ -21,7 +21,7 @@ from helpers.waiting import eventually
 
 from aioelastic.store import MemoryEngine
 from aioelastic.store.http import _persist
-from aioelastic.store.http._persist import DataDir, LogWriteError
+from aioelastic.store.http._persist import CorruptDataDirError, DataDir, LogWriteError
 from aioelastic.store.http._persist_codec import WAL
 from aioelastic.store.http._persist_files import replace_file
 
@@ -216,6 +216,7 @@ async def test_the_interval_policy_fsyncs_only_what_was_written(tmp_path: Path, 
     engine.put("a", b"1")
     await asyncio.wait_for(data.wait_durable(), 1)  # at once: not waiting for the flush
     await eventually(lambda: data._synced == data.last_sequence, 10, "the interval's fsync")
+    assert "aioelastic-wal-flusher" in {task.get_name() for task in asyncio.all_tasks()}
     synced = disk.fsyncs
     assert synced >= 1
     await asyncio.sleep(0.2)
@@ -298,3 +299,47 @@ async def test_a_data_dir_whose_parents_do_not_exist_yet_is_made(tmp_path: Path)
     await data.aclose()
     engine.close()
     assert await _reloaded(nested) == {"a": b"1"}
+
+
+@pytest.mark.asyncio
+async def test_the_options_defaults_and_their_refusals(tmp_path: Path) -> None:
+    data = DataDir(tmp_path)
+    assert (data.fsync, data.fsync_interval, data.snapshot_every) == ("always", 0.05, 10_000)
+    assert data.accept_data_loss is False
+    await data.aclose()  # never opened: closes nothing
+    with pytest.raises(
+        ValueError, match=r"^fsync must be one of always, interval, never, got 'x'$"
+    ):
+        DataDir(tmp_path, fsync="x")  # type: ignore[arg-type]
+    for interval in (0, -1.0):
+        with pytest.raises(
+            ValueError, match=rf"^fsync_interval must be > 0 seconds, got {interval}$"
+        ):
+            DataDir(tmp_path, fsync_interval=interval)
+    with pytest.raises(ValueError, match=r"^snapshot_every must be >= 1, got 0$"):
+        DataDir(tmp_path, snapshot_every=0)
+    assert DataDir(tmp_path, fsync_interval=0.001, snapshot_every=1).snapshot_every == 1
+
+
+@pytest.mark.asyncio
+async def test_a_damaged_directory_refused_at_open_leaves_no_descriptor_and_no_lock(
+    tmp_path: Path,
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    for i in range(3):
+        engine.put(f"k{i}", b"v")
+    await data.aclose()
+    engine.close()
+    lines = (tmp_path / WAL).read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"k0", b"kX")  # a checksum that no longer matches, mid-log
+    (tmp_path / WAL).write_bytes(b"".join(lines))
+    before = sorted(os.listdir("/proc/self/fd"))
+    refused = DataDir(tmp_path)
+    with pytest.raises(CorruptDataDirError):
+        refused.open(MemoryEngine())
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    await refused.aclose()  # nothing left to close
+    engine, data = await _open(tmp_path, accept_data_loss=True)  # the lock is free
+    assert data.data_loss is not None
+    await data.aclose()
+    engine.close()
