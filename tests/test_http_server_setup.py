@@ -1,0 +1,154 @@
+"""How ``HttpStoreServer`` sets up and tears down (``server.py``): its statistics, a second
+start refused, the port and listen backlog it was given, the request bounds it gives aiohttp
+(the request target by the key limit, a header's value, the number of headers), the
+connections gauge, the log limiter attached while it runs; the session upgrade on a REST
+connection. Real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import subprocess
+
+import aiohttp
+import pytest
+from helpers.waiting import eventually
+
+from aioelastic.store import open_store
+from aioelastic.store.http.server import HttpStoreServer
+
+ZEROS = {
+    "keys": 0,
+    "leases": 0,
+    "watch_streams": 0,
+    "sessions": 0,
+    "session_watches": 0,
+    "revision": 0,
+}
+
+
+@pytest.mark.asyncio
+async def test_statistics_before_during_and_a_second_start_refused() -> None:
+    server = HttpStoreServer(port=0)
+    assert server.statistics() == ZEROS
+    async with server:
+        with pytest.raises(RuntimeError, match=r"^the server has already started$"):
+            await server.start()
+        async with open_store(server.url) as store, aiohttp.ClientSession() as http:
+            lease = await store.lease_grant(30)
+            await store.put("a", b"1", lease=lease.id)
+            await store.put("b", b"2")
+            watch = store.watch("a")
+            await watch.start()
+            async with http.get(f"{server.url}/v1/watch/a?progress_interval=300") as stream:
+                assert stream.status == 200
+                await eventually(
+                    lambda: server.statistics()["watch_streams"] == 1, 10, "the REST watch"
+                )
+                assert server.statistics() == {
+                    "keys": 2,
+                    "leases": 1,
+                    "watch_streams": 1,
+                    "sessions": 1,
+                    "session_watches": 1,
+                    "revision": 2,
+                }
+            await watch.aclose()
+    await server.aclose()  # again: nothing more
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def _listen_backlog(port: int) -> int:
+    """The listening socket's backlog, as ``ss`` shows it (its Send-Q column)."""
+    ss = shutil.which("ss")
+    if ss is None:
+        pytest.skip("needs ss (iproute2) to read a listening socket's backlog")
+    out = subprocess.run(
+        [ss, "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[2])
+
+
+@pytest.mark.asyncio
+async def test_the_port_and_the_listen_backlog_given_are_used() -> None:
+    port = _free_port()
+    async with HttpStoreServer(port=port, backlog=77) as server:
+        assert server.port == port
+        assert server.url == f"http://127.0.0.1:{port}"
+        assert _listen_backlog(port) == 77
+
+
+async def _status(port: int, request: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        line = await asyncio.wait_for(reader.readline(), 10)
+        return int(line.split(b" ")[1])
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+@pytest.mark.parametrize("max_key", [16, 100])
+@pytest.mark.asyncio
+async def test_the_request_target_is_bounded_by_the_key_limit(max_key: int) -> None:
+    """3 bytes per key byte (a key percent-encoded whole) and 1 KiB for the rest."""
+    bound = 3 * max_key + 1024
+    async with HttpStoreServer(port=0, max_key_bytes=max_key) as server:
+        for length, status in ((bound, 200), (bound + 1, 431)):
+            target = b"/v1/revision?x=" + b"a" * (length - len(b"/v1/revision?x="))
+            request = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+            assert await _status(server.port, request) == status, length
+
+
+@pytest.mark.asyncio
+async def test_a_header_s_value_and_the_number_of_headers_are_bounded() -> None:
+    async with HttpStoreServer(port=0) as server:
+        for length, status in ((8190, 200), (8191, 431)):
+            request = b"GET /v1/revision HTTP/1.1\r\nHost: x\r\nX-A: " + b"y" * length
+            assert await _status(server.port, request + b"\r\n\r\n") == status, length
+        for count, status in ((64, 200), (65, 431)):
+            headers = b"".join(b"X-%d: y\r\n" % i for i in range(count - 1))
+            request = b"GET /v1/revision HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+            assert await _status(server.port, request) == status, count
+
+
+@pytest.mark.asyncio
+async def test_the_connections_gauge_counts_silent_and_speaking_connections() -> None:
+    pytest.importorskip("prometheus_client")
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+        try:
+
+            async def gauge() -> float:
+                async with http.get(f"{server.url}/metrics") as response:
+                    text = await response.text()
+                line = next(x for x in text.splitlines() if x.startswith("aioelastic_connections "))
+                return float(line.split()[1])
+
+            assert await gauge() == 3.0  # two silent ones, and the scrape's own
+        finally:
+            for _, writer in silent:
+                writer.close()
+
+
+@pytest.mark.asyncio
+async def test_the_log_limiter_filters_aiohttp_s_log_only_while_the_server_runs() -> None:
+    aiohttp_log = logging.getLogger("aiohttp.server")
+    served = logging.getLogger("aioelastic.serve")
+    server = HttpStoreServer(port=0)
+    async with server:
+        assert server.log_limiter in aiohttp_log.filters
+        assert server.log_limiter in served.filters
+    assert server.log_limiter not in aiohttp_log.filters
+    assert server.log_limiter not in served.filters
