@@ -5,6 +5,7 @@ is converted to; the token file and the TLS context the options make."""
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -141,3 +142,71 @@ def test_ssl_true_verifies_and_ssl_false_checks_nothing() -> None:
     assert lax.verify_mode == ssl.CERT_NONE
     given = ssl.create_default_context()
     assert _ssl_context(given) is given
+
+
+# -- the URL, the options and where the token comes from ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://user@127.0.0.1:1", "http store URL must not carry credentials; pass token= or "),
+        ("http://:pw@127.0.0.1:1", "http store URL must not carry credentials; pass token= or "),
+        ("http://:1", "http store URL must name a host, got 'http://:1'"),
+        ("http://127.0.0.1:1?timeout=3", "http store URL takes no query or fragment"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_url_the_store_would_misread_is_refused(url: str, words: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(words)):
+        await open_store(url)
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_option_is_refused_naming_every_known_one() -> None:
+    with pytest.raises(TypeError) as refused:
+        await open_store("http://127.0.0.1:1", tiemout=3)
+    known = sorted(
+        {"token", "ssl", "timeout", "connect_timeout", "read_retries", "progress_interval"}
+        | {"reconnect_timeout", "max_connections", "token_file", "cafile", "verify"}
+    )
+    assert (
+        str(refused.value) == f"unknown option(s) for the http store: ['tiemout'] (known: {known})"
+    )
+
+
+async def _authorization(url_options: dict[str, Any]) -> str | None:
+    """The ``Authorization`` header a store opened with these options sends."""
+
+    async def revision(peer: Peer, frame: list[Any]) -> None:
+        peer.send([RESULT, frame[1], 1])
+
+    async with fake_session_server(revision) as (url, seen):
+        async with open_store(url, **url_options) as store:
+            await store.current_revision()
+        return seen.headers[0].get("authorization")
+
+
+@pytest.mark.asyncio
+async def test_the_token_comes_from_the_option_its_file_or_the_environment_in_that_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIOELASTIC_TOKEN", raising=False)
+    monkeypatch.delenv("AIOELASTIC_TOKEN_FILE", raising=False)
+    given, in_env_file = tmp_path / "given", tmp_path / "env"
+    given.write_text("from-token-file\n")
+    in_env_file.write_text("from-env-file\n")
+    assert await _authorization({}) is None
+    assert await _authorization({"token": "t"}) == "Bearer t"
+    assert await _authorization({"token_file": str(given)}) == "Bearer from-token-file"
+    with pytest.raises(ValueError, match=r"^give token or token_file, not both$"):
+        await _authorization({"token": "t", "token_file": str(given)})
+    assert await _authorization({"token": None, "token_file": str(given)}) == (
+        "Bearer from-token-file"
+    )
+    monkeypatch.setenv("AIOELASTIC_TOKEN_FILE", str(in_env_file))
+    assert await _authorization({}) == "Bearer from-env-file"  # what an agent gives its workers
+    assert await _authorization({"token": "t"}) == "Bearer t"
+    assert await _authorization({"token_file": str(given)}) == "Bearer from-token-file"
+    monkeypatch.setenv("AIOELASTIC_TOKEN", "from-env")
+    assert await _authorization({}) == "Bearer from-env"  # the variable before the file's
