@@ -1,0 +1,98 @@
+"""The aiohttp application ``make_app`` builds (``_app.py``) and its metrics (``_metrics.py``):
+its limits refused, the fast path's requests metered by their operation, REST watch streams and
+session watches under one limit, the metrics' help texts, and the answer without
+prometheus-client. Real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+from helpers.waiting import eventually
+
+from aioelastic.store import MemoryEngine, open_store
+from aioelastic.store.http._app import STATE, make_app
+from aioelastic.store.http._errors import ApiError
+from aioelastic.store.http._metrics import NoMetrics, ServerMetrics
+from aioelastic.store.http.server import HttpStoreServer
+
+LIMITS = "max_key_bytes and max_watch_streams must be >= 1 and max_value_bytes >= 0"
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_key_bytes": 0}, {"max_value_bytes": -1}, {"max_watch_streams": 0}],
+    ids=["key", "value", "watches"],
+)
+def test_make_app_refuses_limits_below_their_minimum(limits: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(LIMITS)}$"):
+        make_app(MemoryEngine(), **limits)
+
+
+def test_make_app_takes_each_limit_at_its_minimum() -> None:
+    app = make_app(MemoryEngine(), max_key_bytes=1, max_value_bytes=0, max_watch_streams=1)
+    limits = app[STATE].limits
+    assert (limits.max_key_bytes, limits.max_value_bytes) == (1, 0)
+
+
+@pytest.mark.asyncio
+async def test_the_fast_path_meters_its_requests_by_operation() -> None:
+    pytest.importorskip("prometheus_client")
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        async with http.put(f"{server.url}/v1/kv/a", data=b"1") as response:
+            assert response.status == 200
+        for _ in range(2):
+            async with http.get(f"{server.url}/v1/kv/a") as response:
+                assert response.status == 200
+        app = server._app
+        assert app is not None
+        metrics = app[STATE].metrics
+        assert isinstance(metrics, ServerMetrics)
+        assert metrics.requests.count("put", 200) == 1
+        assert metrics.requests.count("get", 200) == 2
+
+
+@pytest.mark.asyncio
+async def test_rest_watch_streams_and_session_watches_share_one_limit() -> None:
+    async with (
+        HttpStoreServer(port=0, max_watch_streams=2) as server,
+        aiohttp.ClientSession() as http,
+        open_store(server.url) as store,
+        http.get(f"{server.url}/v1/watch/r/?progress_interval=300") as stream,
+    ):
+        assert stream.status == 200
+        await eventually(lambda: server.statistics()["watch_streams"] == 1, 10, "the stream")
+        first = store.watch("a/")
+        await first.start()  # one stream and one watch: at the limit of 2
+        with pytest.raises(ConnectionError, match="this server serves at most 2 watches"):
+            await store.watch("b/").start()
+        await first.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_request_metrics_say_what_they_count() -> None:
+    pytest.importorskip("prometheus_client")
+    metrics = ServerMetrics(MemoryEngine())
+    metrics.observe("get", 200, 0.001)
+    text = metrics.render()[0].decode()
+    assert (
+        "# HELP aioelastic_requests_total HTTP requests answered, by operation and status code"
+        in text
+    )
+    assert (
+        "# HELP aioelastic_request_duration_seconds Time to answer a request (a watch: the "
+        "stream's lifetime), by operation" in text
+    )
+
+
+def test_without_prometheus_client_metrics_answer_501_saying_what_to_install() -> None:
+    with pytest.raises(ApiError) as refused:
+        NoMetrics().render()
+    assert refused.value.status == 501
+    assert refused.value.code == "metrics_unavailable"
+    assert refused.value.message == (
+        "this server has no metrics: install prometheus-client (pip install "
+        "'aioelastic[server]') and restart it"
+    )
