@@ -18,6 +18,7 @@ import pytest
 from helpers.waiting import eventually
 
 from aioelastic.store import open_store
+from aioelastic.store.http._app import SESSIONS
 from aioelastic.store.http.server import HttpStoreServer
 
 ZEROS = {
@@ -152,3 +153,26 @@ async def test_the_log_limiter_filters_aiohttp_s_log_only_while_the_server_runs(
         assert server.log_limiter in served.filters
     assert server.log_limiter not in aiohttp_log.filters
     assert server.log_limiter not in served.filters
+
+
+@pytest.mark.asyncio
+async def test_stopping_closes_silent_connections_and_ends_every_session_first() -> None:
+    """When ``aclose`` returns, a connection that never spoke has been closed, and every
+    session's connection has ended (those taken directly too): nothing is left to the loop."""
+    server = HttpStoreServer(port=0)
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    store = await open_store(server.url)
+    try:
+        await store.current_revision()
+        app = server._app
+        assert app is not None
+        sessions = app[SESSIONS]
+        taken = list(sessions.raw_sessions)
+        assert len(taken) == 1
+        await server.aclose()
+        assert all(session.closed.done() for session in taken)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, not left open
+    finally:
+        writer.close()
+        await store.aclose()
