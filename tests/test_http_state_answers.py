@@ -270,3 +270,39 @@ async def test_a_connection_over_the_limit_is_told_to_retry_shortly() -> None:
     }
     assert state.metrics.requests.count("other", 503) == 1
     assert state.metrics.requests._latency["other"][1][0] == 0.0
+
+
+# -- metering and the end of watch streams -------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_each_answer_is_metered_by_op_status_and_time(client: Client) -> None:
+    """A refused token is metered as ``other`` (not the route's op); an error its status; an
+    exception no answer maps is a 500 for the meter (the connection handler answers it)."""
+    state = _state(client.server)
+    meter = state.metrics.requests
+    await client.call("GET", "/v1/revision")  # no token
+    await client.call("GET", "/v1/lease/12345", **AUTH)  # no such lease
+    assert meter.count("other", 401) == 1
+    assert sum(n for (op, status), n in meter._counts.items() if status == 404) == 1
+
+    async def broken(request: web.Request, arg: None) -> web.StreamResponse:
+        raise KeyError("a bug")
+
+    request = make_mocked_request("GET", "/v1/revision", headers=AUTH)
+    with pytest.raises(KeyError):
+        await state.answer(request, "revision", broken, None)
+    assert meter.count("revision", 500) == 1
+    assert all(0 <= total[0] < 5 for _, total in meter._latency.values())
+
+
+@pytest.mark.asyncio
+async def test_ending_the_watch_streams_refuses_new_ones(client: Client) -> None:
+    state = _state(client.server)
+    state.end_watch_streams()
+    assert state.closing is True
+    status, body, _ = await client.call("GET", "/v1/watch/p/", **AUTH)
+    assert (status, body) == (
+        503,
+        {"error": "unavailable", "message": "the server is shutting down"},
+    )
