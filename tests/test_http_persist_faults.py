@@ -22,7 +22,7 @@ from helpers.waiting import eventually
 from aioelastic.store import MemoryEngine
 from aioelastic.store.http import _persist
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir, LogWriteError
-from aioelastic.store.http._persist_codec import WAL
+from aioelastic.store.http._persist_codec import SNAPSHOT, WAL
 from aioelastic.store.http._persist_files import replace_file
 
 
@@ -227,17 +227,20 @@ async def test_the_interval_policy_fsyncs_only_what_was_written(tmp_path: Path, 
     engine.close()
 
 
+@pytest.mark.parametrize("failing", [SNAPSHOT, WAL], ids=["snapshot", "new-log"])
 @pytest.mark.asyncio
 async def test_a_failed_snapshot_leaves_no_temporary_file_and_waits_a_full_interval(
-    tmp_path: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    """The snapshot's file, or the new log after it (the snapshot's temporary file renamed
+    already), cannot be written: the write that was due it stands, no temporary file is left,
+    and the next snapshot is a full interval later."""
     engine, data = await _open(tmp_path, fsync="never", snapshot_every=3)
-    failing = [True]
+    broken = [True]
 
     def replace(path: Path, name: str, content: bytes) -> None:
-        if failing[0]:
-            (path / (name + ".tmp")).write_bytes(content[:3])
-            (path / (WAL + ".tmp")).write_bytes(b"x")
+        if broken[0] and name == failing:
+            (path / (name + ".tmp")).write_bytes(content[:3])  # (as a full disk leaves it)
             raise OSError(errno.ENOSPC, "no space for the snapshot")
         replace_file(path, name, content)
 
@@ -246,7 +249,7 @@ async def test_a_failed_snapshot_leaves_no_temporary_file_and_waits_a_full_inter
         engine.put(f"k{i}", b"v")  # the third is due a snapshot: it fails, the write stands
     assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
     assert data.snapshots == 0
-    failing[0] = False
+    broken[0] = False
     engine.put("k3", b"v")
     engine.put("k4", b"v")
     assert data.snapshots == 0  # the interval starts again after the failure
@@ -255,6 +258,23 @@ async def test_a_failed_snapshot_leaves_no_temporary_file_and_waits_a_full_inter
     await data.aclose()
     engine.close()
     assert await _reloaded(tmp_path) == {f"k{i}": b"v" for i in range(6)}
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_that_fails_before_writing_anything_fails_no_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never", snapshot_every=1)
+
+    def refuse(path: Path, name: str, content: bytes) -> None:
+        raise OSError(errno.EACCES, "not allowed")  # (no temporary file made)
+
+    monkeypatch.setattr(_persist, "replace_file", refuse)
+    engine.put("a", b"1")  # acknowledged: the record is in the log
+    monkeypatch.undo()
+    await data.aclose()
+    engine.close()
+    assert await _reloaded(tmp_path) == {"a": b"1"}
 
 
 @pytest.mark.asyncio

@@ -246,9 +246,9 @@ class DataDir:
             except OSError as exc:  # the record is safe in the log; try again later
                 log.error("snapshot of %s failed (the log goes on): %s", self.path, exc)
                 self._records = 0
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path / (SNAPSHOT + ".tmp"))
-                    os.unlink(self.path / (WAL + ".tmp"))
+                for name in (SNAPSHOT, WAL):  # each: the snapshot's may be renamed already
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path / (name + ".tmp"))
             else:
                 self.snapshots += 1
 
