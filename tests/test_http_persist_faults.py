@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class Disk:
         self.fail_after: int | None = None  # bytes a write takes before failing
         self.truncate_error: int | None = None
         self.fsync_error: int | None = None
+        self.fsync_delay = 0.0  # seconds each fsync takes (in the flusher's thread)
         self.fsyncs = 0
 
     def module(self) -> types.SimpleNamespace:
@@ -63,6 +65,7 @@ class Disk:
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
+        time.sleep(self.fsync_delay)
         if self.fsync_error is not None:
             raise OSError(self.fsync_error, os.strerror(self.fsync_error))
         os.fsync(fd)
@@ -361,5 +364,76 @@ async def test_a_damaged_directory_refused_at_open_leaves_no_descriptor_and_no_l
     await refused.aclose()  # nothing left to close
     engine, data = await _open(tmp_path, accept_data_loss=True)  # the lock is free
     assert data.data_loss is not None
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_lease_granted_then_revoked_stays_ended_after_a_reload(tmp_path: Path) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    first = engine.lease_grant(60).id
+    engine.lease_revoke(first)  # (no keys: its end is a record of its own)
+    second = engine.lease_grant(60).id
+    engine.put("k", b"v", second)
+    engine.lease_revoke(second)  # (its key's delete and its end in one record)
+    await data.aclose()
+    engine.close()
+    restored, data = await _open(tmp_path)
+    try:
+        assert restored.lease_count == 0
+        assert restored.get("k") is None
+    finally:
+        await data.aclose()
+        restored.close()
+
+
+@pytest.mark.asyncio
+async def test_waiters_are_released_past_a_cancelled_one_and_kept_past_a_flush(
+    tmp_path: Path, disk: Disk
+) -> None:
+    """A waiter cancelled before the flush does not hold up the ones after it; a write made
+    while an fsync runs waits for the next one."""
+    engine, data = await _open(tmp_path, fsync="always")
+    engine.put("a", b"1")
+    cancelled = asyncio.ensure_future(data.wait_durable())
+    waiting = asyncio.ensure_future(data.wait_durable())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.wait_for(waiting, 10)
+    disk.fsync_delay = 0.2
+    engine.put("b", b"2")
+    during = asyncio.ensure_future(data.wait_durable())
+    await asyncio.sleep(0.05)  # the fsync for b is running
+    engine.put("c", b"3")
+    after = asyncio.ensure_future(data.wait_durable())
+    await asyncio.wait_for(asyncio.gather(during, after), 10)
+    assert data._synced == data.last_sequence
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_durability_costs_no_fsync_when_there_is_nothing_new(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="always")
+    engine.put("a", b"1")
+    await data.wait_durable()
+    synced = disk.fsyncs
+    for _ in range(3):
+        await data.wait_durable()
+    await asyncio.sleep(0.05)
+    assert disk.fsyncs == synced
+    await data.aclose()
+    engine.close()
+
+
+@pytest.mark.asyncio
+async def test_the_interval_policy_never_makes_a_writer_wait_for_the_flush(
+    tmp_path: Path,
+) -> None:
+    engine, data = await _open(tmp_path, fsync="interval", fsync_interval=30)
+    engine.put("a", b"1")
+    await asyncio.wait_for(data.wait_durable(), 2)  # not 30 s: the policy promises no more
     await data.aclose()
     engine.close()
