@@ -210,3 +210,73 @@ async def test_the_token_comes_from_the_option_its_file_or_the_environment_in_th
     assert await _authorization({"token_file": str(given)}) == "Bearer from-token-file"
     monkeypatch.setenv("AIOELASTIC_TOKEN", "from-env")
     assert await _authorization({}) == "Bearer from-env"  # the variable before the file's
+
+
+# -- the options' defaults, refusals and TLS -------------------------------------------------------
+
+
+def test_the_options_defaults() -> None:
+    store = HttpStore("http://127.0.0.1:1")
+    session = store.session
+    assert (session.request_timeout, session.dialer.connect_timeout) == (30.0, 5.0)
+    assert (session.read_retries, session.progress_interval) == (2, 2.0)
+    assert (session.reconnect_timeout, store.reconnect_timeout) == (10.0, 10.0)
+    assert session._limit is not None
+    assert session._limit.free == 100
+    assert session.dialer._ssl is None  # (http://: no TLS)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"timeout": 0}, "timeout must be a number of seconds > 0, got 0"),
+        ({"connect_timeout": -1}, "connect_timeout must be a number of seconds > 0, got -1"),
+        (
+            {"progress_interval": True},
+            "progress_interval must be a number of seconds > 0, got True",
+        ),
+        ({"reconnect_timeout": "5"}, "reconnect_timeout must be a number of seconds > 0, got '5'"),
+        ({"progress_interval": 0.01}, "progress_interval must be in [0.05, 300] s, got 0.01"),
+        ({"read_retries": -1}, "read_retries must be an int >= 0, got -1"),
+        ({"max_connections": -1}, "max_connections must be an int >= 0 (0: no limit), got -1"),
+    ],
+)
+def test_a_bad_option_is_refused_naming_it(options: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+        HttpStore("http://127.0.0.1:1", **options)
+
+
+def test_a_url_that_is_not_http_is_refused() -> None:
+    for url in ("ftp://127.0.0.1:1", "http://"):
+        words = f"url must be http://host:port or https://host:port, got {url!r}"
+        with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+            HttpStore(url)
+
+
+@pytest.mark.asyncio
+async def test_cafile_and_verify_make_the_tls_context(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from helpers.http import self_signed_cert
+
+    with self_signed_cert(tmp_path) as (cert, _):
+        store = await open_store("https://127.0.0.1:1", cafile=str(cert))
+        context = store.session.dialer._ssl  # type: ignore[attr-defined]
+        assert isinstance(context, ssl.SSLContext)
+        assert context.verify_mode == ssl.CERT_REQUIRED
+        assert len(context.get_ca_certs()) == 1  # the file's, not the system's
+        await store.aclose()
+    lax = await open_store("https://127.0.0.1:1", verify=False)
+    assert lax.session.dialer._ssl.verify_mode == ssl.CERT_NONE  # type: ignore[attr-defined]
+    await lax.aclose()
+    given = ssl.create_default_context()
+    chosen = await open_store("https://127.0.0.1:1", ssl=given, verify=False)
+    assert chosen.session.dialer._ssl is given  # type: ignore[attr-defined]
+    await chosen.aclose()
+    missing = tmp_path / "missing.pem"
+    with pytest.raises(
+        ValueError, match=f"^cafile {re.escape(repr(str(missing)))} cannot be loaded: "
+    ):
+        await open_store("https://127.0.0.1:1", cafile=str(missing))
+    for option in ({"verify": False}, {"cafile": str(missing)}):
+        with pytest.raises(ValueError, match=r"^cafile and verify apply to https:// URLs only$"):
+            await open_store("http://127.0.0.1:1", **option)
