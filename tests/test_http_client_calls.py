@@ -5,6 +5,7 @@ is converted to; the token file and the TLS context the options make."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -280,3 +281,27 @@ async def test_cafile_and_verify_make_the_tls_context(tmp_path: Path) -> None:
     for option in ({"verify": False}, {"cafile": str(missing)}):
         with pytest.raises(ValueError, match=r"^cafile and verify apply to https:// URLs only$"):
             await open_store("http://127.0.0.1:1", **option)
+
+
+@pytest.mark.asyncio
+async def test_callers_woken_by_one_message_send_their_next_requests_in_one_write() -> None:
+    """Three answers in one message wake three callers; the requests they make at once go to
+    the server in one message, not three (a wake-up and a write saved per caller)."""
+    held: list[tuple[Peer, int]] = []
+    first = [True]
+
+    async def answer(peer: Peer, frame: list[Any]) -> None:
+        held.append((peer, frame[1]))
+        if first or len(held) == 3:  # (the first request alone, then three at a time)
+            first.clear()
+            peer.send(*([RESULT, rid, 1] for _, rid in held))
+            held.clear()
+
+    async def twice(store: Any) -> None:
+        await store.current_revision()
+        await store.current_revision()
+
+    async with fake_session_server(answer) as (url, seen), open_store(url) as store:
+        await store.current_revision()  # (connected, answered alone)
+        await asyncio.wait_for(asyncio.gather(*(twice(store) for _ in range(3))), 10)
+    assert seen.messages[-1] == 3  # the second round: one message of three requests
