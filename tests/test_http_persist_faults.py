@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from helpers.waiting import eventually
 
+from aioelastic.errors import LeaseNotFoundError
 from aioelastic.store import MemoryEngine
 from aioelastic.store.http import _persist
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir, LogWriteError
@@ -437,3 +438,94 @@ async def test_the_interval_policy_never_makes_a_writer_wait_for_the_flush(
     await asyncio.wait_for(data.wait_durable(), 2)  # not 30 s: the policy promises no more
     await data.aclose()
     engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_lease_restored_from_disk_and_then_revoked_stays_ended(tmp_path: Path) -> None:
+    """(The first lease change after a restart is that lease's end: it is logged too.)"""
+    engine, data = await _open(tmp_path, fsync="never")
+    lease = engine.lease_grant(60).id
+    await data.aclose()
+    engine.close()
+    engine, data = await _open(tmp_path, fsync="never")
+    engine.lease_revoke(lease)
+    await data.aclose()
+    engine.close()
+    engine, data = await _open(tmp_path)
+    assert engine.lease_count == 0
+    await data.aclose()
+    engine.close()
+
+
+def _damage_line(path: Path, index: int) -> None:
+    """Change one byte of the log's line ``index``: its checksum no longer matches."""
+    lines = (path / WAL).read_bytes().splitlines(keepends=True)
+    lines[index] = lines[index].replace(b'"', b"'", 1)
+    (path / WAL).write_bytes(b"".join(lines))
+
+
+@pytest.mark.asyncio
+async def test_accepting_a_loss_ends_the_lease_ids_lost_and_keeps_the_live_ones(
+    tmp_path: Path,
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    kept = engine.lease_grant(60).id
+    engine.put("kept", b"v", kept)
+    lost = engine.lease_grant(60).id  # its grant is in the damaged part: lost
+    for i in range(3):
+        engine.put(f"after{i}", b"v")
+    await data.aclose()
+    engine.close()
+    lines = (tmp_path / WAL).read_bytes().splitlines()
+    grant = next(i for i, line in enumerate(lines) if b'"g":%d' % lost in line)
+    _damage_line(tmp_path, grant)
+    engine, data = await _open(tmp_path, fsync="never", accept_data_loss=True)
+    try:
+        assert engine.lease_time_to_live(kept).keys == ("kept",)  # alive, with its key
+        with pytest.raises(LeaseNotFoundError):
+            engine.lease_time_to_live(lost)  # its id is used up, and not alive
+        assert engine.lease_grant(5).id == lost + 1
+    finally:
+        await data.aclose()
+        engine.close()
+
+
+@pytest.mark.asyncio
+async def test_a_closed_directory_is_durable_and_closes_only_its_own_descriptors(
+    tmp_path: Path,
+) -> None:
+    before = sorted(os.listdir("/proc/self/fd"))
+    never = DataDir(tmp_path / "never")
+    assert never.data_loss is None
+    await never.aclose()  # never opened: closes no descriptor of anyone's
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    engine, data = await _open(tmp_path, fsync="always")
+    engine.put("a", b"1")
+    await data.aclose()
+    await data.wait_durable()  # closed: everything written was fsynced
+    await data.aclose()  # twice: nothing more (its flusher is gone)
+    engine.close()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.asyncio
+async def test_accepting_a_loss_that_holds_no_lease_keeps_the_newest_lease_alive(
+    tmp_path: Path,
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    for i in range(3):
+        engine.put(f"before{i}", b"v")
+    newest = engine.lease_grant(60).id
+    engine.put("kept", b"v", newest)
+    for i in range(3):
+        engine.put(f"after{i}", b"v")
+    await data.aclose()
+    engine.close()
+    _damage_line(tmp_path, -2)  # a plain put's record, after the lease's
+    engine, data = await _open(tmp_path, fsync="never", accept_data_loss=True)
+    try:
+        assert engine.lease_time_to_live(newest).keys == ("kept",)  # not ended by the skip
+        assert engine.lease_grant(5).id > newest
+    finally:
+        await data.aclose()
+        engine.close()
