@@ -1095,3 +1095,26 @@ async def test_a_header_without_marks_adds_nothing_to_an_accepted_loss(tmp_path:
     async with _opened(tmp_path, accept_data_loss=True) as engine:
         assert engine.put("k", b"v") == 2
         assert engine.lease_grant(5).id == 2
+
+
+@pytest.mark.asyncio
+async def test_a_format_1_snapshot_whose_log_is_lost_is_not_said_rewritten(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rewriting "in format 2" is said for an intact format 1 directory; one whose log is
+    missing is damage, and when the loss is accepted, the loss is what is said."""
+    document = {
+        "format": 1,
+        "q": 3,
+        "revision": 2,
+        "compact_revision": 0,
+        "last_lease_id": 0,
+        "leases": [],
+        "kvs": [kv_out(KeyValue("k", b"v", 2, 2, 1, 0))],
+        "history": [],
+    }
+    (tmp_path / "snapshot.json").write_text(json.dumps(document))
+    with caplog.at_level(logging.INFO, logger="aioelastic.serve"):
+        async with _opened(tmp_path, accept_data_loss=True) as engine:
+            assert engine.get("k") == KeyValue("k", b"v", 2, 2, 1, 0)
+    assert "rewriting data directory" not in caplog.text
