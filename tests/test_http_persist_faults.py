@@ -38,6 +38,7 @@ class Disk:
         self.truncate_error: int | None = None
         self.fsync_error: int | None = None
         self.fsync_delay = 0.0  # seconds each fsync takes (in the flusher's thread)
+        self.fstat_error: int | None = None
         self.fsyncs = 0
 
     def module(self) -> types.SimpleNamespace:
@@ -45,6 +46,7 @@ class Disk:
             **{n: getattr(os, n) for n in dir(os) if not n.startswith("__")}
         )
         fake.write, fake.ftruncate, fake.fsync = self.write, self.ftruncate, self.fsync
+        fake.fstat = self.fstat
         return fake
 
     def write(self, fd: int, data: Any) -> int:
@@ -63,6 +65,11 @@ class Disk:
         if self.truncate_error is not None:
             raise OSError(self.truncate_error, os.strerror(self.truncate_error))
         os.ftruncate(fd, size)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        if self.fstat_error is not None:
+            raise OSError(self.fstat_error, os.strerror(self.fstat_error))
+        return os.fstat(fd)
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
@@ -529,3 +536,23 @@ async def test_accepting_a_loss_that_holds_no_lease_keeps_the_newest_lease_alive
     finally:
         await data.aclose()
         engine.close()
+
+
+@pytest.mark.asyncio
+async def test_an_open_that_fails_after_opening_the_log_closes_it_and_the_lock(
+    tmp_path: Path, disk: Disk
+) -> None:
+    engine, data = await _open(tmp_path, fsync="never")
+    engine.put("a", b"1")
+    await data.aclose()
+    engine.close()
+    before = sorted(os.listdir("/proc/self/fd"))
+    disk.fstat_error = errno.EIO  # (the log opened, then its size cannot be read)
+    failed = DataDir(tmp_path, fsync="never")
+    with pytest.raises(OSError, match="Input/output error"):
+        failed.open(MemoryEngine())
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    await failed.aclose()  # nothing left to close
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    disk.fstat_error = None
+    assert await _reloaded(tmp_path) == {"a": b"1"}  # the lock is free
