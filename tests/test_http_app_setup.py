@@ -96,3 +96,101 @@ def test_without_prometheus_client_metrics_answer_501_saying_what_to_install() -
         "this server has no metrics: install prometheus-client (pip install "
         "'aioelastic[server]') and restart it"
     )
+
+
+#: (method, path, JSON body, the op it is metered as), in an order that works: a lease granted
+#: (id 1) before the routes that name it.
+ROUTES = [
+    ("GET", "/healthz", None, "healthz"),
+    ("GET", "/metrics", None, "metrics"),
+    ("GET", "/openapi.json", None, "openapi"),
+    ("GET", "/v1/revision", None, "revision"),
+    ("DELETE", "/v1/kv/a", None, "delete"),
+    ("POST", "/v1/add/n", b'{"delta": 2}', "add"),
+    ("POST", "/v1/txn", b"{}", "txn"),
+    ("GET", "/v1/range/p/", None, "range"),
+    ("DELETE", "/v1/range/p/", None, "delete_range"),
+    ("POST", "/v1/compact", b'{"revision": 1}', "compact"),
+    ("POST", "/v1/lease", b'{"ttl": 30}', "lease_grant"),
+    ("GET", "/v1/leases", None, "leases"),
+    ("GET", "/v1/lease/1", None, "lease_status"),
+    ("POST", "/v1/lease/1/keepalive", None, "lease_keep_alive"),
+    ("DELETE", "/v1/lease/1", None, "lease_revoke"),
+    ("GET", "/v1/session", None, "session"),
+]
+
+
+@pytest.mark.asyncio
+async def test_each_route_is_metered_as_its_operation() -> None:
+    pytest.importorskip("prometheus_client")
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        app = server._app
+        assert app is not None
+        metrics = app[STATE].metrics
+        assert isinstance(metrics, ServerMetrics)
+
+        def metered(op: str) -> int:
+            return sum(n for (name, _), n in metrics.requests._counts.items() if name == op)
+
+        server.engine.put("n", b"1")
+        for method, path, body, op in ROUTES:
+            async with http.request(method, server.url + path, data=body) as response:
+                await response.read()
+            assert metered(op) == 1, (method, path, op, response.status)
+        assert metered("other") == 0
+
+
+@pytest.mark.asyncio
+async def test_the_server_s_gauges_and_counters_as_scraped() -> None:
+    """Each gauge, counter and help text of ``/metrics`` but the request ones (above), as a
+    scrape shows them: names, what they say they count, and their values."""
+    pytest.importorskip("prometheus_client")
+    engine = MemoryEngine()
+    engine.put("a", b"1")
+    engine.put("b", b"2")
+    engine.lease_grant(30)
+    metrics = ServerMetrics(engine)
+    metrics.refused("over_limit")
+    metrics.log_event("suppressed")
+    metrics.log_event("suppressed")
+    lines = [
+        line
+        for line in metrics.render()[0].decode().splitlines()
+        if not line.startswith(("aioelastic_request", "# HELP aioelastic_request"))
+        and not line.startswith(("# TYPE aioelastic_request",))
+        and "_created" not in line
+    ]
+    refused = (
+        "Connections over --max-connections, by what became of them: silent_closed (an idle "
+        "connection closed to make room), over_limit (answered /healthz or 503)"
+    )
+    logged = (
+        "Log lines suppressed by the one-line-a-second limit (suppressed), and errors for lack "
+        "of file descriptors, EMFILE/ENFILE (fd_exhausted)"
+    )
+    assert lines == [
+        "# HELP aioelastic_keys Keys in the store",
+        "# TYPE aioelastic_keys gauge",
+        "aioelastic_keys 2.0",
+        "# HELP aioelastic_leases Live leases",
+        "# TYPE aioelastic_leases gauge",
+        "aioelastic_leases 1.0",
+        "# HELP aioelastic_revision Store revision",
+        "# TYPE aioelastic_revision gauge",
+        "aioelastic_revision 2.0",
+        "# HELP aioelastic_watch_streams Open watch streams and session watches",
+        "# TYPE aioelastic_watch_streams gauge",
+        "aioelastic_watch_streams 0.0",
+        "# HELP aioelastic_connections Open client connections",
+        "# TYPE aioelastic_connections gauge",
+        "aioelastic_connections 0.0",
+        "# HELP aioelastic_sessions Connected sessions (/v1/session)",
+        "# TYPE aioelastic_sessions gauge",
+        "aioelastic_sessions 0.0",
+        f"# HELP aioelastic_connections_refused_total {refused}",
+        "# TYPE aioelastic_connections_refused_total counter",
+        'aioelastic_connections_refused_total{reason="over_limit"} 1.0',
+        f"# HELP aioelastic_log_events_total {logged}",
+        "# TYPE aioelastic_log_events_total counter",
+        'aioelastic_log_events_total{event="suppressed"} 2.0',
+    ]
