@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shutil
 import socket
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from helpers.waiting import eventually
 
-from aioelastic.store import open_store
+from aioelastic.errors import StoreClosedError
+from aioelastic.store import MemoryEngine, open_store
 from aioelastic.store.http._app import SESSIONS
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -176,3 +180,67 @@ async def test_stopping_closes_silent_connections_and_ends_every_session_first()
     finally:
         writer.close()
         await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"token": ""}, "token must not be empty"),
+        ({"max_connections": 0}, "max_connections must be an int >= 1, got 0"),
+        ({"max_connections": True}, "max_connections must be an int >= 1, got True"),
+        ({"max_connections": 2.5}, "max_connections must be an int >= 1, got 2.5"),
+        (
+            {"read_timeout": float("inf")},
+            "read_timeout must be a finite number of seconds > 0, or None for no deadline; got inf",
+        ),
+    ],
+)
+def test_a_bad_server_option_is_refused_naming_it(options: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+        HttpStoreServer(port=0, **options)
+
+
+def test_an_engine_and_a_data_dir_are_not_both_taken(tmp_path: Path) -> None:
+    words = "give engine or data_dir, not both (a data dir loads its own engine)"
+    with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+        HttpStoreServer(port=0, engine=MemoryEngine(), data_dir=str(tmp_path))
+
+
+def test_the_data_dir_options_reach_the_data_directory(tmp_path: Path) -> None:
+    default = HttpStoreServer(port=0, data_dir=str(tmp_path / "a"))
+    assert default.data is not None
+    assert (default.data.fsync, default.data.snapshot_every) == ("always", 10_000)
+    assert default.data.accept_data_loss is False
+    given = HttpStoreServer(
+        port=0,
+        data_dir=str(tmp_path / "b"),
+        fsync="never",
+        snapshot_every=7,
+        accept_data_loss=True,
+    )
+    assert given.data is not None
+    assert (given.data.fsync, given.data.snapshot_every) == ("never", 7)
+    assert given.data.accept_data_loss is True
+
+
+@pytest.mark.asyncio
+async def test_a_given_engine_is_served_and_left_open_at_stop() -> None:
+    engine = MemoryEngine()
+    engine.put("before", b"1")
+    async with HttpStoreServer(port=0, engine=engine) as server, open_store(server.url) as store:
+        assert server.engine is engine
+        assert (await store.get("before")) is not None
+    engine.put("after", b"2")  # still open: the caller's to close
+    engine.close()
+    own = HttpStoreServer(port=0)
+    async with own:
+        pass
+    with pytest.raises(StoreClosedError):
+        own.engine.put("k", b"v")  # its own engine: closed with it
+
+
+@pytest.mark.asyncio
+async def test_a_server_never_started_stops_at_once() -> None:
+    server = HttpStoreServer(port=0)
+    await server.aclose()
+    await server.aclose()
