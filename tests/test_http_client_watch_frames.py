@@ -14,11 +14,17 @@ import pytest_asyncio
 from helpers.fake_session import Peer, fake_session_server
 from helpers.waiting import eventually
 
-from aioelastic.errors import CompactedError, StoreConnectionError, WriteOutcomeUnknownError
+from aioelastic.errors import (
+    CompactedError,
+    StoreClosedError,
+    StoreConnectionError,
+    WriteOutcomeUnknownError,
+)
 from aioelastic.store import EventType, KeyValue, WatchEvent, open_store
 from aioelastic.store.http import HttpStore
 from aioelastic.store.http._frames import ERROR, EVENTS, PROGRESS, RESULT, WATCH_END, encode_events
 from aioelastic.store.http.client import SessionWatch
+from aioelastic.store.http.server import HttpStoreServer
 
 PREFIX = "p/"
 
@@ -222,3 +228,82 @@ async def test_the_waker_is_called_for_each_event_and_the_end_and_takes_them(
     assert unhooked._event_ready() is True
     with pytest.raises(StopAsyncIteration):
         unhooked._take_event()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_from_the_past_resumed_delivers_no_revision_twice() -> None:
+    """Its history comes in the message of its answer, before the start returns: where the
+    watch resumes is after that history, not its start (a real server, the connection cut)."""
+    async with HttpStoreServer(port=0) as server:
+        for i in range(3):
+            server.engine.put(f"p/{i}", b"v")
+        async with open_store(server.url) as store:
+            assert isinstance(store, HttpStore)
+            await store.lease_grant(30)  # (a session with a lease reconnects at once)
+            watch = store.watch(PREFIX, start_revision=1)
+            assert [(await anext(watch)).kv.mod_revision for _ in range(3)] == [1, 2, 3]
+            conn = store.session._conn
+            assert conn is not None
+            conn.abort("cut by the test")
+            server.engine.put("p/3", b"v")
+            event = await asyncio.wait_for(anext(watch), 10)
+            assert event.kv.mod_revision == 4
+
+
+@pytest.mark.asyncio
+async def test_a_watch_lost_or_closed_while_it_starts_says_so_and_is_forgotten() -> None:
+    async def hang_up(peer: Peer, frame: list[Any]) -> str | None:
+        return "hang up" if frame[2] == "watch" else None
+
+    async with fake_session_server(hang_up) as (url, _), open_store(url) as store:
+        assert isinstance(store, HttpStore)
+        lost = store.watch(PREFIX)
+        with pytest.raises(StoreConnectionError, match=r"^watch 'p/': the session was lost \("):
+            await lost.start()
+        assert lost not in store.session.watches
+
+    async def silent(peer: Peer, frame: list[Any]) -> None:
+        return None
+
+    async with fake_session_server(silent) as (url, seen):
+        store = await open_store(url)
+        assert isinstance(store, HttpStore)
+        pending = store.watch(PREFIX)
+        starting = asyncio.ensure_future(pending.start())
+        await eventually(lambda: "watch" in seen.ops, 10, "the watch request")
+        await store.aclose()
+        with pytest.raises(StoreClosedError, match=r"^the store was closed during watch 'p/'$"):
+            await starting
+
+
+@pytest.mark.asyncio
+async def test_a_plain_watch_has_no_snapshot_and_a_closed_one_is_forgotten(
+    scripted: tuple[Script, HttpStore],
+) -> None:
+    _, store = scripted
+    watch = store.watch(PREFIX)
+    await watch.start()
+    assert isinstance(watch, SessionWatch)
+    assert watch.snapshot is None
+    assert watch in store.session.watches
+    await watch.aclose()
+    assert watch not in store.session.watches  # (a lost session need not resume it)
+
+
+@pytest.mark.asyncio
+async def test_a_resume_refused_with_a_storage_error_is_no_write_outcome() -> None:
+    script = Script()
+
+    async def answer(peer: Peer, frame: list[Any]) -> None:
+        if frame[2] == "watch" and script.watches:
+            peer.send([ERROR, frame[1], "storage_error", "the disk", {}])
+            return
+        await script.answer(peer, frame)
+
+    async with fake_session_server(answer) as (url, _), open_store(url) as store:
+        watch = store.watch(PREFIX)
+        await watch.start()
+        script.hang_up()
+        with pytest.raises(StoreConnectionError, match=r"\(storage_error\)$") as failed:
+            await anext(watch)
+        assert not isinstance(failed.value, WriteOutcomeUnknownError)

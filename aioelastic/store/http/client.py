@@ -299,7 +299,9 @@ class SessionWatch(Watch):
             client.watches.discard(self)
             client.unwatch(self)
             raise
-        self._start_revision = self._next_revision = int(start)
+        self._start_revision = int(start)
+        # (events from a start in the past may have come with the answer, in its message)
+        self._next_revision = max(self._next_revision, self._start_revision)
         self._alive_at = asyncio.get_running_loop().time()
 
     def resubscribe(self, client: SessionClient, conn: Any) -> None:
