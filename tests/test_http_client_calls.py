@@ -305,3 +305,36 @@ async def test_callers_woken_by_one_message_send_their_next_requests_in_one_writ
         await store.current_revision()  # (connected, answered alone)
         await asyncio.wait_for(asyncio.gather(*(twice(store) for _ in range(3))), 10)
     assert seen.messages[-1] == 3  # the second round: one message of three requests
+
+
+def test_the_bounds_of_the_options_and_the_url_kept() -> None:
+    for interval in (0.05, 300):
+        assert HttpStore("http://127.0.0.1:1", progress_interval=interval).progress_interval == (
+            interval
+        )
+    with pytest.raises(
+        ValueError, match=r"^progress_interval must be in \[0\.05, 300\] s, got 300\.5$"
+    ):
+        HttpStore("http://127.0.0.1:1", progress_interval=300.5)
+    for option in ("read_retries", "max_connections"):
+        for bad in (True, "2"):
+            options: dict[str, Any] = {option: bad}
+            with pytest.raises(ValueError, match=f"^{option} must be an int >= 0"):
+                HttpStore("http://127.0.0.1:1", **options)
+    assert HttpStore("http://127.0.0.1:1/").url == "http://127.0.0.1:1"
+    assert HttpStore("http://127.0.0.1:1/prefix//").url == "http://127.0.0.1:1/prefix"
+
+
+def test_a_token_is_refused_only_for_a_line_break_or_nul() -> None:
+    for token in ("X", "tok-en_X.9"):
+        HttpStore("http://127.0.0.1:1", token=token)
+    for bad in ("a\rb", "a\nb", "a\0b"):
+        with pytest.raises(ValueError, match=r"^token must not contain CR, LF or NUL characters$"):
+            HttpStore("http://127.0.0.1:1", token=bad)
+
+
+def test_https_verifies_the_server_unless_told_otherwise() -> None:
+    context = HttpStore("https://127.0.0.1:1").session.dialer._ssl
+    assert context is not None
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname is True
