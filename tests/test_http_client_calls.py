@@ -338,3 +338,11 @@ def test_https_verifies_the_server_unless_told_otherwise() -> None:
     assert context is not None
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname is True
+
+
+@pytest.mark.asyncio
+async def test_the_store_s_repr_names_its_url_and_says_when_it_is_closed() -> None:
+    store = await open_store("http://127.0.0.1:1/")
+    assert repr(store) == "<HttpStore http://127.0.0.1:1>"
+    await store.aclose()
+    assert repr(store) == "<HttpStore http://127.0.0.1:1 closed>"
