@@ -22,6 +22,7 @@ from helpers.waiting import eventually
 
 from aioelastic.errors import StoreClosedError
 from aioelastic.store import MemoryEngine, open_store
+from aioelastic.store.http import server as server_module
 from aioelastic.store.http._app import SESSIONS
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -244,3 +245,57 @@ async def test_a_server_never_started_stops_at_once() -> None:
     server = HttpStoreServer(port=0)
     await server.aclose()
     await server.aclose()
+
+
+@pytest.mark.parametrize(
+    ("somaxconn", "backlog", "warned"),
+    [
+        (1024, None, True),
+        (4095, None, True),
+        (4096, None, False),
+        (None, None, False),
+        (1024, 50, False),
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_small_somaxconn_is_warned_of_unless_a_backlog_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    somaxconn: int | None,
+    backlog: int | None,
+    warned: bool,
+) -> None:
+    monkeypatch.setattr(server_module, "listen_backlog", lambda: (64, somaxconn))
+    with caplog.at_level(logging.WARNING, logger="aioelastic.serve"):
+        async with HttpStoreServer(port=0, backlog=backlog):
+            pass
+    said = [r.getMessage() for r in caplog.records if "somaxconn" in r.getMessage()]
+    words = (
+        f"net.core.somaxconn is {somaxconn}: a burst of more clients connecting at once can be "
+        "refused (raise it: sysctl -w net.core.somaxconn=65535)"
+    )
+    assert said == ([words] if warned else [])
+
+
+@pytest.mark.parametrize(("given", "warned"), [(100, True), (50, False), (49, False)])
+@pytest.mark.asyncio
+async def test_a_connection_limit_over_the_open_file_limit_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, given: int, warned: bool
+) -> None:
+    monkeypatch.setattr(server_module, "connection_room", lambda: 50)
+    with caplog.at_level(logging.WARNING, logger="aioelastic.serve"):
+        async with HttpStoreServer(port=0, max_connections=given) as server:
+            assert server.max_connections == min(given, 50)
+    said = [r.getMessage() for r in caplog.records if "open-file limit" in r.getMessage()]
+    words = f"max_connections {given} is more than the open-file limit allows: 50"
+    assert said == ([words] if warned else [])
+
+
+@pytest.mark.asyncio
+async def test_the_session_grace_given_is_the_one_sessions_get() -> None:
+    async with (
+        HttpStoreServer(port=0, session_grace=0.7) as server,
+        open_store(server.url) as store,
+    ):
+        await store.current_revision()
+        assert store.session.grace == 0.7  # type: ignore[attr-defined]
