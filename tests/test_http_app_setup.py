@@ -194,3 +194,12 @@ async def test_the_server_s_gauges_and_counters_as_scraped() -> None:
         "# TYPE aioelastic_log_events_total counter",
         'aioelastic_log_events_total{event="suppressed"} 2.0',
     ]
+
+
+def test_a_request_count_never_seen_is_zero() -> None:
+    pytest.importorskip("prometheus_client")
+    metrics = ServerMetrics(MemoryEngine())
+    metrics.observe("get", 200, 0.001)
+    assert metrics.requests.count("get", 200) == 1
+    assert metrics.requests.count("get", 404) == 0
+    assert metrics.requests.count("never", 200) == 0

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 from helpers.waiting import eventually
 
-from aioelastic.errors import LeaseNotFoundError
-from aioelastic.store import MemoryEngine
+from aioelastic.errors import LeaseNotFoundError, WriteOutcomeUnknownError
+from aioelastic.store import MemoryEngine, open_store
 from aioelastic.store.http import _persist
 from aioelastic.store.http._persist import CorruptDataDirError, DataDir, LogWriteError
 from aioelastic.store.http._persist_codec import SNAPSHOT, WAL
 from aioelastic.store.http._persist_files import replace_file
+from aioelastic.store.http.server import HttpStoreServer
 
 
 class Disk:
@@ -556,3 +557,18 @@ async def test_an_open_that_fails_after_opening_the_log_closes_it_and_the_lock(
     assert sorted(os.listdir("/proc/self/fd")) == before
     disk.fstat_error = None
     assert await _reloaded(tmp_path) == {"a": b"1"}  # the lock is free
+
+
+@pytest.mark.asyncio
+async def test_a_session_write_is_answered_only_once_durable(tmp_path: Path, disk: Disk) -> None:
+    """Over the session, a write to a server with a data directory waits for its fsync: when
+    the fsync fails, the write's outcome is unknown (it was applied, not made durable)."""
+    async with (
+        HttpStoreServer(port=0, data_dir=str(tmp_path)) as server,
+        open_store(server.url) as store,
+    ):
+        await store.put("a", b"1")
+        disk.fsync_error = errno.EIO
+        with pytest.raises(WriteOutcomeUnknownError, match="the data directory failed"):
+            await store.put("b", b"2")
+        disk.fsync_error = None
