@@ -184,3 +184,24 @@ async def test_what_aiohttp_cannot_parse_is_a_json_error(
     assert body["message"].startswith(words)
     assert len(body["message"]) <= len(words) + 200
     assert await raw.closed(SLACK)
+
+
+@pytest.mark.asyncio
+async def test_a_new_connection_s_first_head_is_timed_from_the_connection() -> None:
+    """A socket that connects, waits most of the deadline, then starts a head it never ends:
+    the 408 comes at the deadline from the connection, not a whole deadline after the first
+    byte (a client cannot keep a connection by sending a byte now and then)."""
+    timeout = 1.5
+    async with HttpStoreServer(port=0, read_timeout=timeout) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(1.0)  # deliberate: most of the deadline, silent
+            first_byte = loop.time()
+            writer.write(b"GET /v1/revision HTTP/1.1\r\n")
+            raw = Raw(reader, writer)
+            head, _ = await raw.answer()
+            assert head.startswith(b"HTTP/1.1 408")
+            assert loop.time() - first_byte < timeout - 0.3  # (~0.5 s; a whole deadline: 1.5)
+        finally:
+            writer.close()
