@@ -323,6 +323,7 @@ def test_the_bounds_of_the_options_and_the_url_kept() -> None:
                 HttpStore("http://127.0.0.1:1", **options)
     assert HttpStore("http://127.0.0.1:1/").url == "http://127.0.0.1:1"
     assert HttpStore("http://127.0.0.1:1/prefix//").url == "http://127.0.0.1:1/prefix"
+    assert HttpStore("http://127.0.0.1:1/pathX").url == "http://127.0.0.1:1/pathX"
 
 
 def test_a_token_is_refused_only_for_a_line_break_or_nul() -> None:
