@@ -203,3 +203,21 @@ def test_a_request_count_never_seen_is_zero() -> None:
     assert metrics.requests.count("get", 200) == 1
     assert metrics.requests.count("get", 404) == 0
     assert metrics.requests.count("never", 200) == 0
+
+
+@pytest.mark.asyncio
+async def test_the_routed_get_and_put_are_metered_as_the_fast_path_s() -> None:
+    """A GET or PUT of a key with ``Expect`` takes the router's way, not the fast path: it is
+    metered as ``get`` and ``put`` all the same."""
+    pytest.importorskip("prometheus_client")
+    async with HttpStoreServer(port=0) as server, aiohttp.ClientSession() as http:
+        url = f"{server.url}/v1/kv/a"
+        async with http.put(url, data=b"1", expect100=True) as response:
+            assert response.status == 200
+        async with http.get(url, headers={"Expect": "100-continue"}) as response:
+            assert response.status == 200
+        app = server._app
+        assert app is not None
+        metrics = app[STATE].metrics
+        assert isinstance(metrics, ServerMetrics)
+        assert (metrics.requests.count("put", 200), metrics.requests.count("get", 200)) == (1, 1)
