@@ -205,3 +205,32 @@ async def test_a_new_connection_s_first_head_is_timed_from_the_connection() -> N
             assert loop.time() - first_byte < timeout - 0.3  # (~0.5 s; a whole deadline: 1.5)
         finally:
             writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_head_too_slow_after_a_body_in_pieces_is_timed_too(
+    server: HttpStoreServer, raw: Raw
+) -> None:
+    raw.writer.write(b"PUT /v1/kv/a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+    await asyncio.sleep(0.05)  # deliberate: the body in a chunk of its own
+    raw.writer.write(b"v")
+    await asyncio.sleep(0.05)
+    raw.writer.write(b"w")
+    head, _ = await raw.answer()
+    assert head.startswith(b"HTTP/1.1 200")
+    raw.writer.write(b"GET /v1/revision HTTP/1.1\r\n")  # (the next head, never ended)
+    head, _ = await raw.answer()
+    assert head.startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.asyncio
+async def test_without_a_read_timeout_requests_are_served_and_never_timed() -> None:
+    async with HttpStoreServer(port=0, read_timeout=None) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            raw = Raw(reader, writer)
+            writer.write(b"GET /v1/revision HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, _ = await raw.answer()
+            assert head.startswith(b"HTTP/1.1 200")
+        finally:
+            writer.close()

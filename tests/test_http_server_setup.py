@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import shutil
 import socket
@@ -299,3 +300,31 @@ async def test_the_session_grace_given_is_the_one_sessions_get() -> None:
     ):
         await store.current_revision()
         assert store.session.grace == 0.7  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_connections_closed_give_their_place_back_under_the_limit() -> None:
+    async with HttpStoreServer(port=0, max_connections=2) as server:
+        for _ in range(6):  # more than the limit, one after another
+            status = await _status(server.port, b"GET /v1/revision HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200
+
+
+@pytest.mark.asyncio
+async def test_no_access_log_is_written(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.access"):
+        async with HttpStoreServer(port=0) as server:
+            assert (
+                await _status(server.port, b"GET /v1/revision HTTP/1.1\r\nHost: x\r\n\r\n") == 200
+            )
+    assert [r for r in caplog.records if r.name == "aiohttp.access"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open() -> None:
+    async with HttpStoreServer(port=0) as taken:
+        before = sorted(os.listdir("/proc/self/fd"))
+        second = HttpStoreServer(port=taken.port)
+        with pytest.raises(OSError, match="address already in use"):
+            await second.start()
+        assert sorted(os.listdir("/proc/self/fd")) == before
