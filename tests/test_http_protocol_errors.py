@@ -99,7 +99,10 @@ async def test_an_unparsable_request_gets_its_status_code_and_words(
     response = handler.handle_error(_request(), status, exc, message)
     got_status, body = _answer(response)
     assert (got_status, body["error"]) == answer[:2]
-    assert body["message"].startswith(answer[2])
+    if isinstance(exc, LineTooLong):  # (its words are aiohttp's)
+        assert body["message"].startswith(answer[2])
+    else:
+        assert body["message"] == answer[2]
     assert response.keep_alive is False  # (closed after the answer)
 
 

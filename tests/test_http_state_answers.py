@@ -148,6 +148,9 @@ async def test_aiohttp_s_own_refusals_are_answered_in_our_words(client: Client) 
     assert status == 405
     assert body["error"] == "method_not_allowed"
     assert body["message"] == "method PATCH is not allowed on '/v1/lease'"
+    long_path = "/v1/kv/" + "k" * 300
+    status, body, _ = await client.call("PATCH", long_path, **AUTH)
+    assert (status, body["message"]) == (405, f"method PATCH is not allowed on {long_path[:200]!r}")
     assert "POST" in headers["Allow"]
 
 
