@@ -172,13 +172,23 @@ async def test_a_progress_frame_moves_where_a_resume_starts(
     assert script.watches[1] == [PREFIX, 11, False]
 
 
+@pytest.mark.parametrize(
+    ("code", "error", "words"),
+    [
+        ("bad_request", ValueError, r"^watch 'p/': no more$"),
+        ("storage_error", StoreConnectionError, r"^watch 'p/': no more \(storage_error\)$"),
+    ],
+)
 @pytest.mark.asyncio
-async def test_a_resume_the_server_refuses_fails_the_watch_naming_it() -> None:
+async def test_a_resume_the_server_refuses_fails_the_watch_naming_it(
+    code: str, error: type[Exception], words: str
+) -> None:
+    """(A resume is a read: a storage error is not an unknown write outcome.)"""
     script = Script()
 
     async def answer(peer: Peer, frame: list[Any]) -> None:
         if frame[2] == "watch" and script.watches:
-            peer.send([ERROR, frame[1], "bad_request", "no more", {}])
+            peer.send([ERROR, frame[1], code, "no more", {}])
             return
         await script.answer(peer, frame)
 
@@ -187,8 +197,9 @@ async def test_a_resume_the_server_refuses_fails_the_watch_naming_it() -> None:
         watch = store.watch(PREFIX)
         await watch.start()
         script.hang_up()
-        with pytest.raises(ValueError, match=r"^watch 'p/': no more$"):
+        with pytest.raises(error, match=words) as failed:
             await anext(watch)
+        assert not isinstance(failed.value, WriteOutcomeUnknownError)
         assert watch not in store.session.watches
 
 
@@ -288,22 +299,3 @@ async def test_a_plain_watch_has_no_snapshot_and_a_closed_one_is_forgotten(
     assert watch in store.session.watches
     await watch.aclose()
     assert watch not in store.session.watches  # (a lost session need not resume it)
-
-
-@pytest.mark.asyncio
-async def test_a_resume_refused_with_a_storage_error_is_no_write_outcome() -> None:
-    script = Script()
-
-    async def answer(peer: Peer, frame: list[Any]) -> None:
-        if frame[2] == "watch" and script.watches:
-            peer.send([ERROR, frame[1], "storage_error", "the disk", {}])
-            return
-        await script.answer(peer, frame)
-
-    async with fake_session_server(answer) as (url, _), open_store(url) as store:
-        watch = store.watch(PREFIX)
-        await watch.start()
-        script.hang_up()
-        with pytest.raises(StoreConnectionError, match=r"\(storage_error\)$") as failed:
-            await anext(watch)
-        assert not isinstance(failed.value, WriteOutcomeUnknownError)

@@ -1051,10 +1051,8 @@ async def test_a_new_data_dir_whose_log_is_empty_opens(tmp_path: Path) -> None:
         assert engine.put("k", b"v") == 1
 
 
-@pytest.mark.asyncio
-async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> None:
-    """A format 1 log has no header, so an empty one beside a format 1 snapshot is a log with
-    no records since the snapshot (as the 0.x server left it after a snapshot), not damage."""
+def _format_1_snapshot(path: Path) -> None:
+    """A format 1 snapshot (bare JSON, no checksum) of one key ``k`` at revision 2."""
     document = {
         "format": 1,
         "q": 3,
@@ -1065,7 +1063,14 @@ async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> 
         "kvs": [kv_out(KeyValue("k", b"v", 2, 2, 1, 0))],
         "history": [],
     }
-    (tmp_path / "snapshot.json").write_text(json.dumps(document))
+    (path / "snapshot.json").write_text(json.dumps(document))
+
+
+@pytest.mark.asyncio
+async def test_a_format_1_snapshot_beside_an_empty_log_loads(tmp_path: Path) -> None:
+    """A format 1 log has no header, so an empty one beside a format 1 snapshot is a log with
+    no records since the snapshot (as the 0.x server left it after a snapshot), not damage."""
+    _format_1_snapshot(tmp_path)
     (tmp_path / "wal.log").write_bytes(b"")
     async with _opened(tmp_path) as engine:
         assert engine.get("k") == KeyValue("k", b"v", 2, 2, 1, 0)
@@ -1103,17 +1108,7 @@ async def test_a_format_1_snapshot_whose_log_is_lost_is_not_said_rewritten(
 ) -> None:
     """Rewriting "in format 2" is said for an intact format 1 directory; one whose log is
     missing is damage, and when the loss is accepted, the loss is what is said."""
-    document = {
-        "format": 1,
-        "q": 3,
-        "revision": 2,
-        "compact_revision": 0,
-        "last_lease_id": 0,
-        "leases": [],
-        "kvs": [kv_out(KeyValue("k", b"v", 2, 2, 1, 0))],
-        "history": [],
-    }
-    (tmp_path / "snapshot.json").write_text(json.dumps(document))
+    _format_1_snapshot(tmp_path)
     with caplog.at_level(logging.INFO, logger="aioelastic.serve"):
         async with _opened(tmp_path, accept_data_loss=True) as engine:
             assert engine.get("k") == KeyValue("k", b"v", 2, 2, 1, 0)

@@ -94,6 +94,11 @@ async def _open(path: Path, **kwargs: Any) -> tuple[MemoryEngine, DataDir]:
     return engine, data
 
 
+async def _close(engine: MemoryEngine, data: DataDir) -> None:
+    await data.aclose()
+    engine.close()
+
+
 async def _reloaded(path: Path) -> dict[str, bytes]:
     """The keys and values the directory holds, loaded afresh (damage would raise)."""
     engine, data = await _open(path)
@@ -130,8 +135,7 @@ async def test_a_full_disk_refuses_the_write_whole_and_says_so_once(
     said = [r.getMessage() for r in caplog.records]
     assert sum("can be written again" in m for m in said) == 1
     assert data.last_sequence == 3
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(tmp_path) == {"a": b"1", "b": b"4", "c": b"5"}
 
 
@@ -141,8 +145,7 @@ async def test_short_writes_are_completed(tmp_path: Path, disk: Disk) -> None:
     disk.write_at_most = 7
     for i in range(5):
         engine.put(f"k{i}", b"value %d" % i)
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(tmp_path) == {f"k{i}": b"value %d" % i for i in range(5)}
 
 
@@ -160,8 +163,7 @@ async def test_a_record_cut_short_is_cut_off_and_the_log_goes_on(
     assert (tmp_path / "wal.log").stat().st_size == size
     disk.write_error = None
     engine.put("k3", b"kept")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(tmp_path) == {f"k{i}": b"kept" for i in range(4)}
 
 
@@ -186,8 +188,7 @@ async def test_a_partial_record_that_cannot_be_cut_off_refuses_every_later_write
         "restarts"
     )
     assert engine.get("c") is None
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -214,8 +215,7 @@ async def test_an_fsync_that_fails_fails_its_waiters_and_refuses_every_write_aft
         f"{os.strerror(errno.EIO)}): writes are refused until the server restarts"
     )
     disk.fsync_error = None
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -235,8 +235,7 @@ async def test_the_interval_policy_fsyncs_only_what_was_written(tmp_path: Path, 
     assert disk.fsyncs == synced
     engine.put("b", b"2")
     await eventually(lambda: disk.fsyncs > synced, 10, "the next interval's fsync")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.parametrize("failing", [SNAPSHOT, WAL], ids=["snapshot", "new-log"])
@@ -267,8 +266,7 @@ async def test_a_failed_snapshot_leaves_no_temporary_file_and_waits_a_full_inter
     assert data.snapshots == 0  # the interval starts again after the failure
     engine.put("k5", b"v")
     assert data.snapshots == 1
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(tmp_path) == {f"k{i}": b"v" for i in range(6)}
 
 
@@ -284,8 +282,7 @@ async def test_a_snapshot_that_fails_before_writing_anything_fails_no_write(
     monkeypatch.setattr(_persist, "replace_file", refuse)
     engine.put("a", b"1")  # acknowledged: the record is in the log
     monkeypatch.undo()
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(tmp_path) == {"a": b"1"}
 
 
@@ -301,8 +298,7 @@ async def test_a_compaction_due_a_snapshot_waits_for_the_next_record(tmp_path: P
     assert data.snapshots == 1
     engine.put("a", b"4")
     assert data.snapshots == 2
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -328,8 +324,7 @@ async def test_a_data_dir_whose_parents_do_not_exist_yet_is_made(tmp_path: Path)
     nested = tmp_path / "not" / "yet"
     engine, data = await _open(nested, fsync="never")
     engine.put("a", b"1")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     assert await _reloaded(nested) == {"a": b"1"}
 
 
@@ -360,8 +355,7 @@ async def test_a_damaged_directory_refused_at_open_leaves_no_descriptor_and_no_l
     engine, data = await _open(tmp_path, fsync="never")
     for i in range(3):
         engine.put(f"k{i}", b"v")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     lines = (tmp_path / WAL).read_bytes().splitlines(keepends=True)
     lines[1] = lines[1].replace(b"k0", b"kX")  # a checksum that no longer matches, mid-log
     (tmp_path / WAL).write_bytes(b"".join(lines))
@@ -373,8 +367,7 @@ async def test_a_damaged_directory_refused_at_open_leaves_no_descriptor_and_no_l
     await refused.aclose()  # nothing left to close
     engine, data = await _open(tmp_path, accept_data_loss=True)  # the lock is free
     assert data.data_loss is not None
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -385,8 +378,7 @@ async def test_a_lease_granted_then_revoked_stays_ended_after_a_reload(tmp_path:
     second = engine.lease_grant(60).id
     engine.put("k", b"v", second)
     engine.lease_revoke(second)  # (its key's delete and its end in one record)
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     restored, data = await _open(tmp_path)
     try:
         assert restored.lease_count == 0
@@ -417,8 +409,7 @@ async def test_waiters_are_released_past_a_cancelled_one_and_kept_past_a_flush(
     after = asyncio.ensure_future(data.wait_durable())
     await asyncio.wait_for(asyncio.gather(during, after), 10)
     assert data._synced == data.last_sequence
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -433,8 +424,7 @@ async def test_durability_costs_no_fsync_when_there_is_nothing_new(
         await data.wait_durable()
     await asyncio.sleep(0.05)
     assert disk.fsyncs == synced
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -444,8 +434,7 @@ async def test_the_interval_policy_never_makes_a_writer_wait_for_the_flush(
     engine, data = await _open(tmp_path, fsync="interval", fsync_interval=30)
     engine.put("a", b"1")
     await asyncio.wait_for(data.wait_durable(), 2)  # not 30 s: the policy promises no more
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 @pytest.mark.asyncio
@@ -453,16 +442,13 @@ async def test_a_lease_restored_from_disk_and_then_revoked_stays_ended(tmp_path:
     """(The first lease change after a restart is that lease's end: it is logged too.)"""
     engine, data = await _open(tmp_path, fsync="never")
     lease = engine.lease_grant(60).id
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     engine, data = await _open(tmp_path, fsync="never")
     engine.lease_revoke(lease)
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     engine, data = await _open(tmp_path)
     assert engine.lease_count == 0
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
 
 
 def _damage_line(path: Path, index: int) -> None:
@@ -482,8 +468,7 @@ async def test_accepting_a_loss_ends_the_lease_ids_lost_and_keeps_the_live_ones(
     lost = engine.lease_grant(60).id  # its grant is in the damaged part: lost
     for i in range(3):
         engine.put(f"after{i}", b"v")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     lines = (tmp_path / WAL).read_bytes().splitlines()
     grant = next(i for i, line in enumerate(lines) if b'"g":%d' % lost in line)
     _damage_line(tmp_path, grant)
@@ -527,8 +512,7 @@ async def test_accepting_a_loss_that_holds_no_lease_keeps_the_newest_lease_alive
     engine.put("kept", b"v", newest)
     for i in range(3):
         engine.put(f"after{i}", b"v")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     _damage_line(tmp_path, -2)  # a plain put's record, after the lease's
     engine, data = await _open(tmp_path, fsync="never", accept_data_loss=True)
     try:
@@ -545,8 +529,7 @@ async def test_an_open_that_fails_after_opening_the_log_closes_it_and_the_lock(
 ) -> None:
     engine, data = await _open(tmp_path, fsync="never")
     engine.put("a", b"1")
-    await data.aclose()
-    engine.close()
+    await _close(engine, data)
     before = sorted(os.listdir("/proc/self/fd"))
     disk.fstat_error = errno.EIO  # (the log opened, then its size cannot be read)
     failed = DataDir(tmp_path, fsync="never")
