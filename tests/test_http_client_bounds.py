@@ -13,11 +13,13 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import free_port
 from helpers.fake_session import Peer, fake_session_server
+from helpers.waiting import eventually
 
 from aioelastic.errors import StoreConnectionError, WriteOutcomeUnknownError
 from aioelastic.store import open_store
-from aioelastic.store.http import _session_client
+from aioelastic.store.http import HttpStore, _session_client
 from aioelastic.store.http._frames import ERROR, RESULT
 from aioelastic.store.http._session_dial import DIALS_AT_ONCE, Backoff, Dialer, NotYet, _dial_slots
 
@@ -44,10 +46,7 @@ def silent_port() -> Iterator[int]:
 @pytest.fixture
 def closed_port() -> int:
     """A port nothing listens on (connects are refused)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+    return free_port()
 
 
 @pytest.mark.asyncio
@@ -103,7 +102,10 @@ async def test_a_request_waits_for_a_slot_only_as_long_as_its_timeout(closed_por
                 await store.get("a")
 
         holder = asyncio.ensure_future(held())
-        await asyncio.sleep(0.05)
+        assert isinstance(store, HttpStore)
+        limit = store.session._limit
+        assert limit is not None
+        await eventually(lambda: limit.free == 0, 10, "the holder's slot")
         loop = asyncio.get_running_loop()
         started = loop.time()
         words = r"get 'b': no request slot within 0\.3s \(max_connections requests in flight\)"

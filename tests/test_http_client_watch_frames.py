@@ -129,7 +129,10 @@ async def test_a_watch_s_end_raises_its_code_s_error_and_closing_resumes_it(
     await kept.start()
     script.send([WATCH_END, "closing", "the server is stopping", None])
     script.send([EVENTS, _events(5)])  # (a frame for a watch ended: dropped)
-    await asyncio.sleep(0.05)
+    conn = store.session._conn
+    assert conn is not None
+    assert isinstance(kept, SessionWatch)
+    await eventually(lambda: kept.wire_id not in conn.watches, 10, "the closing frame")
     assert kept in store.session.watches  # not failed: resumed on the next connection
     script.hang_up()
     await eventually(lambda: len(script.watches) == 4, 10, "the fake server's or the watch's state")
@@ -166,7 +169,8 @@ async def test_a_progress_frame_moves_where_a_resume_starts(
     watch = store.watch(PREFIX)
     await watch.start()
     script.send([PROGRESS, 10], [PROGRESS, 7])  # (never backwards)
-    await asyncio.sleep(0.05)
+    assert isinstance(watch, SessionWatch)
+    await eventually(lambda: watch._next_revision == 11, 10, "the progress frames")
     script.hang_up()
     await eventually(lambda: len(script.watches) == 2, 10, "the fake server's or the watch's state")
     assert script.watches[1] == [PREFIX, 11, False]

@@ -41,6 +41,7 @@ class Disk:
         self.fsync_delay = 0.0  # seconds each fsync takes (in the flusher's thread)
         self.fstat_error: int | None = None
         self.fsyncs = 0
+        self.fsyncing = False  # an fsync is running (in the flusher's thread)
 
     def module(self) -> types.SimpleNamespace:
         fake = types.SimpleNamespace(
@@ -74,7 +75,9 @@ class Disk:
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
+        self.fsyncing = True
         time.sleep(self.fsync_delay)
+        self.fsyncing = False
         if self.fsync_error is not None:
             raise OSError(self.fsync_error, os.strerror(self.fsync_error))
         os.fsync(fd)
@@ -404,7 +407,7 @@ async def test_waiters_are_released_past_a_cancelled_one_and_kept_past_a_flush(
     disk.fsync_delay = 0.2
     engine.put("b", b"2")
     during = asyncio.ensure_future(data.wait_durable())
-    await asyncio.sleep(0.05)  # the fsync for b is running
+    await eventually(lambda: disk.fsyncing, 10, "the fsync for b running")
     engine.put("c", b"3")
     after = asyncio.ensure_future(data.wait_durable())
     await asyncio.wait_for(asyncio.gather(during, after), 10)

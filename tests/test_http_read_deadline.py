@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from helpers.http import request_meter
 
-from aioelastic.store.http._app import STATE
-from aioelastic.store.http._metrics import ServerMetrics
 from aioelastic.store.http.server import HttpStoreServer
 
 TIMEOUT = 0.4
@@ -84,11 +83,7 @@ async def test_a_head_too_slow_gets_the_408_as_written(server: HttpStoreServer, 
     }
     assert TIMEOUT * 0.9 <= took < TIMEOUT + SLACK
     assert await raw.closed(SLACK)
-    app = server._app
-    assert app is not None
-    metrics = app[STATE].metrics
-    assert isinstance(metrics, ServerMetrics)
-    meter = metrics.requests
+    meter = request_meter(server)
     assert meter.count("other", 408) == 1
     waited = meter._latency["other"][1][0]
     assert TIMEOUT * 0.9 <= waited < TIMEOUT + SLACK  # the time waited, not a clock's reading

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from helpers.http import server_state
 
-from aioelastic.store.http._app import STATE
 from aioelastic.store.http._limits import MAX_JSON_BODY_BYTES, MAX_TXN_BODY
 from aioelastic.store.http.server import HttpStoreServer
 
@@ -502,15 +502,9 @@ async def test_a_lease_grant_needs_a_ttl(rest: Rest) -> None:
 # -- found by mutation testing (scripts/mutants store-http-rest) ----------------------------------
 
 
-def _state(server: HttpStoreServer) -> Any:
-    app = server._app
-    assert app is not None
-    return app[STATE]
-
-
 @pytest.mark.asyncio
 async def test_a_stopping_server_says_so_on_healthz_and_refuses_new_watches(rest: Rest) -> None:
-    state = _state(rest.server)
+    state = server_state(rest.server)
     state.closing = True  # (what the shutdown sets first)
     try:
         assert (await rest.call("GET", "/healthz"))[:2] == (503, {"status": "stopping"})

@@ -12,13 +12,13 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from helpers import free_port
 from helpers.waiting import eventually
 
 from aioelastic.errors import StoreClosedError
@@ -67,13 +67,6 @@ async def test_statistics_before_during_and_a_second_start_refused() -> None:
     await server.aclose()  # again: nothing more
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def _listen_backlog(port: int) -> int:
     """The listening socket's backlog, as ``ss`` shows it (its Send-Q column)."""
     ss = shutil.which("ss")
@@ -87,7 +80,7 @@ def _listen_backlog(port: int) -> int:
 
 @pytest.mark.asyncio
 async def test_the_port_and_the_listen_backlog_given_are_used() -> None:
-    port = _free_port()
+    port = free_port()
     async with HttpStoreServer(port=port, backlog=77) as server:
         assert server.port == port
         assert server.url == f"http://127.0.0.1:{port}"

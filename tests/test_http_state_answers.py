@@ -18,21 +18,16 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
+from helpers.http import server_state
+from helpers.waiting import eventually
 
 from aioelastic.errors import CompactedError, LeaseNotFoundError, StoreClosedError
-from aioelastic.store.http._app import STATE
 from aioelastic.store.http._errors import RequestReadTimeout
 from aioelastic.store.http._limits import MAX_JSON_BODY_BYTES
 from aioelastic.store.http._persist import LogWriteError
 from aioelastic.store.http.server import HttpStoreServer
 
 TOKEN = "t0ken"
-
-
-def _state(server: HttpStoreServer) -> Any:
-    app = server._app
-    assert app is not None
-    return app[STATE]
 
 
 def _body(response: Any) -> dict[str, Any]:
@@ -62,7 +57,7 @@ async def test_an_engine_error_is_answered_with_its_status_code_message_and_fiel
     exc: Exception, status: int, body: dict[str, Any]
 ) -> None:
     async with HttpStoreServer(port=0) as server:
-        response = _state(server)._error_answer(make_mocked_request("GET", "/v1/kv/a"), exc)
+        response = server_state(server)._error_answer(make_mocked_request("GET", "/v1/kv/a"), exc)
     assert response.status == status
     got = _body(response)
     message = got.pop("message")
@@ -84,7 +79,7 @@ async def test_a_log_that_cannot_take_a_write_says_the_write_was_not_applied(
 ) -> None:
     async with HttpStoreServer(port=0) as server:
         exc = LogWriteError(error, "the disk said no")
-        response = _state(server)._error_answer(make_mocked_request("PUT", "/v1/kv/a"), exc)
+        response = server_state(server)._error_answer(make_mocked_request("PUT", "/v1/kv/a"), exc)
     assert response.status == status
     assert _body(response) == {
         "error": code,
@@ -95,7 +90,7 @@ async def test_a_log_that_cannot_take_a_write_says_the_write_was_not_applied(
 @pytest.mark.asyncio
 async def test_a_client_gone_is_499_and_a_failed_data_dir_is_a_storage_error() -> None:
     async with HttpStoreServer(port=0) as server:
-        state = _state(server)
+        state = server_state(server)
         request = make_mocked_request("PUT", "/v1/kv/a")
         gone = state._error_answer(request, ConnectionResetError("reset by peer"))
         failed = state._error_answer(request, OSError(errno.EIO, "fsync failed"))
@@ -160,7 +155,7 @@ async def test_aiohttp_s_body_limit_is_answered_with_both_limits() -> None:
     is the backstop, so its refusal is checked on the mapping.)"""
     async with HttpStoreServer(port=0, max_value_bytes=1000) as server:
         exc = web.HTTPRequestEntityTooLarge(max_size=65537, actual_size=70000)
-        response = _state(server)._error_answer(make_mocked_request("POST", "/v1/txn"), exc)
+        response = server_state(server)._error_answer(make_mocked_request("POST", "/v1/txn"), exc)
     assert response.status == 413
     assert _body(response) == {
         "error": "value_too_large",
@@ -215,7 +210,7 @@ def _head(method: str, path: str, length: int, expect: str = "100-continue") -> 
 
 @pytest.mark.asyncio
 async def test_an_expect_refused_before_the_body_says_why_and_is_counted(client: Client) -> None:
-    server = _state(client.server)
+    server = server_state(client.server)
     first, body = await _expect(client.server, _head("PUT", "/v1/kv/a", 10, "x-" + "y" * 60))
     assert first.startswith(b"HTTP/1.1 417")
     assert body == {
@@ -255,7 +250,9 @@ async def test_a_connection_over_the_limit_is_told_to_retry_shortly() -> None:
     async with HttpStoreServer(port=0, max_connections=1) as server:
         held = await asyncio.open_connection("127.0.0.1", server.port)
         try:
-            await asyncio.sleep(0.1)  # (the first connection is accepted and counted)
+            intake = server._intake
+            assert intake is not None
+            await eventually(lambda: len(intake.live) == 1, 10, "the first connection counted")
             async with (
                 aiohttp.ClientSession() as http,
                 http.get(server.url + "/v1/revision") as response,
@@ -263,7 +260,7 @@ async def test_a_connection_over_the_limit_is_told_to_retry_shortly() -> None:
                 status, body, retry = response.status, await response.json(), response.headers
         finally:
             held[1].close()
-        state = _state(server)
+        state = server_state(server)
     assert status == 503
     assert retry["Retry-After"] == "1"
     assert body == {
@@ -282,7 +279,7 @@ async def test_a_connection_over_the_limit_is_told_to_retry_shortly() -> None:
 async def test_each_answer_is_metered_by_op_status_and_time(client: Client) -> None:
     """A refused token is metered as ``other`` (not the route's op); an error its status; an
     exception no answer maps is a 500 for the meter (the connection handler answers it)."""
-    state = _state(client.server)
+    state = server_state(client.server)
     meter = state.metrics.requests
     await client.call("GET", "/v1/revision")  # no token
     await client.call("GET", "/v1/lease/12345", **AUTH)  # no such lease
@@ -301,7 +298,7 @@ async def test_each_answer_is_metered_by_op_status_and_time(client: Client) -> N
 
 @pytest.mark.asyncio
 async def test_ending_the_watch_streams_refuses_new_ones(client: Client) -> None:
-    state = _state(client.server)
+    state = server_state(client.server)
     state.end_watch_streams()
     assert state.closing is True
     status, body, _ = await client.call("GET", "/v1/watch/p/", **AUTH)

@@ -19,7 +19,15 @@ from aioelastic.testing.http import ServerThread
 
 from . import ROOT
 
-__all__ = ["ROOT", "ServerProcess", "ServerThread", "self_signed_cert", "watcher_removed"]
+__all__ = [
+    "ROOT",
+    "ServerProcess",
+    "ServerThread",
+    "request_meter",
+    "self_signed_cert",
+    "server_state",
+    "watcher_removed",
+]
 
 
 class ServerProcess:
@@ -143,3 +151,21 @@ def watcher_removed(engine: MemoryEngine) -> asyncio.Event:
 
     engine.remove_watcher = remove  # type: ignore[method-assign]
     return removed
+
+
+def server_state(server: Any) -> Any:
+    """The running ``HttpStoreServer``'s ``ServerState`` (its answers, limits and metrics)."""
+    from aioelastic.store.http._app import STATE
+
+    app = server._app
+    assert app is not None, "the server has not started"
+    return app[STATE]
+
+
+def request_meter(server: Any) -> Any:
+    """The running server's request counters (``count(op, status)``; needs prometheus-client)."""
+    from aioelastic.store.http._metrics import ServerMetrics
+
+    metrics = server_state(server).metrics
+    assert isinstance(metrics, ServerMetrics)
+    return metrics.requests
